@@ -1,0 +1,107 @@
+"""The one small exception hierarchy of gflowdist.
+
+Every error raised on behalf of another rank says which rank it was, its role
+(when known) and its host, so a message from a 64-rank job points at one
+process. Config errors name the file and the key path.
+
+    GflowdistError
+    ├── ConfigError        a config file / dict / override is wrong (file, key path)
+    ├── LayoutError        the rank layout is impossible (the arithmetic is explained)
+    ├── TransportError     a send / receive failed
+    │   ├── ProtocolError  a received message is malformed (names the sender rank)
+    │   └── DeadlineError  a blocking wait passed its deadline (also a TimeoutError)
+    ├── PeerLostError      a rank stopped answering or died (rank, role, host)
+    └── LedgerError        trajectories were lost: produced != delivered + dropped
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GflowdistError",
+    "ConfigError",
+    "LayoutError",
+    "TransportError",
+    "ProtocolError",
+    "DeadlineError",
+    "PeerLostError",
+    "LedgerError",
+    "describe_peer",
+]
+
+
+def describe_peer(rank: int | None, role: str | None = None, host: str | None = None) -> str:
+    """``"rank 3 (buffer on node-b)"`` from whatever is known about a peer."""
+    if rank is None:
+        return "an unknown rank"
+    extra = " on ".join(part for part in (role, host) if part)
+    return f"rank {rank} ({extra})" if extra else f"rank {rank}"
+
+
+class GflowdistError(Exception):
+    """Base class of every error gflowdist raises on purpose."""
+
+
+class ConfigError(GflowdistError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or impossible.
+
+    ``str(err)`` reads ``"<file>: <key.path>: <what was expected>"``.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None):
+        self.key = key
+        self.file = file
+        self.detail = message
+        where = ": ".join(part for part in (file, key) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class LayoutError(GflowdistError, ValueError):
+    """The requested rank layout cannot be built; the message explains the arithmetic."""
+
+
+class TransportError(GflowdistError):
+    """A point-to-point send or receive failed.
+
+    ``peer`` is the other rank (sender for receives, destination for sends).
+    """
+
+    def __init__(self, message: str, *, peer: int | None = None, role: str | None = None,
+                 host: str | None = None):
+        self.peer = peer
+        self.role = role
+        self.host = host
+        if peer is not None:
+            message = f"{message} [peer: {describe_peer(peer, role, host)}]"
+        super().__init__(message)
+
+
+class ProtocolError(TransportError):
+    """A received message is malformed, truncated, oversized or of an unknown type.
+
+    The receiver raises it instead of crashing; ``peer`` is the sender rank.
+    """
+
+    def __init__(self, message: str, *, sender: int | None = None, role: str | None = None,
+                 host: str | None = None):
+        self.sender = sender
+        super().__init__(f"malformed message from {describe_peer(sender, role, host)}: {message}")
+
+
+class DeadlineError(TransportError, TimeoutError):
+    """A blocking wait (receive, send completion, barrier, rate limiter) passed its deadline."""
+
+
+class PeerLostError(GflowdistError):
+    """A rank died or stopped sending heartbeats for longer than the configured timeout."""
+
+    def __init__(self, rank: int, *, role: str | None = None, host: str | None = None,
+                 reason: str = "stopped responding"):
+        self.rank = rank
+        self.role = role
+        self.host = host
+        self.reason = reason
+        super().__init__(f"lost {describe_peer(rank, role, host)}: {reason}")
+
+
+class LedgerError(GflowdistError):
+    """The run-wide ledger does not balance: trajectories were lost or double counted."""
