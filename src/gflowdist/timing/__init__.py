@@ -1,0 +1,62 @@
+"""Per-rank timers and the end-of-run load-imbalance report.
+
+- :mod:`~gflowdist.timing.timers`: ``StepTimer`` (phases, waits on peers),
+  ``Throughput`` (EMA rate), ``eta_seconds``, ``format_duration``. No collectives.
+- :mod:`~gflowdist.timing.imbalance`: useful vs waiting per phase, stragglers,
+  the who-waited-on-whom matrix, and torchgfn's ``report_load_imbalance`` /
+  ``report_time_info`` returning their tables.
+- :mod:`~gflowdist.timing.summaries`: staleness, ledger balance, metric summaries.
+- :mod:`~gflowdist.timing.report`: ``build_report`` -> ``Report`` (text, JSON, save).
+- :mod:`~gflowdist.timing.figure`: ``report.png`` when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+from gflowdist.timing.imbalance import (
+    LoadImbalanceResult,
+    PhaseImbalance,
+    StepTime,
+    TimeInfoResult,
+    WaitMatrix,
+    imbalance_by_phase,
+    phase_imbalance,
+    report_load_imbalance,
+    report_time_info,
+    wait_matrix,
+)
+from gflowdist.timing.report import Report, SavedReport, build_report
+from gflowdist.timing.summaries import (
+    LedgerRow,
+    LedgerSummary,
+    MetricSummary,
+    StalenessSummary,
+    ledger_summary,
+    staleness_summary,
+)
+from gflowdist.timing.timers import StepTimer, Throughput, eta_seconds, format_duration
+
+__all__ = [
+    "StepTimer",
+    "Throughput",
+    "eta_seconds",
+    "format_duration",
+    "PhaseImbalance",
+    "phase_imbalance",
+    "imbalance_by_phase",
+    "WaitMatrix",
+    "wait_matrix",
+    "LoadImbalanceResult",
+    "TimeInfoResult",
+    "StepTime",
+    "report_load_imbalance",
+    "report_time_info",
+    "StalenessSummary",
+    "staleness_summary",
+    "LedgerRow",
+    "LedgerSummary",
+    "ledger_summary",
+    "MetricSummary",
+    "Report",
+    "SavedReport",
+    "build_report",
+]

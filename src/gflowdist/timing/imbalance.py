@@ -1,0 +1,449 @@
+r"""Load imbalance: useful work vs waiting per phase, and who waited on whom.
+
+Definitions (``t[r][i]`` = seconds rank ``r`` spent in a phase at its ``i``-th
+iteration; ``R_i`` = the ranks that recorded an ``i``-th iteration)::
+
+    mean_i    = sum(t[r][i] for r in R_i) / len(R_i)
+    max_i     = max(t[r][i] for r in R_i)
+    useful    = sum_i mean_i                      # work the average rank did
+    waiting   = sum_i (max_i - mean_i)            # time the average rank idled
+    waiting % = 100 * waiting / (useful + waiting)   # = waiting / sum_i max_i
+
+``useful + waiting = sum_i max_i`` is the phase's wall time when ranks wait
+for each other at the end of every iteration (a collective, a barrier), so
+``waiting %`` is the share of that wall time lost to imbalance. With equal
+iteration counts, ``useful`` is also the mean over ranks of each rank's total.
+
+Per rank: ``busy[r] = sum_i t[r][i]`` and ``idle[r] = sum_i (max_i - t[r][i])``;
+with equal iteration counts ``mean_r idle[r] == waiting``.
+
+Straggler: iteration ``i`` names the lowest rank whose time equals ``max_i``,
+unless every rank in ``R_i`` took the same time (including iterations only one
+rank reached), which names nobody. A phase's straggler is the rank named most
+often (ties: the lower rank); ``None`` when no iteration names anyone.
+
+Ranks with different iteration counts: iteration ``i`` is averaged over the
+ranks that reached it (``R_i``), never padded with zeros. A phase missing on
+some ranks is computed over the ranks that have it; the others are listed in
+``missing_ranks`` (torchgfn instead skips such a step entirely).
+
+Who waited on whom: ``seconds(w, p)`` = total seconds rank ``w`` spent in
+``StepTimer.wait_on(p, ...)`` blocks, over every label.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gflowdist.errors import GflowdistError
+from gflowdist.timing.text_table import rank_list
+from gflowdist.timing.timers import StepTimer, as_time_list, parse_rank
+
+__all__ = [
+    "PhaseImbalance",
+    "phase_imbalance",
+    "imbalance_by_phase",
+    "WaitMatrix",
+    "wait_matrix",
+    "LoadImbalanceResult",
+    "TimeInfoResult",
+    "StepTime",
+    "report_load_imbalance",
+    "report_time_info",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _rank_floats(data: Mapping[Any, Any], where: str) -> dict[int, float]:
+    return {parse_rank(k, where): float(v) for k, v in data.items()}
+
+
+@dataclass(frozen=True)
+class PhaseImbalance:
+    """Imbalance of one phase over a group of ranks (see the module docstring for formulas).
+
+    Attributes:
+        phase: the phase (torchgfn: step) name.
+        ranks: ranks that recorded the phase, ascending.
+        missing_ranks: ranks of the group that never recorded it.
+        iterations: the largest iteration count among ``ranks``.
+        min_iterations: the smallest; differs from ``iterations`` when counts are uneven.
+        useful: ``sum_i mean_i`` seconds.
+        waiting: ``sum_i (max_i - mean_i)`` seconds.
+        straggler: the rank most often slowest, or None.
+        straggler_iterations: in how many iterations ``straggler`` was named.
+        contested_iterations: iterations that named a straggler at all.
+        busy: ``{rank: sum_i t[r][i]}``.
+        idle: ``{rank: sum_i (max_i - t[r][i])}`` over the iterations the rank reached.
+    """
+
+    phase: str
+    ranks: tuple[int, ...]
+    missing_ranks: tuple[int, ...]
+    iterations: int
+    min_iterations: int
+    useful: float
+    waiting: float
+    straggler: int | None
+    straggler_iterations: int
+    contested_iterations: int
+    busy: Mapping[int, float] = field(default_factory=dict)
+    idle: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def waiting_pct(self) -> float:
+        """``100 * waiting / (useful + waiting)``; 0.0 for a phase that took no time."""
+        total = self.useful + self.waiting
+        return 100.0 * self.waiting / total if total > 0.0 else 0.0
+
+    @property
+    def uneven(self) -> bool:
+        """True when ranks recorded different numbers of iterations."""
+        return self.min_iterations != self.iterations
+
+    def notes(self) -> list[str]:
+        """Human-readable caveats: missing ranks, uneven iteration counts."""
+        out = []
+        if self.missing_ranks:
+            out.append(f"phase {self.phase!r} not recorded on ranks {rank_list(self.missing_ranks)}; "
+                       f"computed over ranks {rank_list(self.ranks)}")
+        if self.uneven:
+            out.append(f"phase {self.phase!r} has uneven iteration counts "
+                       f"({self.min_iterations}..{self.iterations}); iteration i is averaged "
+                       f"over the ranks that reached it")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (rank keys as ``str``); inverse of :meth:`from_dict`."""
+        return {
+            "phase": self.phase,
+            "ranks": list(self.ranks),
+            "missing_ranks": list(self.missing_ranks),
+            "iterations": self.iterations,
+            "min_iterations": self.min_iterations,
+            "useful": self.useful,
+            "waiting": self.waiting,
+            "waiting_pct": self.waiting_pct,
+            "straggler": self.straggler,
+            "straggler_iterations": self.straggler_iterations,
+            "contested_iterations": self.contested_iterations,
+            "busy": {str(r): v for r, v in self.busy.items()},
+            "idle": {str(r): v for r, v in self.idle.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PhaseImbalance:
+        """Inverse of :meth:`to_dict` (``waiting_pct`` is recomputed, not read)."""
+        return cls(
+            phase=str(data["phase"]),
+            ranks=tuple(int(r) for r in data["ranks"]),
+            missing_ranks=tuple(int(r) for r in data["missing_ranks"]),
+            iterations=int(data["iterations"]),
+            min_iterations=int(data["min_iterations"]),
+            useful=float(data["useful"]),
+            waiting=float(data["waiting"]),
+            straggler=None if data["straggler"] is None else int(data["straggler"]),
+            straggler_iterations=int(data["straggler_iterations"]),
+            contested_iterations=int(data["contested_iterations"]),
+            busy=_rank_floats(data["busy"], "busy"),
+            idle=_rank_floats(data["idle"], "idle"),
+        )
+
+
+def phase_imbalance(phase: str, times_by_rank: Mapping[int, Sequence[float]],
+                    group: Iterable[int] | None = None) -> PhaseImbalance:
+    """Useful work, waiting and straggler of one phase.
+
+    Args:
+        phase: name carried into the result.
+        times_by_rank: ``{rank: [seconds of iteration 0, 1, ...]}`` for the ranks
+            that recorded the phase (lists may differ in length, may be empty).
+        group: every rank expected to record it; those absent from
+            ``times_by_rank`` become ``missing_ranks``. Defaults to ``times_by_rank``'s ranks.
+    """
+    ranks = tuple(sorted(times_by_rank))
+    missing = tuple(sorted(set(group) - set(ranks))) if group is not None else ()
+    counts = [len(times_by_rank[r]) for r in ranks]
+    n_iter = max(counts, default=0)
+    grid = np.zeros((len(ranks), n_iter))
+    present = np.zeros((len(ranks), n_iter), dtype=bool)
+    for row, rank in enumerate(ranks):
+        grid[row, :counts[row]] = np.asarray(times_by_rank[rank], dtype=float)
+        present[row, :counts[row]] = True
+    busy = {rank: float(grid[row].sum()) for row, rank in enumerate(ranks)}
+    if n_iter == 0:
+        return PhaseImbalance(phase, ranks, missing, 0, 0, 0.0, 0.0, None, 0, 0,
+                              busy, {rank: 0.0 for rank in ranks})
+
+    # every column has >= 1 present rank because n_iter is the largest count
+    col_max = np.where(present, grid, -np.inf).max(axis=0)
+    col_min = np.where(present, grid, np.inf).min(axis=0)
+    col_mean = grid.sum(axis=0) / present.sum(axis=0)
+    useful = float(col_mean.sum())
+    waiting = float(np.maximum(col_max - col_mean, 0.0).sum())
+    idle_grid = np.where(present, col_max[None, :] - grid, 0.0)
+    idle = {rank: float(idle_grid[row].sum()) for row, rank in enumerate(ranks)}
+
+    contested = col_max > col_min
+    slowest_row = np.argmax(np.where(present, grid, -np.inf), axis=0)  # first max = lowest rank
+    wins = np.bincount(slowest_row[contested], minlength=len(ranks))
+    straggler: int | None = None
+    straggler_iterations = 0
+    if contested.any():
+        best = int(np.argmax(wins))
+        straggler, straggler_iterations = ranks[best], int(wins[best])
+    return PhaseImbalance(phase, ranks, missing, n_iter, min(counts), useful, waiting,
+                          straggler, straggler_iterations, int(contested.sum()), busy, idle)
+
+
+def imbalance_by_phase(timing_by_rank: Mapping[int, Mapping[str, Sequence[float]]],
+                       group: Iterable[int] | None = None) -> list[PhaseImbalance]:
+    """:func:`phase_imbalance` of every phase any rank recorded.
+
+    Phases come in order of first appearance, scanning ranks in ascending order.
+    ``group`` defaults to every rank of ``timing_by_rank``.
+    """
+    members = sorted(timing_by_rank) if group is None else sorted(set(group))
+    order: dict[str, None] = {}
+    for rank in sorted(timing_by_rank):
+        order.update(dict.fromkeys(timing_by_rank[rank]))
+    return [
+        phase_imbalance(phase, {r: timing_by_rank[r][phase] for r in sorted(timing_by_rank)
+                                if phase in timing_by_rank[r]}, members)
+        for phase in order
+    ]
+
+
+# --- who waited on whom ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WaitMatrix:
+    """Seconds each rank spent blocked on each peer.
+
+    Attributes:
+        ranks: every rank that waited or was waited on, ascending (rows and columns).
+        by_label: ``{waiter: {peer: {label: seconds}}}``.
+        counts: ``{waiter: {peer: {label: number of waits}}}``.
+    """
+
+    ranks: tuple[int, ...]
+    by_label: Mapping[int, Mapping[int, Mapping[str, float]]]
+    counts: Mapping[int, Mapping[int, Mapping[str, int]]]
+
+    def seconds(self, waiter: int, peer: int) -> float:
+        """Total seconds ``waiter`` was blocked on ``peer`` (all labels)."""
+        return float(sum(self.by_label.get(waiter, {}).get(peer, {}).values()))
+
+    def matrix(self) -> list[list[float]]:
+        """``m[i][j] = seconds(ranks[i], ranks[j])``: rows wait, columns are waited on."""
+        return [[self.seconds(w, p) for p in self.ranks] for w in self.ranks]
+
+    def waited(self, waiter: int) -> float:
+        """Row sum: all seconds ``waiter`` spent blocked."""
+        return float(sum(self.seconds(waiter, p) for p in self.by_label.get(waiter, {})))
+
+    def waited_on(self, peer: int) -> float:
+        """Column sum: all seconds other ranks spent blocked on ``peer``."""
+        return float(sum(self.seconds(w, peer) for w in self.by_label))
+
+    def total(self) -> float:
+        """Sum of every cell."""
+        return float(sum(self.waited(w) for w in self.by_label))
+
+    def top_pairs(self, n: int) -> list[tuple[int, int, float]]:
+        """The ``n`` largest ``(waiter, peer, seconds)`` cells, largest first."""
+        cells = [(w, p, self.seconds(w, p)) for w in self.by_label for p in self.by_label[w]]
+        cells.sort(key=lambda c: (-c[2], c[0], c[1]))
+        return cells[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"ranks": [...], "seconds": {"w": {"p": {label: s}}}, "counts": {...}}``."""
+        return {
+            "ranks": list(self.ranks),
+            "seconds": {str(w): {str(p): dict(lab) for p, lab in peers.items()}
+                        for w, peers in self.by_label.items()},
+            "counts": {str(w): {str(p): dict(lab) for p, lab in peers.items()}
+                       for w, peers in self.counts.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WaitMatrix:
+        """Inverse of :meth:`to_dict`."""
+        def nested(d: Mapping[str, Any], cast: type) -> dict[int, dict[int, dict[str, Any]]]:
+            return {parse_rank(w, "wait matrix"): {
+                parse_rank(p, "wait matrix"): {str(k): cast(v) for k, v in lab.items()}
+                for p, lab in peers.items()} for w, peers in d.items()}
+
+        return cls(tuple(int(r) for r in data["ranks"]), nested(data["seconds"], float),
+                   nested(data["counts"], int))
+
+
+def wait_matrix(timers: Mapping[int, StepTimer]) -> WaitMatrix:
+    """Collect every rank's ``StepTimer.waits`` into one :class:`WaitMatrix`."""
+    by_label = {w: {p: dict(lab) for p, lab in t.waits.items()} for w, t in timers.items()
+                if t.waits}
+    counts = {w: {p: dict(lab) for p, lab in t.wait_counts.items()} for w, t in timers.items()
+              if t.wait_counts}
+    ranks = set(by_label)
+    for peers in by_label.values():
+        ranks.update(peers)
+    return WaitMatrix(tuple(sorted(ranks)), by_label, counts)
+
+
+# --- torchgfn gfn.utils.distributed compatible reports -----------------------------------
+
+
+def _timing_list(all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Mapping[str, Any]],
+                 world_size: int) -> dict[int, dict[str, list[float]]]:
+    """``{rank: {step: [seconds]}}`` for ranks ``0 .. world_size-1``, validated."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise GflowdistError(f"world_size must be an int >= 1, got {world_size!r}")
+    if isinstance(all_timing_dict, Mapping):
+        by_rank = {parse_rank(k, "all_timing_dict"): v for k, v in all_timing_dict.items()}
+    else:
+        by_rank = dict(enumerate(all_timing_dict))
+    absent = [r for r in range(world_size) if r not in by_rank]
+    if absent:
+        raise GflowdistError(
+            f"all_timing_dict has no timing dict for ranks {rank_list(absent)} of "
+            f"world_size {world_size} (got {len(by_rank)} entries)")
+    out: dict[int, dict[str, list[float]]] = {}
+    for rank in range(world_size):
+        timing = by_rank[rank]
+        if not isinstance(timing, Mapping):
+            raise GflowdistError(f"timing dict of rank {rank} must be a mapping "
+                                 f"{{step_name: [seconds]}}, got {type(timing).__name__}")
+        out[rank] = {str(step): as_time_list(times, str(step)) for step, times in timing.items()}
+    return out
+
+
+@dataclass(frozen=True)
+class LoadImbalanceResult:
+    """What :func:`report_load_imbalance` computed; ``text`` is the table it logged."""
+
+    phases: tuple[PhaseImbalance, ...]
+    notes: tuple[str, ...]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def phase(self, name: str) -> PhaseImbalance:
+        """The row of step ``name``; KeyError if no rank recorded it."""
+        for row in self.phases:
+            if row.phase == name:
+                return row
+        raise KeyError(name)
+
+
+def report_load_imbalance(
+    all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Mapping[str, Any]],
+    world_size: int,
+) -> LoadImbalanceResult:
+    """torchgfn's ``report_load_imbalance``, returning the table instead of only logging it.
+
+    Args:
+        all_timing_dict: ``[rank0_dict, rank1_dict, ...]`` (or ``{rank: dict}``) where
+            each dict is ``{"step_name": [iter0_time, iter1_time, ...], ...}``; a bare
+            number counts as one iteration.
+        world_size: ranks ``0 .. world_size-1`` are reported; each must have an entry.
+
+    Same columns and semantics as torchgfn (per iteration useful = mean over
+    ranks, waiting = max - mean, summed), plus ``waiting %`` and the straggler.
+    Differences: a step missing on some ranks is computed over the ranks that
+    have it (torchgfn skips it); ranks with fewer iterations join only the
+    iterations they reached (torchgfn raises IndexError or ignores the extra);
+    steps recorded only by ranks other than 0 are reported too. Each line of
+    ``text`` is also logged at INFO, each note at WARNING, like torchgfn.
+    """
+    timing = _timing_list(all_timing_dict, world_size)
+    phases = tuple(imbalance_by_phase(timing, range(world_size)))
+    lines = [
+        f"{'Step Name':<25} {'Useful Work':>12} {'Waiting':>12} {'Waiting %':>10}  Straggler",
+        "-" * 80,
+    ]
+    for row in phases:
+        straggler = "-" if row.straggler is None else (
+            f"rank {row.straggler} ({row.straggler_iterations}/{row.contested_iterations})")
+        lines.append(f"{row.phase:<25} {row.useful:>11.4f}s {row.waiting:>11.4f}s "
+                     f"{row.waiting_pct:>9.1f}%  {straggler}")
+    notes = tuple(note for row in phases for note in row.notes())
+    for line in lines:
+        logger.info("%s", line)
+    for note in notes:
+        logger.warning("%s", note)
+    return LoadImbalanceResult(phases, notes, "\n".join([*lines, *(f"note: {n}" for n in notes)]))
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One rank's totals for one step: ``mean = total / iterations`` (None for 0 iterations)."""
+
+    iterations: int
+    total: float
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.iterations if self.iterations else None
+
+
+@dataclass(frozen=True)
+class TimeInfoResult:
+    """What :func:`report_time_info` computed; ``text`` is what it logged.
+
+    Attributes:
+        per_rank: ``{rank: {step: StepTime}}``.
+        maximum: ``{step: (largest per-rank total, that rank)}``.
+        average: ``{step: mean of per-rank totals over the ranks that recorded it}``.
+    """
+
+    per_rank: Mapping[int, Mapping[str, StepTime]]
+    maximum: Mapping[str, tuple[float, int]]
+    average: Mapping[str, float]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def report_time_info(
+    all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Mapping[str, Any]],
+    world_size: int,
+) -> TimeInfoResult:
+    """torchgfn's ``report_time_info``, returning the text and numbers instead of only logging.
+
+    Per rank and step: mean seconds per iteration and total; then per step the
+    maximum of the per-rank totals and their average over the ranks that
+    recorded the step (as torchgfn). A step with no iterations reads
+    ``no iterations`` instead of dividing by zero. Each line is also logged at INFO.
+    """
+    timing = _timing_list(all_timing_dict, world_size)
+    per_rank: dict[int, dict[str, StepTime]] = {}
+    totals: dict[str, list[tuple[float, int]]] = {}
+    lines = ["Timing information for each rank:"]
+    for rank in range(world_size):
+        lines.append(f"Rank {rank} timing information:")
+        per_rank[rank] = {}
+        for step, times in timing[rank].items():
+            st = StepTime(len(times), float(np.sum(times)) if times else 0.0)
+            per_rank[rank][step] = st
+            mean = "no iterations" if st.mean is None else f"{st.mean:.4f} seconds"
+            lines.append(f"  {step}: {mean} (total: {st.total:.4f} seconds)")
+            totals.setdefault(step, []).append((st.total, rank))
+    maximum = {step: max(vals, key=lambda v: (v[0], -v[1])) for step, vals in totals.items()}
+    average = {step: sum(v for v, _ in vals) / len(vals) for step, vals in totals.items()}
+    lines += ["", "Maximum timing information:"]
+    lines += [f"  {step}: {value:.4f} seconds (rank {rank})"
+              for step, (value, rank) in maximum.items()]
+    lines += ["", "Average timing information:"]
+    lines += [f"  {step}: {value:.4f} seconds" for step, value in average.items()]
+    for line in lines:
+        logger.info("%s", line)
+    return TimeInfoResult(per_rank, maximum, average, "\n".join(lines))

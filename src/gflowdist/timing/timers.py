@@ -1,0 +1,367 @@
+"""Per-rank timers: phase times per iteration, time blocked on each peer, rates and ETAs.
+
+Nothing here talks to other ranks. Each rank owns one :class:`StepTimer`; at the
+end of a run the runtime gathers every rank's :meth:`StepTimer.to_dict` (plain
+msgpack-able data) and hands them to :func:`gflowdist.timing.build_report`.
+
+The model, in one picture::
+
+    timer = StepTimer()
+    for it in range(n_iters):
+        with timer.phase("rollout"):           # phases["rollout"].append(seconds)
+            trajs = sample()
+        with timer.phase("send"):
+            with timer.wait_on(buffer_rank, "send"):   # waits[buffer_rank]["send"] += seconds
+                channel.send(trajs)
+        with timer.phase("train"):
+            train(trajs)
+    payload = timer.to_dict()                  # gathered later by the runtime
+
+``phases`` is torchgfn's timing format ``{step_name: [seconds per iteration]}``:
+every exit of ``phase(name)`` appends one entry, so a phase timed once per
+iteration has one entry per iteration. A phase entered several times per
+iteration gets several entries; wrap those calls in one block, or sum them and
+use :meth:`StepTimer.record`.
+
+``wait_on(peer, label)`` adds the seconds spent inside the block to
+``waits[peer][label]`` and counts one wait in ``wait_counts[peer][label]``.
+Those totals become the rows of the report's who-waited-on-whom matrix
+(row = this rank, column = ``peer``). A ``wait_on`` block inside a ``phase``
+block is counted in both: the phase time includes the wait.
+
+Costs: one clock call at entry and one at exit (``time.perf_counter`` unless a
+``clock`` is injected), one list append or dict update; no locks, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from gflowdist.errors import GflowdistError
+
+__all__ = [
+    "StepTimer",
+    "Throughput",
+    "eta_seconds",
+    "format_duration",
+    "STEP_TIMER_FORMAT",
+]
+
+#: Version of the :meth:`StepTimer.to_dict` layout; :meth:`StepTimer.from_dict` checks it.
+STEP_TIMER_FORMAT = 1
+
+Clock = Callable[[], float]
+
+
+class _PhaseBlock:
+    """Context manager returned by :meth:`StepTimer.phase`; appends elapsed seconds on exit."""
+
+    __slots__ = ("_timer", "_name", "_start")
+
+    def __init__(self, timer: StepTimer, name: str):
+        self._timer = timer
+        self._name = name
+        self._start = 0.0
+
+    def __enter__(self) -> _PhaseBlock:
+        self._start = self._timer._clock()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._timer.record(self._name, self._timer._clock() - self._start)
+
+
+class _WaitBlock:
+    """Context manager returned by :meth:`StepTimer.wait_on`; adds blocked seconds on exit."""
+
+    __slots__ = ("_timer", "_peer", "_label", "_start")
+
+    def __init__(self, timer: StepTimer, peer: int, label: str):
+        self._timer = timer
+        self._peer = peer
+        self._label = label
+        self._start = 0.0
+
+    def __enter__(self) -> _WaitBlock:
+        self._start = self._timer._clock()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._timer.record_wait(self._peer, self._label, self._timer._clock() - self._start)
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise GflowdistError(f"{what} must be a non-empty string, got {name!r}")
+    return name
+
+
+def _check_peer(peer: object) -> int:
+    if isinstance(peer, bool) or not isinstance(peer, int) or peer < 0:
+        raise GflowdistError(f"peer rank must be an int >= 0, got {peer!r}")
+    return peer
+
+
+def _check_seconds(seconds: object, what: str) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise GflowdistError(f"{what} must be a number of seconds, got {seconds!r}")
+    value = float(seconds)
+    if not math.isfinite(value) or value < 0.0:
+        raise GflowdistError(f"{what} must be finite and >= 0 seconds, got {seconds!r}")
+    return value
+
+
+class StepTimer:
+    """Seconds per iteration per phase, and seconds blocked per peer, on one rank.
+
+    Args:
+        clock: a callable returning seconds as a float, monotonic; defaults to
+            ``time.perf_counter``. Tests inject a fake clock.
+
+    State (read-only views; mutate through the methods):
+        ``phases``: ``{phase: [seconds, ...]}``, one entry per timed block.
+        ``waits``: ``{peer_rank: {label: total seconds blocked}}``.
+        ``wait_counts``: ``{peer_rank: {label: number of waits}}``.
+    """
+
+    __slots__ = ("_clock", "phases", "waits", "wait_counts")
+
+    def __init__(self, *, clock: Clock = time.perf_counter):
+        if not callable(clock):
+            raise GflowdistError(f"clock must be a callable returning seconds, got {clock!r}")
+        self._clock = clock
+        self.phases: dict[str, list[float]] = {}
+        self.waits: dict[int, dict[str, float]] = {}
+        self.wait_counts: dict[int, dict[str, int]] = {}
+
+    # --- recording ----------------------------------------------------------------------
+
+    def phase(self, name: str) -> _PhaseBlock:
+        """``with timer.phase(name):`` appends the block's seconds to ``phases[name]``.
+
+        The time is recorded even when the block raises (the time was spent).
+        """
+        return _PhaseBlock(self, _check_name(name, "phase name"))
+
+    def wait_on(self, peer_rank: int, label: str = "wait") -> _WaitBlock:
+        """``with timer.wait_on(peer, label):`` adds the block's seconds to ``waits[peer][label]``.
+
+        Wrap exactly the blocking call (a receive from ``peer``, a send waiting
+        for ``peer`` to drain, a sample request served by ``peer``).
+        """
+        return _WaitBlock(self, _check_peer(peer_rank), _check_name(label, "wait label"))
+
+    def record(self, name: str, seconds: float) -> None:
+        """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere)."""
+        self.phases.setdefault(_check_name(name, "phase name"), []).append(
+            _check_seconds(seconds, f"time of phase {name!r}"))
+
+    def record_wait(self, peer_rank: int, label: str, seconds: float) -> None:
+        """Add ``seconds`` blocked on ``peer_rank`` under ``label`` and count one wait."""
+        peer = _check_peer(peer_rank)
+        label = _check_name(label, "wait label")
+        value = _check_seconds(seconds, f"wait on rank {peer}")
+        per_label = self.waits.setdefault(peer, {})
+        per_label[label] = per_label.get(label, 0.0) + value
+        counts = self.wait_counts.setdefault(peer, {})
+        counts[label] = counts.get(label, 0) + 1
+
+    # --- reading ------------------------------------------------------------------------
+
+    def total(self, name: str) -> float:
+        """Sum of ``phases[name]`` (0.0 for a phase never timed)."""
+        return math.fsum(self.phases.get(name, ()))
+
+    def waited_on(self, peer_rank: int) -> float:
+        """Total seconds blocked on ``peer_rank`` over every label."""
+        return math.fsum(self.waits.get(peer_rank, {}).values())
+
+    # --- wire form ----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, msgpack- and JSON-able data; peer ranks become ``str`` keys.
+
+        Layout (``format`` is :data:`STEP_TIMER_FORMAT`)::
+
+            {"format": 1,
+             "phases": {"rollout": [0.12, 0.11, ...], ...},
+             "waits": {"3": {"sample": 1.75}, ...},       # seconds blocked on rank 3
+             "wait_counts": {"3": {"sample": 40}, ...}}
+        """
+        return {
+            "format": STEP_TIMER_FORMAT,
+            "phases": {name: list(times) for name, times in self.phases.items()},
+            "waits": {str(peer): dict(labels) for peer, labels in self.waits.items()},
+            "wait_counts": {str(peer): dict(labels) for peer, labels in self.wait_counts.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, clock: Clock = time.perf_counter) -> StepTimer:
+        """Rebuild a timer from :meth:`to_dict` output (peer keys may be ``str`` or ``int``).
+
+        Raises:
+            GflowdistError: unknown format version, unknown keys, or values of the wrong type.
+        """
+        if not isinstance(data, Mapping):
+            raise GflowdistError(f"StepTimer data must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"format", "phases", "waits", "wait_counts"}
+        if unknown:
+            raise GflowdistError(f"StepTimer data has unknown keys {sorted(map(str, unknown))}")
+        if data.get("format") != STEP_TIMER_FORMAT:
+            raise GflowdistError(
+                f"StepTimer data format {data.get('format')!r} is not supported "
+                f"(expected {STEP_TIMER_FORMAT})")
+        timer = cls(clock=clock)
+        for name, times in _mapping(data.get("phases", {}), "phases").items():
+            timer.phases[_check_name(name, "phase name")] = [
+                _check_seconds(t, f"time of phase {name!r}") for t in _sequence(times, name)]
+        for peer_key, labels in _mapping(data.get("waits", {}), "waits").items():
+            peer = parse_rank(peer_key, "waits")
+            timer.waits[peer] = {
+                _check_name(label, "wait label"): _check_seconds(s, f"wait on rank {peer}")
+                for label, s in _mapping(labels, f"waits[{peer_key!r}]").items()}
+        for peer_key, labels in _mapping(data.get("wait_counts", {}), "wait_counts").items():
+            peer = parse_rank(peer_key, "wait_counts")
+            timer.wait_counts[peer] = {
+                _check_name(label, "wait label"): _check_count(n, f"wait count on rank {peer}")
+                for label, n in _mapping(labels, f"wait_counts[{peer_key!r}]").items()}
+        return timer
+
+    @classmethod
+    def from_timing_dict(cls, timing: Mapping[str, Any], *,
+                         clock: Clock = time.perf_counter) -> StepTimer:
+        """Adopt a torchgfn timing dict ``{step_name: [seconds per iteration]}``.
+
+        A bare number for a step counts as one iteration, as torchgfn's reports do.
+        """
+        timer = cls(clock=clock)
+        for name, times in _mapping(timing, "timing dict").items():
+            for t in as_time_list(times, name):
+                timer.record(name, t)
+        return timer
+
+
+def as_time_list(times: object, step: str) -> list[float]:
+    """A step's times as floats: a list/tuple of seconds, or one number (= one iteration)."""
+    if isinstance(times, (int, float)) and not isinstance(times, bool):
+        return [_check_seconds(times, f"time of step {step!r}")]
+    return [_check_seconds(t, f"time of step {step!r}") for t in _sequence(times, step)]
+
+
+def parse_rank(key: object, where: str) -> int:
+    """A rank from an ``int`` or a decimal ``str`` key (msgpack/JSON turn int keys into str)."""
+    if isinstance(key, bool):
+        raise GflowdistError(f"{where}: rank key must be an int or a decimal string, got {key!r}")
+    if isinstance(key, int):
+        rank = key
+    elif isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        rank = int(key)
+    else:
+        raise GflowdistError(f"{where}: rank key must be an int or a decimal string, got {key!r}")
+    if rank < 0:
+        raise GflowdistError(f"{where}: rank must be >= 0, got {key!r}")
+    return rank
+
+
+def _check_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GflowdistError(f"{what} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _mapping(value: object, what: str) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise GflowdistError(f"{what} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _sequence(value: object, what: str) -> list[Any]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise GflowdistError(
+            f"times of {what!r} must be a list of seconds, got {type(value).__name__}")
+    return list(value)  # type: ignore[call-overload]
+
+
+class Throughput:
+    """Exponential moving average of a rate in items per second, for progress lines.
+
+    Each :meth:`update` with ``n`` new items at clock time ``t`` forms the
+    instantaneous rate ``r = n_pending / (t - t_last)`` and folds it in::
+
+        rate = r                               (first measurement)
+        rate = alpha * r + (1 - alpha) * rate  (afterwards)
+
+    Items reported when no time has passed (``t == t_last``) stay pending and
+    join the next measurement, so no item is lost and no division by zero occurs.
+
+    Args:
+        alpha: weight of the newest measurement, in (0, 1]. 1.0 = no smoothing.
+        clock: seconds callable; ``time.perf_counter`` by default.
+    """
+
+    __slots__ = ("alpha", "_clock", "_last", "_pending", "rate", "total", "_start")
+
+    def __init__(self, alpha: float = 0.1, *, clock: Clock = time.perf_counter):
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            raise GflowdistError(f"Throughput alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = float(alpha)
+        self._clock = clock
+        self._start = self._last = clock()
+        self._pending = 0.0
+        #: smoothed items per second; ``None`` until the first measurement
+        self.rate: float | None = None
+        #: all items ever reported
+        self.total = 0.0
+
+    def update(self, n: float = 1) -> float | None:
+        """Report ``n`` more items done now; returns the smoothed rate (None if no time passed yet)."""
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+            raise GflowdistError(f"Throughput.update needs a count >= 0, got {n!r}")
+        now = self._clock()
+        self.total += n
+        self._pending += n
+        elapsed = now - self._last
+        if elapsed <= 0.0:
+            return self.rate
+        instant = self._pending / elapsed
+        self.rate = instant if self.rate is None else (
+            self.alpha * instant + (1.0 - self.alpha) * self.rate)
+        self._pending = 0.0
+        self._last = now
+        return self.rate
+
+    def mean_rate(self) -> float | None:
+        """Unsmoothed ``total / (now - start)``; None when no time has passed."""
+        elapsed = self._clock() - self._start
+        return self.total / elapsed if elapsed > 0.0 else None
+
+    def eta(self, remaining: float) -> float | None:
+        """Seconds to finish ``remaining`` items at the smoothed rate (see :func:`eta_seconds`)."""
+        return eta_seconds(remaining, self.rate)
+
+
+def eta_seconds(remaining: float, rate: float | None) -> float | None:
+    """``remaining / rate`` seconds; 0.0 when nothing remains; None when the rate is unknown or 0."""
+    if remaining <= 0:
+        return 0.0
+    if rate is None or rate <= 0.0 or not math.isfinite(rate):
+        return None
+    return remaining / rate
+
+
+def format_duration(seconds: float | None) -> str:
+    """``"1h02m03s"``, ``"4m05s"``, ``"6.2s"``; ``"?"`` for None (unknown ETA)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    if seconds < 60.0:
+        return f"{seconds:.1f}s"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
