@@ -1,0 +1,47 @@
+"""Replay buffers as composable parts: storage, sampler, writer, rate limiter.
+
+- :class:`TensorStorage` holds items (dicts of fixed-shape tensors) in preallocated slots.
+- A sampler picks slots: :class:`UniformSampler`, :class:`PrioritizedSampler`,
+  :class:`FifoSampler`.
+- A writer admits items and picks their slots: :class:`RoundRobinWriter`,
+  :class:`KeepHighestWriter`, :class:`DedupWriter`.
+- :class:`RateLimiter` keeps a minimum size and a samples-per-insert ratio (Reverb's rule).
+- :class:`ReplayBuffer` composes them, keeps per-item metadata and offers presets
+  (``ReplayBuffer.uniform``, ``.prioritized``, ``.fifo``, ``.keep_highest``, ``.dedup``,
+  ``.from_config``).
+
+Single-process and pure; a buffer-manager rank wraps it. See docs/replay.md.
+"""
+
+from __future__ import annotations
+
+from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
+from gflowdist.replay.rate_limiter import RateLimiter, wait_until
+from gflowdist.replay.samplers import (FifoSampler, InsufficientItemsError, PrioritizedSampler,
+                                       Sampler, UniformSampler)
+from gflowdist.replay.storage import Batch, ItemSchemaError, TensorStorage, batch_size
+from gflowdist.replay.writers import (DedupWriter, KeepHighestWriter, RoundRobinWriter,
+                                      WriteResult, Writer, row_hash)
+
+__all__ = [
+    "AdmitResult",
+    "Batch",
+    "DedupWriter",
+    "FifoSampler",
+    "InsufficientItemsError",
+    "ItemSchemaError",
+    "KeepHighestWriter",
+    "PrioritizedSampler",
+    "RateLimitedError",
+    "RateLimiter",
+    "ReplayBuffer",
+    "RoundRobinWriter",
+    "Sampler",
+    "TensorStorage",
+    "UniformSampler",
+    "WriteResult",
+    "Writer",
+    "batch_size",
+    "row_hash",
+    "wait_until",
+]

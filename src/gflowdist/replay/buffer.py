@@ -1,0 +1,386 @@
+"""The replay buffer: a storage, a sampler, a writer and an optional rate limiter.
+
+::
+
+    buffer = ReplayBuffer.prioritized(capacity=10_000, alpha=0.6, beta=0.4)
+    result = buffer.extend(batch, producer=3, seq=first_seq, policy_version=v,
+                           scores=batch["log_reward"])
+    batch, info = buffer.sample(64)
+    buffer.update_priorities(info["indices"], losses, insert_step=info["insert_step"])
+
+Besides the item data the buffer keeps, per slot, in parallel tensors: the
+producer rank, the sequence number and the policy version the producer
+stamped (int64), the admission score (float32, NaN when none was given) and
+the insertion step (int64: how many items were admitted before this one).
+:meth:`ReplayBuffer.sample` returns them for the sampled items in ``info``.
+
+The buffer itself never blocks: :meth:`extend` and :meth:`sample` raise
+:class:`RateLimitedError` when the rate limiter forbids the call. A caller
+(the buffer-manager rank) asks :meth:`can_insert` / :meth:`can_sample`, or
+waits with :meth:`wait_until_can_sample`, which makes progress through a
+callable and raises ``DeadlineError`` at its deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from gflowdist.errors import ConfigError, GflowdistError
+from gflowdist.replay.rate_limiter import RateLimiter, wait_until
+from gflowdist.replay.samplers import (FifoSampler, PrioritizedSampler, Sampler,
+                                       UniformSampler)
+from gflowdist.replay.storage import Batch, TensorStorage
+from gflowdist.replay.writers import (REJECTED_DUPLICATE, REJECTED_LOW_SCORE, DedupWriter,
+                                      KeepHighestWriter, RoundRobinWriter, Writer, take)
+
+__all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
+
+STATE_VERSION = 1
+
+# metadata field -> dtype; kept per slot, parallel to the storage.
+_METADATA = {
+    "producer": torch.int64,
+    "seq": torch.int64,
+    "policy_version": torch.int64,
+    "score": torch.float32,
+    "insert_step": torch.int64,
+}
+
+
+class RateLimitedError(GflowdistError):
+    """``extend`` or ``sample`` was called while the rate limiter forbids it."""
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    """What :meth:`ReplayBuffer.extend` did with ``offered`` items.
+
+    ``offered == admitted + rejected_duplicate + rejected_low_score``;
+    ``evicted`` counts stored items (older ones, or admitted ones overwritten
+    within the call) that left the buffer. ``slots[k]`` is where item ``k``
+    is stored, ``-1`` if it is not; ``admitted_mask[k]`` whether it passed
+    admission.
+    """
+
+    offered: int
+    admitted: int
+    rejected_duplicate: int
+    rejected_low_score: int
+    evicted: int
+    slots: torch.Tensor
+    admitted_mask: torch.Tensor
+
+
+def _per_item(value: int | torch.Tensor, size: int, name: str, dtype: torch.dtype,
+              consecutive: bool = False) -> torch.Tensor:
+    """Broadcast an int (or, for ``seq``, ``value + arange``) or check a tensor of ``size``."""
+    if isinstance(value, torch.Tensor):
+        value = value.flatten()
+        if value.numel() != size:
+            raise ValueError(f"{name} has {value.numel()} entries for a batch of {size}")
+        if value.dtype.is_floating_point and dtype != torch.float32:
+            raise ValueError(f"{name} must hold integers, got {value.dtype}")
+        return value.to(dtype)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int or a tensor of {size} ints, got {value!r}")
+    if consecutive:
+        return torch.arange(value, value + size, dtype=dtype)
+    return torch.full((size,), value, dtype=dtype)
+
+
+class ReplayBuffer:
+    """Composes a storage, a sampler, a writer and an optional rate limiter.
+
+    Args:
+        storage: where items live (its capacity is the buffer's).
+        sampler: which items come out.
+        writer: which items are admitted, and where they go.
+        rate_limiter: when inserting/sampling may proceed; ``None`` = always.
+        generator: the random stream of :meth:`sample`; by default a new
+            generator seeded with ``torch.initial_seed()``.
+    """
+
+    def __init__(self, storage: TensorStorage, sampler: Sampler, writer: Writer,
+                 rate_limiter: RateLimiter | None = None,
+                 generator: torch.Generator | None = None):
+        self.storage = storage
+        self.sampler = sampler
+        self.writer = writer
+        self.rate_limiter = rate_limiter
+        if generator is None:
+            generator = torch.Generator()
+            generator.manual_seed(torch.initial_seed())
+        self.generator = generator
+        self.metadata = {name: torch.zeros(storage.capacity, dtype=dtype)
+                         for name, dtype in _METADATA.items()}
+        self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
+                         "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0}
+
+    # -- presets --------------------------------------------------------------
+
+    @classmethod
+    def uniform(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
+                generator: torch.Generator | None = None) -> ReplayBuffer:
+        """Uniform sampling with replacement; the oldest item is overwritten when full."""
+        return cls(TensorStorage(capacity), UniformSampler(), RoundRobinWriter(),
+                   rate_limiter, generator)
+
+    @classmethod
+    def prioritized(cls, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
+                    eps: float = 1e-6, rate_limiter: RateLimiter | None = None,
+                    generator: torch.Generator | None = None) -> ReplayBuffer:
+        """Proportional prioritized sampling; the oldest item is overwritten when full."""
+        return cls(TensorStorage(capacity), PrioritizedSampler(alpha, beta, eps),
+                   RoundRobinWriter(), rate_limiter, generator)
+
+    @classmethod
+    def fifo(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
+             generator: torch.Generator | None = None) -> ReplayBuffer:
+        """A queue: each item is served once, oldest first; when full the oldest
+        unserved item is overwritten (counted as evicted)."""
+        return cls(TensorStorage(capacity), FifoSampler(), RoundRobinWriter(),
+                   rate_limiter, generator)
+
+    @classmethod
+    def keep_highest(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
+                     generator: torch.Generator | None = None) -> ReplayBuffer:
+        """Keeps the ``capacity`` highest-scoring items offered; samples them uniformly."""
+        return cls(TensorStorage(capacity), UniformSampler(), KeepHighestWriter(),
+                   rate_limiter, generator)
+
+    @classmethod
+    def dedup(cls, capacity: int, key: str | Callable[[Batch], torch.Tensor], *,
+              rate_limiter: RateLimiter | None = None,
+              generator: torch.Generator | None = None) -> ReplayBuffer:
+        """Refuses items whose ``key`` is already stored; round robin; uniform sampling."""
+        return cls(TensorStorage(capacity), UniformSampler(), DedupWriter(key),
+                   rate_limiter, generator)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, dedup_key: str | Callable[[Batch], torch.Tensor] |
+                    None = None, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+                    generator: torch.Generator | None = None) -> ReplayBuffer:
+        """Build from an object with attributes ``capacity``, ``sampler``
+        (``"uniform" | "prioritized" | "fifo"``), ``writer`` (``"round_robin" |
+        "keep_highest" | "dedup"``), ``min_size_to_sample``, ``samples_per_insert``
+        and ``tolerance`` (e.g. ``gflowdist.config`` ``ReplayConfig``).
+
+        ``dedup_key`` is required for writer ``"dedup"``; ``alpha``, ``beta``,
+        ``eps`` apply to sampler ``"prioritized"``.
+        """
+        samplers: dict[str, Callable[[], Sampler]] = {
+            "uniform": UniformSampler,
+            "prioritized": lambda: PrioritizedSampler(alpha, beta, eps),
+            "fifo": FifoSampler,
+        }
+        if cfg.sampler not in samplers:
+            raise ConfigError(f"must be one of {sorted(samplers)}, found {cfg.sampler!r}",
+                              key="replay.sampler")
+        if cfg.writer == "dedup":
+            if dedup_key is None:
+                raise ConfigError("writer 'dedup' needs a key: pass "
+                                  "ReplayBuffer.from_config(cfg, dedup_key=<field or function>)",
+                                  key="replay.writer")
+            writer: Writer = DedupWriter(dedup_key)
+        elif cfg.writer == "round_robin":
+            writer = RoundRobinWriter()
+        elif cfg.writer == "keep_highest":
+            writer = KeepHighestWriter()
+        else:
+            raise ConfigError(f"must be one of ['dedup', 'keep_highest', 'round_robin'], "
+                              f"found {cfg.writer!r}", key="replay.writer")
+        limiter = RateLimiter(cfg.min_size_to_sample, cfg.samples_per_insert, cfg.tolerance)
+        return cls(TensorStorage(cfg.capacity), samplers[cfg.sampler](), writer, limiter,
+                   generator)
+
+    # -- inserting ------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    @property
+    def capacity(self) -> int:
+        return self.storage.capacity
+
+    def can_insert(self, n: int) -> bool:
+        return self.rate_limiter is None or self.rate_limiter.can_insert(n)
+
+    def extend(self, batch: Mapping[str, torch.Tensor], *, producer: int | torch.Tensor,
+               seq: int | torch.Tensor, policy_version: int | torch.Tensor,
+               scores: torch.Tensor | None = None) -> AdmitResult:
+        """Offer a batch of ``B`` items; returns what was admitted, rejected, evicted.
+
+        ``producer`` and ``policy_version`` are an int for the whole batch or a
+        tensor of ``B``; ``seq`` is a tensor of ``B`` sequence numbers or an
+        int, the first of ``B`` consecutive ones. ``scores`` (``B`` floats) are
+        required by the keep-highest writer and stored as metadata.
+        """
+        size = self.storage.check_schema(batch)
+        if size == 0:
+            empty = torch.zeros(0, dtype=torch.int64)
+            return AdmitResult(0, 0, 0, 0, 0, empty, empty.bool())
+        stamps = {
+            "producer": _per_item(producer, size, "producer", torch.int64),
+            "seq": _per_item(seq, size, "seq", torch.int64, consecutive=True),
+            "policy_version": _per_item(policy_version, size, "policy_version", torch.int64),
+        }
+        if scores is not None:
+            scores = _per_item(torch.as_tensor(scores), size, "scores", torch.float32)
+        if not self.can_insert(size):
+            raise RateLimitedError(
+                f"inserting {size} items now breaks the rate limit: "
+                f"{self.rate_limiter.why_insert_blocked(size)}")
+        result = self.writer.extend(self.storage, batch, scores)
+        stored = torch.nonzero(result.indices >= 0).flatten()
+        slots = result.indices[stored]
+        admitted = int(result.admitted.sum())
+        # insertion step of item k = items admitted before it (in batch order).
+        steps = self.counters["admitted"] + torch.cumsum(result.admitted, 0) - 1
+        stamps["insert_step"] = steps
+        stamps["score"] = (scores if scores is not None
+                           else torch.full((size,), float("nan"), dtype=torch.float32))
+        for name, values in take(stamps, stored).items():
+            self.metadata[name][slots] = values
+        order = torch.argsort(stamps["insert_step"][stored])
+        self.sampler.on_write(slots[order])
+        counts = AdmitResult(size, admitted, result.rejected.get(REJECTED_DUPLICATE, 0),
+                             result.rejected.get(REJECTED_LOW_SCORE, 0), result.evicted,
+                             result.indices, result.admitted)
+        for name in ("offered", "admitted", "rejected_duplicate", "rejected_low_score",
+                     "evicted"):
+            self.counters[name] += getattr(counts, name)
+        if self.rate_limiter is not None:
+            self.rate_limiter.record_insert(admitted)
+            self.rate_limiter.record_delete(result.evicted)
+        return counts
+
+    # -- sampling -------------------------------------------------------------
+
+    def can_sample(self, n: int) -> bool:
+        """Whether :meth:`sample` of ``n`` would succeed now (sampler and rate limiter)."""
+        return self.sampler.can_sample(len(self.storage), n) and (
+            self.rate_limiter is None or self.rate_limiter.can_sample(n))
+
+    def wait_until_can_sample(self, n: int, *, timeout: float,
+                              progress: Callable[[], object] | None = None,
+                              poll_interval: float = 0.001) -> None:
+        """Call ``progress`` until :meth:`can_sample`; ``DeadlineError`` after ``timeout`` s."""
+        wait_until(lambda: self.can_sample(n), what=f"sample {n} items", timeout=timeout,
+                   progress=progress, poll_interval=poll_interval,
+                   why_blocked=lambda: self._why_sample_blocked(n))
+
+    def wait_until_can_insert(self, n: int, *, timeout: float,
+                              progress: Callable[[], object] | None = None,
+                              poll_interval: float = 0.001) -> None:
+        """Call ``progress`` until :meth:`can_insert`; ``DeadlineError`` after ``timeout`` s."""
+        wait_until(lambda: self.can_insert(n), what=f"insert {n} items", timeout=timeout,
+                   progress=progress, poll_interval=poll_interval,
+                   why_blocked=lambda: self.rate_limiter.why_insert_blocked(n))
+
+    def _why_sample_blocked(self, n: int) -> str:
+        if not self.sampler.can_sample(len(self.storage), n):
+            return (f"the {self.sampler.name} sampler cannot serve {n} items from "
+                    f"{len(self.storage)} stored")
+        return self.rate_limiter.why_sample_blocked(n)
+
+    def sample(self, n: int) -> tuple[Batch, dict[str, torch.Tensor]]:
+        """Draw ``n`` items; returns ``(batch, info)``.
+
+        ``info`` holds ``indices`` (slots), ``weights`` (importance weights,
+        float32) and the metadata of each sampled item: ``producer``, ``seq``,
+        ``policy_version``, ``score``, ``insert_step``.
+        """
+        if self.rate_limiter is not None and not self.rate_limiter.can_sample(n):
+            raise RateLimitedError(f"sampling {n} items now breaks the rate limit: "
+                                   f"{self.rate_limiter.why_sample_blocked(n)}")
+        indices, info = self.sampler.sample(len(self.storage), n, self.generator)
+        batch = self.storage.get(indices)
+        info = {"indices": indices,
+                "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
+                **{name: values[indices] for name, values in self.metadata.items()}}
+        self.counters["sampled"] += n
+        if self.rate_limiter is not None:
+            self.rate_limiter.record_sample(n)
+        if self.sampler.consumes:
+            consumed = self.storage.free(indices)
+            self.counters["consumed"] += consumed
+            if self.rate_limiter is not None:
+                self.rate_limiter.record_delete(consumed)
+        return batch, info
+
+    def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor, *,
+                          insert_step: torch.Tensor | None = None) -> int:
+        """Forward new priorities to a prioritized sampler; returns how many were applied.
+
+        With ``insert_step`` (from the sampling ``info``) an update whose slot
+        has since been overwritten by a newer item is skipped, so a late update
+        from a remote trainer never lands on the wrong item.
+        """
+        update = getattr(self.sampler, "update_priorities", None)
+        if update is None:
+            raise TypeError(f"the {self.sampler.name} sampler has no priorities to update")
+        indices = torch.as_tensor(indices, dtype=torch.int64).flatten()
+        priorities = torch.as_tensor(priorities).flatten()
+        if insert_step is not None:
+            insert_step = torch.as_tensor(insert_step, dtype=torch.int64).flatten()
+            if insert_step.numel() != indices.numel():
+                raise ValueError(f"{insert_step.numel()} insert steps for "
+                                 f"{indices.numel()} indices")
+            current = ((indices >= 0) & (indices < self.capacity)
+                       & (self.metadata["insert_step"][indices.clamp(0, self.capacity - 1)]
+                          == insert_step))
+            indices, priorities = indices[current], priorities[current]
+        update(indices, priorities)
+        return indices.numel()
+
+    # -- reporting and checkpoints -------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Plain numbers: size, capacity, the admission/sampling counters, the limiter's."""
+        stats: dict[str, Any] = {"size": len(self), "capacity": self.capacity,
+                                 "sampler": self.sampler.name, "writer": self.writer.name,
+                                 **self.counters}
+        if self.rate_limiter is not None:
+            stats["rate_limiter"] = self.rate_limiter.stats()
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """Only tensors and plain (msgpack-able) values: no pickle needed to save it.
+
+        Includes the generator state, so a restored buffer draws the same
+        samples the original would have drawn next.
+        """
+        live = self.storage.live_indices()
+        return {
+            "version": STATE_VERSION,
+            "storage": self.storage.state_dict(),
+            "metadata": {name: values[live].clone() for name, values in self.metadata.items()},
+            "sampler": self.sampler.state_dict(),
+            "writer": self.writer.state_dict(),
+            "rate_limiter": None if self.rate_limiter is None else self.rate_limiter.state_dict(),
+            "counters": dict(self.counters),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict` into a buffer built the same way."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"replay checkpoint version {state.get('version')!r} is not "
+                              f"the supported version {STATE_VERSION}", key="replay")
+        if (state["rate_limiter"] is None) != (self.rate_limiter is None):
+            raise ConfigError("checkpoint and buffer disagree on having a rate limiter",
+                              key="replay.samples_per_insert")
+        self.storage.load_state_dict(state["storage"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.writer.load_state_dict(state["writer"])
+        if self.rate_limiter is not None:
+            self.rate_limiter.load_state_dict(state["rate_limiter"])
+        live = self.storage.live_indices()
+        for name, dtype in _METADATA.items():
+            self.metadata[name] = torch.zeros(self.capacity, dtype=dtype)
+            self.metadata[name][live] = state["metadata"][name].to(dtype)
+        self.counters = {name: int(state["counters"][name]) for name in self.counters}
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,243 @@
+"""Which stored items come out: uniform, prioritized, first-in first-out.
+
+A sampler sees slots, never item data. The buffer tells it which slots were
+(over)written, in insertion order, through :meth:`Sampler.on_write`, and asks
+for ``n`` slots with :meth:`Sampler.sample`::
+
+    indices, info = sampler.sample(storage_len, n, generator)
+
+Non-consuming samplers (uniform, prioritized) draw with replacement from the
+slots ``[0, storage_len)``; the writers fill slots from 0 upwards, so without
+consumption those are exactly the live slots. A consuming sampler (FIFO)
+serves each item once: the buffer frees the returned slots in the storage.
+
+``info["weights"]`` (float32, one per sampled item) are importance weights; a
+sampler that leaves them out means all ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from gflowdist.errors import ConfigError, GflowdistError
+
+__all__ = [
+    "FifoSampler",
+    "InsufficientItemsError",
+    "PrioritizedSampler",
+    "Sampler",
+    "UniformSampler",
+]
+
+
+class InsufficientItemsError(GflowdistError, LookupError):
+    """A sample asked for more items than the buffer can serve (empty, or too few unserved)."""
+
+
+def _grown(tensor: torch.Tensor, size: int, fill: float | int | bool) -> torch.Tensor:
+    """``tensor`` extended with ``fill`` to at least ``size`` entries (doubling)."""
+    if tensor.numel() >= size:
+        return tensor
+    new = torch.full((max(size, 2 * tensor.numel()),), fill, dtype=tensor.dtype)
+    new[: tensor.numel()] = tensor
+    return new
+
+
+class Sampler:
+    """Base class: the protocol every sampler follows.
+
+    Attributes:
+        name: the config spelling (``"uniform"``, ``"prioritized"``, ``"fifo"``).
+        consumes: True when a sampled item is served once and then removed.
+    """
+
+    name = "sampler"
+    consumes = False
+
+    def on_write(self, indices: torch.Tensor) -> None:
+        """Slots ``indices`` (distinct, in insertion order) now hold new items."""
+
+    def can_sample(self, storage_len: int, n: int) -> bool:
+        """Whether :meth:`sample` of ``n`` would succeed now."""
+        return storage_len > 0
+
+    def sample(self, storage_len: int, n: int,
+               generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def _check_request(self, storage_len: int, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"the number of items to sample must be a positive int, got {n!r}")
+        if storage_len <= 0:
+            raise InsufficientItemsError(f"cannot sample {n} items from an empty buffer")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ConfigError(
+                f"checkpoint was saved with sampler {state.get('name')!r}, "
+                f"this buffer uses {self.name!r}", key="replay.sampler")
+
+
+class UniformSampler(Sampler):
+    """Each of the ``N = storage_len`` items with probability ``1/N``, with replacement."""
+
+    name = "uniform"
+
+    def sample(self, storage_len, n, generator):
+        self._check_request(storage_len, n)
+        return torch.randint(0, storage_len, (n,), generator=generator), {}
+
+
+class PrioritizedSampler(Sampler):
+    """Proportional prioritized replay (Schaul et al. 2016), with replacement.
+
+    Each slot ``i`` has a stored priority ``p_i > 0``. A new item gets the
+    largest priority stored so far (``1.0`` before any update), so it is
+    likely to be seen at least once. :meth:`update_priorities` sets
+    ``p_i = priority_i + eps``. Over the ``N = storage_len`` items::
+
+        P(i) = p_i**alpha / sum_k p_k**alpha
+        w_i  = (N * P(i))**(-beta) / max_j (N * P(j))**(-beta)
+             = (p_i / p_min)**(-alpha * beta)
+
+    ``w_i`` is in ``info["weights"]``; the max runs over all stored items (not
+    just the batch), so weights are comparable across batches and ``<= 1``.
+    ``alpha = 0`` is uniform sampling; ``beta = 1`` fully corrects the bias.
+
+    Draws use inverse-CDF sampling on a float64 cumulative sum: ``O(N)`` per
+    call, vectorised, and deterministic for a given generator state.
+    """
+
+    name = "prioritized"
+
+    def __init__(self, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
+        for key, value in (("alpha", alpha), ("beta", beta)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"must be a finite number >= 0, got {value!r}",
+                                  key=f"replay.{key}")
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ConfigError(
+                f"must be > 0, got {eps!r}: with eps = 0 an item updated to priority 0 "
+                f"is never sampled again and the weight normaliser (N * P_min)**-beta "
+                f"is infinite", key="replay.eps")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.eps = float(eps)
+        self.priorities = torch.zeros(0, dtype=torch.float64)
+        self.max_priority = 1.0
+
+    def on_write(self, indices):
+        if indices.numel():
+            self.priorities = _grown(self.priorities, int(indices.max()) + 1, 0.0)
+            self.priorities[indices] = self.max_priority
+
+    def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
+        """Set ``p_i = priorities_k + eps`` for ``i = indices[k]``.
+
+        Priorities must be finite and ``>= 0`` (pass ``|TD error|`` or a loss).
+        If an index repeats, one of its values is kept (which one is unspecified).
+        """
+        priorities = torch.as_tensor(priorities, dtype=torch.float64).flatten()
+        indices = torch.as_tensor(indices, dtype=torch.int64).flatten()
+        if priorities.numel() != indices.numel():
+            raise ValueError(f"{indices.numel()} indices but {priorities.numel()} priorities")
+        if priorities.numel() == 0:
+            return
+        if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
+            raise ValueError("priorities must be finite and >= 0 "
+                             f"(got min {float(priorities.min())}, max {float(priorities.max())})")
+        if int(indices.min()) < 0 or int(indices.max()) >= self.priorities.numel():
+            raise IndexError(f"priority update for a slot that was never written: "
+                             f"range [{int(indices.min())}, {int(indices.max())}], "
+                             f"written slots [0, {self.priorities.numel()})")
+        stored = priorities + self.eps
+        self.priorities[indices] = stored
+        self.max_priority = max(self.max_priority, float(stored.max()))
+
+    def probabilities(self, storage_len: int) -> torch.Tensor:
+        """``P(i)`` for the slots ``[0, storage_len)`` (float64)."""
+        scaled = self.priorities[:storage_len] ** self.alpha
+        return scaled / scaled.sum()
+
+    def sample(self, storage_len, n, generator):
+        self._check_request(storage_len, n)
+        scaled = self.priorities[:storage_len] ** self.alpha
+        cdf = torch.cumsum(scaled, 0)
+        draws = torch.rand(n, generator=generator, dtype=torch.float64) * cdf[-1]
+        indices = torch.searchsorted(cdf, draws, right=True).clamp_(max=storage_len - 1)
+        p_min = float(self.priorities[:storage_len].min())
+        weights = (self.priorities[indices] / p_min) ** (-self.alpha * self.beta)
+        return indices, {"weights": weights.to(torch.float32)}
+
+    def state_dict(self):
+        return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps,
+                "priorities": self.priorities.clone(), "max_priority": self.max_priority}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.priorities = state["priorities"].to(torch.float64).clone()
+        self.max_priority = float(state["max_priority"])
+
+
+class FifoSampler(Sampler):
+    """Oldest unserved item first; each item is served once (the sampler consumes).
+
+    Every written slot gets an insertion ordinal ``t`` (0, 1, 2, ... over the
+    sampler's lifetime) and is *pending*. ``sample(n)`` returns the ``n``
+    pending slots of smallest ``t``, oldest first, and clears their pending
+    flag; the buffer frees them in the storage. Asking for more than the
+    pending count raises :class:`InsufficientItemsError`. An overwritten
+    pending slot (the writer evicted it) simply takes the new item's ordinal.
+    """
+
+    name = "fifo"
+    consumes = True
+
+    def __init__(self) -> None:
+        self.order = torch.zeros(0, dtype=torch.int64)
+        self.pending = torch.zeros(0, dtype=torch.bool)
+        self.next_order = 0
+
+    def on_write(self, indices):
+        if not indices.numel():
+            return
+        size = int(indices.max()) + 1
+        self.order = _grown(self.order, size, 0)
+        self.pending = _grown(self.pending, size, False)
+        self.order[indices] = torch.arange(self.next_order, self.next_order + indices.numel())
+        self.pending[indices] = True
+        self.next_order += indices.numel()
+
+    def pending_count(self) -> int:
+        return int(self.pending.sum())
+
+    def can_sample(self, storage_len, n):
+        return self.pending_count() >= n
+
+    def sample(self, storage_len, n, generator):
+        self._check_request(storage_len, n)
+        candidates = torch.nonzero(self.pending).flatten()
+        if candidates.numel() < n:
+            raise InsufficientItemsError(
+                f"cannot sample {n} items first-in first-out: only {candidates.numel()} "
+                f"unserved items are stored")
+        _, position = torch.topk(self.order[candidates], n, largest=False, sorted=True)
+        indices = candidates[position]
+        self.pending[indices] = False
+        return indices, {}
+
+    def state_dict(self):
+        return {"name": self.name, "order": self.order.clone(),
+                "pending": self.pending.clone(), "next_order": self.next_order}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.order = state["order"].to(torch.int64).clone()
+        self.pending = state["pending"].to(torch.bool).clone()
+        self.next_order = int(state["next_order"])

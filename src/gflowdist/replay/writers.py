@@ -1,0 +1,303 @@
+"""Admission: which offered items are stored, in which slot, and what they displace.
+
+A writer places a batch into a :class:`~gflowdist.replay.storage.TensorStorage`::
+
+    result = writer.extend(storage, batch, scores)
+    indices, admitted, evicted, rejected = result
+
+and accounts for every offered item. With ``B`` items offered::
+
+    B == admitted.sum() + sum(rejected.values())
+    len(storage) after == len(storage) before + admitted.sum() - evicted
+
+``indices[k]`` is the slot item ``k`` now occupies, or ``-1`` when it is not
+stored (rejected, or admitted and then overwritten within the same call,
+which also counts as evicted). ``rejected`` maps a reason to a count:
+``"duplicate"`` (:class:`DedupWriter`) or ``"low_score"``
+(:class:`KeepHighestWriter`).
+
+Writers fill free slots from the lowest index up, so as long as nothing is
+freed the live slots are exactly ``[0, len(storage))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import numpy as np
+import torch
+
+from gflowdist.errors import ConfigError
+from gflowdist.replay.storage import Batch, TensorStorage
+
+__all__ = [
+    "DedupWriter",
+    "KeepHighestWriter",
+    "RoundRobinWriter",
+    "WriteResult",
+    "Writer",
+    "row_hash",
+    "take",
+]
+
+REJECTED_DUPLICATE = "duplicate"
+REJECTED_LOW_SCORE = "low_score"
+
+
+class WriteResult(NamedTuple):
+    """Outcome of :meth:`Writer.extend` for a batch of ``B`` offered items."""
+
+    indices: torch.Tensor  # int64 [B]: slot of each stored item, -1 if not stored
+    admitted: torch.Tensor  # bool [B]: passed admission
+    evicted: int  # live items removed from the storage by this call
+    rejected: dict[str, int]  # reason -> number of items refused
+
+
+def take(batch: Mapping[str, torch.Tensor], positions: torch.Tensor | None) -> Batch:
+    """The rows ``positions`` of every field (``None`` means all rows, no copy)."""
+    if positions is None:
+        return dict(batch)
+    return {name: value[positions] for name, value in batch.items()}
+
+
+class Writer:
+    """Base class: the protocol every writer follows."""
+
+    name = "writer"
+
+    def extend(self, storage: TensorStorage, batch: Mapping[str, torch.Tensor],
+               scores: torch.Tensor | None) -> WriteResult:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ConfigError(
+                f"checkpoint was saved with writer {state.get('name')!r}, "
+                f"this buffer uses {self.name!r}", key="replay.writer")
+
+
+class RoundRobinWriter(Writer):
+    """Write at a cursor that walks the slots ``0, 1, ..., capacity-1, 0, ...``.
+
+    Every item is admitted. Item ``k`` of a batch goes to slot
+    ``(cursor + k) % capacity``; when the storage is full that overwrites the
+    oldest item, which counts as evicted if it was live. A batch larger than
+    the capacity keeps its last ``capacity`` items; the earlier ones count as
+    admitted and evicted.
+    """
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self.cursor = 0
+
+    def extend(self, storage, batch, scores):
+        size = storage.check_schema(batch)
+        capacity = storage.capacity
+        slots = (self.cursor + torch.arange(size)) % capacity
+        self.cursor = (self.cursor + size) % capacity
+        overwritten_in_call = max(0, size - capacity)
+        kept = None if overwritten_in_call == 0 else torch.arange(overwritten_in_call, size)
+        written = slots if kept is None else slots[kept]
+        evicted = int(storage.live[written].sum()) + overwritten_in_call
+        storage.set(written, take(batch, kept))
+        slots[:overwritten_in_call] = -1
+        return WriteResult(slots, torch.ones(size, dtype=torch.bool), evicted, {})
+
+    def state_dict(self):
+        return {"name": self.name, "cursor": self.cursor}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.cursor = int(state["cursor"])
+
+
+def _check_scores(scores: torch.Tensor | None, size: int, who: str) -> torch.Tensor:
+    if scores is None:
+        raise ValueError(f"{who} needs a score per item; extend(..., scores=...) was not given")
+    scores = torch.as_tensor(scores).flatten().to(torch.float64)
+    if scores.numel() != size:
+        raise ValueError(f"{scores.numel()} scores for a batch of {size}")
+    if bool(torch.isnan(scores).any()):
+        raise ValueError(f"{who}: NaN scores cannot be ranked")
+    return scores
+
+
+class KeepHighestWriter(Writer):
+    """Keep the ``capacity`` highest-scoring items ever offered.
+
+    While there are free slots every item is admitted (lowest free slot
+    first). When the batch does not fit, the stored items and the offered
+    ones are ranked together by score, descending, and the top ``capacity``
+    stay: stored items that fall out are evicted, offered items that do not
+    make it are rejected as ``"low_score"``. Ties favour what is already
+    stored, then earlier items of the batch; so an offered item must score
+    strictly above the current minimum to displace it. One sort of
+    ``len(storage) + B`` scores per call; no per-item Python loop.
+    """
+
+    name = "keep_highest"
+
+    def __init__(self) -> None:
+        self.scores = torch.zeros(0, dtype=torch.float64)
+
+    def extend(self, storage, batch, scores):
+        size = storage.check_schema(batch)
+        scores = _check_scores(scores, size, "KeepHighestWriter")
+        if self.scores.numel() != storage.capacity:
+            self.scores = torch.zeros(storage.capacity, dtype=torch.float64)
+        free = torch.nonzero(~storage.live).flatten()
+        indices = torch.full((size,), -1, dtype=torch.int64)
+        if size <= free.numel():
+            kept, targets, evicted = None, free[:size], 0
+        else:
+            live = storage.live_indices()
+            ranked = torch.sort(torch.cat([self.scores[live], scores]), descending=True,
+                                stable=True).indices[: storage.capacity]
+            stored_kept = torch.zeros(live.numel(), dtype=torch.bool)
+            stored_kept[ranked[ranked < live.numel()]] = True
+            kept = torch.sort(ranked[ranked >= live.numel()] - live.numel()).values
+            displaced = live[~stored_kept]
+            targets = torch.cat([free, displaced])
+            evicted = displaced.numel()
+        if targets.numel():
+            storage.set(targets, take(batch, kept))
+            admitted_positions = slice(None) if kept is None else kept
+            indices[admitted_positions] = targets
+            self.scores[targets] = scores[admitted_positions]
+        admitted = indices >= 0
+        rejected = size - int(admitted.sum())
+        return WriteResult(indices, admitted, evicted,
+                           {REJECTED_LOW_SCORE: rejected} if rejected else {})
+
+    def state_dict(self):
+        return {"name": self.name, "scores": self.scores.clone()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.scores = state["scores"].to(torch.float64).clone()
+
+
+# splitmix64 constants (Steele, Lea, Flood 2014), as unsigned 64-bit integers.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, element-wise on uint64 (wrapping); a bijection of 64-bit words."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MUL1
+    x = (x ^ (x >> np.uint64(27))) * _MUL2
+    return x ^ (x >> np.uint64(31))
+
+
+def row_hash(keys: torch.Tensor) -> torch.Tensor:
+    """A 64-bit hash of each row of ``keys`` (leading dim = items), as int64 ``[B]``.
+
+    The row is flattened to ``w`` words ``x_j`` (integers and bools widened to
+    64 bits, floats taken bitwise) and hashed as::
+
+        h = mix( sum_j mix(x_j + j * GOLDEN) )      (uint64, wrapping)
+
+    with ``mix`` the splitmix64 finaliser. For a single-word key ``h`` is a
+    bijection (no collisions at all); for wider keys two distinct rows collide
+    with probability about ``2**-64``.
+    """
+    if keys.dim() == 0:
+        raise ValueError("dedup keys need a leading item dimension")
+    rows = keys.detach().cpu().reshape(keys.shape[0], -1)
+    if rows.dtype.is_floating_point or rows.dtype.is_complex:
+        rows = rows.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64,
+                                       16: torch.int64}[rows.element_size()])
+    words = rows.to(torch.int64).numpy().view(np.uint64)
+    offsets = np.arange(words.shape[1], dtype=np.uint64) * _GOLDEN
+    with np.errstate(over="ignore"):
+        mixed = _splitmix64(words + offsets).sum(axis=1, dtype=np.uint64)
+        hashed = _splitmix64(mixed)
+    return torch.from_numpy(hashed.view(np.int64).copy())
+
+
+def _first_occurrence(values: torch.Tensor) -> torch.Tensor:
+    """Mask of the positions where each distinct value appears first."""
+    unique, inverse = torch.unique(values, return_inverse=True)
+    positions = torch.arange(values.numel())
+    first = torch.full((unique.numel(),), values.numel(), dtype=torch.int64)
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+    return first[inverse] == positions
+
+
+class DedupWriter(Writer):
+    """Refuse items whose key is already stored; place the rest with ``inner``.
+
+    Args:
+        key: a field name (its rows are the keys, e.g. the terminal state) or
+            a function ``batch -> Tensor[B, ...]``.
+        inner: the writer that places admitted items (default round robin), so
+            capacity is handled the inner writer's way.
+
+    An offered item is rejected as ``"duplicate"`` when the :func:`row_hash`
+    of its key equals that of a live stored item, or of an earlier item of the
+    same batch. So the storage never holds two items with the same key; the
+    only error is a false rejection on a hash collision of two distinct
+    multi-word keys (probability about ``2**-64`` per pair). A key counts as
+    stored if it was stored before this call, even if this call evicts it; a
+    key whose item was consumed (FIFO) or evicted earlier may come back.
+    Membership is one vectorised ``torch.isin`` over the live hashes.
+    """
+
+    name = "dedup"
+
+    def __init__(self, key: str | Callable[[Batch], torch.Tensor],
+                 inner: Writer | None = None):
+        if not (isinstance(key, str) or callable(key)):
+            raise ConfigError(f"must be a field name or a function of the batch, got {key!r}",
+                              key="replay.dedup_key")
+        self.key = key
+        self.inner = inner if inner is not None else RoundRobinWriter()
+        self.slot_hash = torch.zeros(0, dtype=torch.int64)
+
+    def keys(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if isinstance(self.key, str):
+            if self.key not in batch:
+                raise ValueError(f"dedup key field {self.key!r} is not in the batch "
+                                 f"(fields: {sorted(batch)})")
+            return batch[self.key]
+        return self.key(dict(batch))
+
+    def extend(self, storage, batch, scores):
+        size = storage.check_schema(batch)
+        if self.slot_hash.numel() != storage.capacity:
+            self.slot_hash = torch.zeros(storage.capacity, dtype=torch.int64)
+        hashes = row_hash(self.keys(batch))
+        if hashes.numel() != size:
+            raise ValueError(f"the dedup key gave {hashes.numel()} rows for a batch of {size}")
+        fresh = _first_occurrence(hashes) & ~torch.isin(hashes, self.slot_hash[storage.live])
+        candidates = torch.nonzero(fresh).flatten()
+        all_fresh = candidates.numel() == size
+        positions = None if all_fresh else candidates
+        inner_scores = None if scores is None or all_fresh else torch.as_tensor(scores)[candidates]
+        result = self.inner.extend(storage, take(batch, positions),
+                                   scores if all_fresh else inner_scores)
+        indices = torch.full((size,), -1, dtype=torch.int64)
+        admitted = torch.zeros(size, dtype=torch.bool)
+        indices[candidates] = result.indices
+        admitted[candidates] = result.admitted
+        stored = indices >= 0
+        self.slot_hash[indices[stored]] = hashes[stored]
+        rejected = dict(result.rejected)
+        if size - candidates.numel():
+            rejected[REJECTED_DUPLICATE] = size - candidates.numel()
+        return WriteResult(indices, admitted, result.evicted, rejected)
+
+    def state_dict(self):
+        return {"name": self.name, "slot_hash": self.slot_hash.clone(),
+                "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.slot_hash = state["slot_hash"].to(torch.int64).clone()
+        self.inner.load_state_dict(state["inner"])
