@@ -1,0 +1,88 @@
+"""The ``gflowdist`` command line: ``gflowdist <command> ...`` and ``python -m gflowdist``.
+
+Subcommands register themselves: every module ``gflowdist/cli/<name>_cmd.py``
+is found by name and must expose::
+
+    def add_parser(subparsers: argparse._SubParsersAction) -> None:
+        parser = subparsers.add_parser("<name>", help="one line")
+        parser.add_argument(...)
+        parser.set_defaults(handler=run)      # run(args: argparse.Namespace) -> int
+
+Rules for command modules, so that ``gflowdist --help`` stays instant:
+import nothing heavy at module level (no torch, no mpi4py, no numpy); import
+inside the handler. The handler returns the exit status. A
+:class:`~gflowdist.errors.ConfigError` or :class:`~gflowdist.errors.LayoutError`
+escaping a handler is printed as one line on stderr with exit status 2 (no
+traceback); any other :class:`~gflowdist.errors.GflowdistError` gives status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from gflowdist.errors import ConfigError, GflowdistError, LayoutError
+
+__all__ = ["main", "build_parser", "command_modules", "EXIT_USAGE", "EXIT_FAILURE"]
+
+EXIT_FAILURE = 1
+"""A command ran and failed."""
+EXIT_USAGE = 2
+"""The command line, the config or the layout is wrong (argparse uses 2 too)."""
+
+_SUFFIX = "_cmd"
+
+
+def command_modules() -> list[ModuleType]:
+    """Every ``gflowdist.cli.<name>_cmd`` module, sorted by name."""
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__)
+                   if info.name.endswith(_SUFFIX))
+    return [importlib.import_module(f"{__name__}.{name}") for name in names]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command module."""
+    from gflowdist import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gflowdist",
+        description="Asynchronous actor / learner / replay-buffer training on MPI and "
+                    "torch.distributed.")
+    parser.add_argument("--version", action="version", version=f"gflowdist {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in command_modules():
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (``python -m gflowdist`` exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_request:  # --help, --version and usage errors
+        code = exit_request.code
+        return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    where = f"gflowdist {args.command}"
+    try:
+        return int(handler(args))
+    except ConfigError as err:
+        print(f"{where}: config error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except LayoutError as err:
+        print(f"{where}: layout error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except GflowdistError as err:
+        print(f"{where}: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,48 @@
+"""Run configuration: frozen dataclasses are the schema; YAML and dicts load into them.
+
+    from gflowdist.config import Config
+    cfg = Config.from_yaml("run.yaml", overrides=["layout.buffers=2"])
+    cfg.layout.buffers          # 2
+    cfg.params["lr"]            # free-form, for the user's classes
+
+Every mistake is a :class:`~gflowdist.errors.ConfigError` naming the file and
+the key path (``run.yaml: layout.buffers: expected an integer >= 0 or 'rest',
+found str 'two'``). See docs/configuration.md for every key.
+"""
+
+from __future__ import annotations
+
+from gflowdist.config.classes import load_class
+from gflowdist.config.loading import parse_yaml, read_yaml_file
+from gflowdist.config.reference import config_reference_markdown
+from gflowdist.errors import ConfigError
+from gflowdist.config.schema import (
+    REST,
+    SECTIONS,
+    Config,
+    FaultsConfig,
+    LaunchConfig,
+    LayoutConfig,
+    ReplayConfig,
+    RolesConfig,
+    RunConfig,
+    SyncConfig,
+)
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "RunConfig",
+    "LaunchConfig",
+    "LayoutConfig",
+    "RolesConfig",
+    "ReplayConfig",
+    "SyncConfig",
+    "FaultsConfig",
+    "SECTIONS",
+    "REST",
+    "load_class",
+    "config_reference_markdown",
+    "parse_yaml",
+    "read_yaml_file",
+]

@@ -1,0 +1,118 @@
+"""Importing the user's role classes named in a config (``roles.trainer: pkg.mod:Class``).
+
+Two forms of reference:
+
+* ``"package.module:Class"`` - imported with :func:`importlib.import_module`.
+* ``"path/to/file.py:Class"`` - a file; a relative path is looked up first in the
+  directory of the config file, then in the current directory. The file is
+  loaded once per absolute path (as module ``gflowdist_user_<stem>_<n>``) and
+  reused afterwards.
+
+``Class`` may be dotted (``Outer.Inner``). Every failure is a
+:class:`~gflowdist.errors.ConfigError` naming the config key, never a bare
+ImportError/AttributeError.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from types import ModuleType
+
+from gflowdist.config.checks import suggest
+from gflowdist.errors import ConfigError
+
+__all__ = ["load_class"]
+
+_FILE_MODULES: dict[str, ModuleType] = {}
+"""Absolute file path -> module already loaded from it."""
+
+
+def _is_file_ref(module: str) -> bool:
+    return module.endswith(".py") or "/" in module or os.sep in module
+
+
+def _candidates(path: str, file: str | None) -> list[str]:
+    if os.path.isabs(path):
+        return [path]
+    places = []
+    if file is not None:
+        places.append(os.path.join(os.path.dirname(os.path.abspath(file)), path))
+    places.append(os.path.join(os.getcwd(), path))
+    return list(dict.fromkeys(os.path.normpath(place) for place in places))
+
+
+def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
+    places = _candidates(path, file)
+    found_path = next((place for place in places if os.path.isfile(place)), None)
+    if found_path is None:
+        raise ConfigError(f"file '{path}' not found (looked in {', '.join(places)})",
+                          key=key, file=file)
+    if found_path in _FILE_MODULES:
+        return _FILE_MODULES[found_path]
+    stem = os.path.splitext(os.path.basename(found_path))[0]
+    name = f"gflowdist_user_{stem}_{len(_FILE_MODULES)}"
+    spec = importlib.util.spec_from_file_location(name, found_path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot load '{found_path}' as a Python module", key=key, file=file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and typing look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # the user's module failed while running: say which key led there
+        del sys.modules[name]
+        raise ConfigError(f"running '{found_path}' raised {type(err).__name__}: {err}",
+                          key=key, file=file) from err
+    _FILE_MODULES[found_path] = module
+    return module
+
+
+def _import_module(module: str, *, key: str, file: str | None) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module == missing or module.startswith(missing + "."):
+            raise ConfigError(f"cannot import module '{module}': no module named '{missing}'",
+                              key=key, file=file) from None
+        raise ConfigError(f"importing module '{module}' failed: {err}", key=key, file=file) from err
+    except Exception as err:  # the user's module failed while running: say which key led there
+        raise ConfigError(f"importing module '{module}' raised {type(err).__name__}: {err}",
+                          key=key, file=file) from err
+
+
+def load_class(ref: str, *, key: str, file: str | None = None, base: type | None = None) -> type:
+    """Import the class ``ref`` names (``"pkg.mod:Class"`` or ``"dir/file.py:Class"``).
+
+    ``key`` is the config key it came from (``"roles.trainer"``) and ``file`` the
+    config file (relative ``.py`` paths are resolved against its directory, then
+    the current directory). With ``base``, the class must be a subclass of it.
+    Raises :class:`ConfigError` naming ``key`` when the module, file or class is
+    missing or is not a class.
+    """
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
+                          f"found {ref!r}", key=key, file=file)
+    module_name, _, attr_path = ref.rpartition(":")
+    if _is_file_ref(module_name):
+        module = _load_file(module_name, key=key, file=file)
+    else:
+        module = _import_module(module_name, key=key, file=file)
+    target: object = module
+    walked = module_name
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            names = [name for name in dir(target) if not name.startswith("_")]
+            raise ConfigError(f"'{walked}' has no attribute '{part}'{suggest(part, names)}",
+                              key=key, file=file)
+        target = getattr(target, part)
+        walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
+    if not inspect.isclass(target):
+        raise ConfigError(f"'{ref}' is a {type(target).__name__}, not a class", key=key, file=file)
+    if base is not None and not issubclass(target, base):
+        raise ConfigError(f"'{ref}' must be a subclass of {base.__module__}.{base.__qualname__}",
+                          key=key, file=file)
+    return target

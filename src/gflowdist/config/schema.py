@@ -1,0 +1,425 @@
+"""The configuration schema: one frozen dataclass per section, and :class:`Config`.
+
+The dataclasses *are* the schema. YAML files, dicts and overrides only load
+into them (see :mod:`gflowdist.config.loading`); every value is checked when a
+section is constructed, so ``LayoutConfig(buffers=-1)`` fails the same way as
+``buffers: -1`` in a file. Each field carries ``metadata["check"]`` (a
+:class:`~gflowdist.config.checks.Check`) and ``metadata["doc"]`` (one sentence
+for the reference table in ``docs/configuration.md``).
+
+A full file (every section optional, every key optional)::
+
+    run:     {name: hypergrid, seed: 3, steps: 1000}
+    launch:  {engine: mpi, nprocs: 8}
+    layout:  {trainers: rest, actors: 2, buffers: 2, coordinator: true, agent_groups: 1}
+    roles:   {trainer: my_roles.py:GridTrainer}
+    replay:  {capacity: 50000, sampler: prioritized, batch_size: 64}
+    sync:    {mode: gradients}
+    faults:  {heartbeat_s: 0.5, peer_timeout_s: 5}
+    params:  {ndim: 2, height: 8, lr: 1e-3}
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gflowdist.config.checks import (
+    BoolCheck,
+    Check,
+    ChoiceCheck,
+    ClassRefCheck,
+    CountCheck,
+    FloatCheck,
+    IntCheck,
+    MappingCheck,
+    OptionalCheck,
+    StrCheck,
+    StrListCheck,
+    found,
+    suggest,
+)
+from gflowdist.config.classes import load_class
+from gflowdist.config.loading import (
+    parse_override,
+    read_yaml_file,
+    section_from_mapping,
+    set_in_tree,
+)
+from gflowdist.errors import ConfigError
+
+__all__ = [
+    "RunConfig",
+    "LaunchConfig",
+    "LayoutConfig",
+    "RolesConfig",
+    "ReplayConfig",
+    "SyncConfig",
+    "FaultsConfig",
+    "Config",
+    "SECTIONS",
+    "REST",
+]
+
+REST = CountCheck.REST
+"""The count ``"rest"``: whatever ranks the other roles leave."""
+
+MIB = 1024 * 1024
+
+
+def setting(default: Any, check: Check, doc: str) -> Any:
+    """A section field: its default, the check its values pass, and one line of documentation."""
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
+class _Section:
+    """Mixin of every section: run the field checks, then the cross-field checks."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):  # type: ignore[arg-type]
+            check = spec.metadata.get("check")
+            if check is None:
+                continue
+            try:
+                value = check(getattr(self, spec.name))
+            except ConfigError as err:
+                raise ConfigError(err.detail, key=f"{self.section}.{spec.name}") from None
+            object.__setattr__(self, spec.name, value)
+        self.check_together()
+
+    def check_together(self) -> None:
+        """Checks that involve several fields of the section (override in a section)."""
+
+    def fail(self, name: str, message: str) -> ConfigError:
+        return ConfigError(message, key=f"{self.section}.{name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values: tuples become lists, so the result is YAML/JSON-ready."""
+        out: dict[str, Any] = {}
+        for spec in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, spec.name)
+            out[spec.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    """What the run is called, how long it lasts, where its files go."""
+
+    section: ClassVar[str] = "run"
+
+    name: str = setting("run", StrCheck(name_like=True),
+                        "Run name; the run's files go to `<out_dir>/<name>/`.")
+    seed: int = setting(0, IntCheck(low=0),
+                        "Run seed; every rank's seed is derived from it.")
+    steps: int = setting(100, IntCheck(low=1),
+                         "Training steps per trainer.")
+    out_dir: str = setting("runs", StrCheck(nonempty=True),
+                           "Directory for run outputs (logs, checkpoints, timing reports).")
+    log_every: int = setting(10, IntCheck(low=1),
+                             "Log metrics every this many steps.")
+
+
+@dataclass(frozen=True)
+class LaunchConfig(_Section):
+    """How `gflowdist run` starts the job."""
+
+    section: ClassVar[str] = "launch"
+
+    engine: str = setting("auto", ChoiceCheck("auto", "mpi", "torch"),
+                          "Communication engine: mpi4py, torch.distributed, or auto "
+                          "(the job's own launcher decides).")
+    nprocs: int = setting(4, IntCheck(low=1),
+                          "Number of ranks to start when gflowdist launches the job itself.")
+    mpiexec: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
+                                  "Path of the site's mpiexec; null = the one next to "
+                                  "sys.executable, then the one on PATH.")
+    mpiexec_args: tuple[str, ...] = setting((), StrListCheck(),
+                                            "Extra arguments passed to mpiexec before the program.")
+
+
+@dataclass(frozen=True)
+class LayoutConfig(_Section):
+    """Which rank does what; see docs/layout.md for the arithmetic."""
+
+    section: ClassVar[str] = "layout"
+
+    trainers: int | str = setting(REST, CountCheck(),
+                                  "Trainer ranks (sample and learn).")
+    actors: int | str = setting(0, CountCheck(),
+                                "Actor ranks (sample only, get weights from a trainer).")
+    buffers: int | str = setting(1, CountCheck(),
+                                 "Replay-buffer ranks; each serves the trainers and actors "
+                                 "assigned to it.")
+    coordinator: bool = setting(True, BoolCheck(),
+                                "Whether the last rank is a coordinator.")
+    agent_groups: int = setting(1, IntCheck(low=1),
+                                "Number of agent groups; the trainers are split into this many "
+                                "equal groups that average among themselves.")
+    placement: str = setting("block", ChoiceCheck("block", "node-local"),
+                             "Rank placement rule: block (torchgfn's arithmetic) or node-local "
+                             "(buffers on their clients' host).")
+
+    def check_together(self) -> None:
+        rest = [name for name in ("trainers", "actors", "buffers") if getattr(self, name) == REST]
+        if len(rest) > 1:
+            raise self.fail(rest[1], f"at most one count may be 'rest', but {' and '.join(rest)} "
+                                     "both are; give the others as numbers")
+
+    def counts(self) -> dict[str, int | str]:
+        """``{"trainers": ..., "actors": ..., "buffers": ...}`` as configured (ints or "rest")."""
+        return {"trainers": self.trainers, "actors": self.actors, "buffers": self.buffers}
+
+
+@dataclass(frozen=True)
+class RolesConfig(_Section):
+    """The user's classes for each role; null = the framework default class."""
+
+    section: ClassVar[str] = "roles"
+
+    trainer: str | None = setting(None, OptionalCheck(ClassRefCheck()), "Trainer class.")
+    actor: str | None = setting(None, OptionalCheck(ClassRefCheck()), "Actor class.")
+    buffer: str | None = setting(None, OptionalCheck(ClassRefCheck()), "Buffer-manager class.")
+    coordinator: str | None = setting(None, OptionalCheck(ClassRefCheck()), "Coordinator class.")
+
+
+@dataclass(frozen=True)
+class ReplayConfig(_Section):
+    """The replay buffers: storage size, sampling, admission, rate limiting, flow control."""
+
+    section: ClassVar[str] = "replay"
+
+    capacity: int = setting(10000, IntCheck(low=1),
+                            "Trajectories each buffer rank stores.")
+    sampler: str = setting("uniform", ChoiceCheck("uniform", "prioritized", "fifo"),
+                           "Which stored items come out when a trainer samples.")
+    writer: str = setting("round_robin", ChoiceCheck("round_robin", "keep_highest", "dedup"),
+                          "Which slot a new item takes, or whether it is admitted.")
+    batch_size: int = setting(16, IntCheck(low=1),
+                              "Trajectories per trainer batch.")
+    min_size_to_sample: int = setting(0, IntCheck(low=0),
+                                      "Sampling waits until a buffer holds this many items.")
+    samples_per_insert: float | None = setting(None, OptionalCheck(FloatCheck(0.0, low_open=True)),
+                                               "Target ratio of samples to inserts; null = no "
+                                               "rate limit.")
+    tolerance: float = setting(0.0, FloatCheck(0.0),
+                               "Allowed deviation (in samples) from `samples_per_insert`; "
+                               "0 = none.")
+    replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0),
+                                     "Fraction of a trainer's batch drawn from replay; the rest "
+                                     "is freshly sampled.")
+    max_staleness: int | None = setting(None, OptionalCheck(IntCheck(low=0)),
+                                        "Drop trajectories older than this many policy versions; "
+                                        "null = keep all.")
+    max_in_flight: int = setting(8, IntCheck(low=1),
+                                 "Unacknowledged sends a client may have outstanding.")
+    prefetch: int = setting(1, IntCheck(low=0),
+                            "Batches a trainer requests ahead of use.")
+
+    def check_together(self) -> None:
+        if self.min_size_to_sample > self.capacity:
+            raise self.fail("min_size_to_sample",
+                            f"must be <= replay.capacity ({self.capacity}), found "
+                            f"{self.min_size_to_sample}: sampling could never start")
+        if self.tolerance > 0 and self.samples_per_insert is None:
+            raise self.fail("tolerance",
+                            f"only applies when replay.samples_per_insert is set, found "
+                            f"tolerance {self.tolerance} with samples_per_insert null")
+
+
+@dataclass(frozen=True)
+class SyncConfig(_Section):
+    """How trainers agree on weights, and how actors get them."""
+
+    section: ClassVar[str] = "sync"
+
+    mode: str = setting("gradients", ChoiceCheck("gradients", "models", "none"),
+                        "Within an agent group: average gradients every step, average model "
+                        "weights every `every` steps, or nothing.")
+    every: int = setting(1, IntCheck(low=1),
+                         "For mode models: average the weights every this many steps.")
+    weights_to_actors_every: int = setting(1, IntCheck(low=1),
+                                           "A trainer sends its weights to its actors every "
+                                           "this many steps.")
+
+
+@dataclass(frozen=True)
+class FaultsConfig(_Section):
+    """Failure detection, checkpoints and message limits."""
+
+    section: ClassVar[str] = "faults"
+
+    heartbeat_s: float = setting(1.0, FloatCheck(0.0, low_open=True),
+                                 "Seconds between heartbeats.")
+    peer_timeout_s: float = setting(10.0, FloatCheck(0.0, low_open=True),
+                                    "A rank silent this long is declared lost; must exceed "
+                                    "heartbeat_s.")
+    checkpoint_every: int = setting(0, IntCheck(low=0),
+                                    "Checkpoint every this many steps; 0 = only at the end.")
+    max_message_bytes: int = setting(256 * MIB, IntCheck(low=1),
+                                     "Largest message a rank accepts (bytes); bigger ones are "
+                                     "refused before allocation.")
+
+    def check_together(self) -> None:
+        if self.peer_timeout_s <= self.heartbeat_s:
+            raise self.fail("peer_timeout_s",
+                            f"must be greater than faults.heartbeat_s ({self.heartbeat_s}), "
+                            f"found {self.peer_timeout_s}")
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "launch": LaunchConfig,
+    "layout": LayoutConfig,
+    "roles": RolesConfig,
+    "replay": ReplayConfig,
+    "sync": SyncConfig,
+    "faults": FaultsConfig,
+}
+"""Section name -> dataclass, in file order. ``params`` is the one free-form section."""
+
+_PARAMS_CHECK = MappingCheck()
+_TOP_LEVEL = [*SECTIONS, "params"]
+
+
+def _frozen_params(value: Any) -> Mapping[str, Any]:
+    try:
+        checked = _PARAMS_CHECK(value)
+    except ConfigError as err:
+        raise ConfigError(err.detail, key="params") from None
+    return types.MappingProxyType(copy.deepcopy(checked))
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run configuration: the sections plus free-form ``params``.
+
+    ``file`` is the file it was read from (``None`` for dicts); it is not part of
+    the configuration (not compared, not in :meth:`to_dict`) but resolves
+    relative ``roles`` paths and is named in error messages.
+    """
+
+    run: RunConfig = field(default_factory=RunConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    params: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+    file: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                raise ConfigError(f"expected a {cls.__name__}, found {found(value)}", key=name,
+                                  file=self.file)
+        object.__setattr__(self, "params", _frozen_params(self.params))
+
+    # --- loading ---------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Any, *, file: str | os.PathLike[str] | None = None) -> Config:
+        """Build from a mapping ``{section: {key: value}}``; missing sections take defaults.
+
+        Raises :class:`ConfigError` naming the key path (``layout.buffers``) and ``file``.
+        """
+        name = os.fspath(file) if file is not None else None
+        try:
+            if data is None:
+                data = {}
+            if not isinstance(data, Mapping):
+                raise ConfigError(f"expected a mapping of sections, found {found(data)}")
+            for key in data:
+                if not isinstance(key, str) or key not in _TOP_LEVEL:
+                    hint = suggest(key, _TOP_LEVEL) if isinstance(key, str) else ""
+                    raise ConfigError(f"unknown section '{key}'{hint}; valid sections are: "
+                                      f"{', '.join(_TOP_LEVEL)}", key=str(key))
+            sections = {section: section_from_mapping(section_cls, data.get(section), section)
+                        for section, section_cls in SECTIONS.items()}
+            return cls(**sections, params=_frozen_params(data.get("params")), file=name)
+        except ConfigError as err:
+            if err.file is not None or name is None:
+                raise
+            raise ConfigError(err.detail, key=err.key, file=name) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Config:
+        """Read a YAML file, then apply ``overrides`` (see :meth:`apply_overrides`)."""
+        config = cls.from_dict(read_yaml_file(path), file=path)
+        return config.apply_overrides(overrides)
+
+    def apply_overrides(self, overrides: Iterable[str]) -> Config:
+        """A new config with ``["layout.buffers=2", "params.lr=0.01"]`` applied in order.
+
+        Values are parsed as YAML (numbers, bools, ``null``, ``[a, b]`` lists).
+        ``params.a.b=1`` creates nested mappings. An error names the override.
+        """
+        overrides = list(overrides)
+        if not overrides:
+            return self
+        tree = self.to_dict()
+        by_key: dict[str, str] = {}
+        for text in overrides:
+            path, value = parse_override(text)
+            self._check_override_path(path, text)
+            set_in_tree(tree, path, value)
+            by_key[".".join(path)] = text
+        try:
+            return Config.from_dict(tree, file=self.file)
+        except ConfigError as err:
+            culprit = by_key.get(err.key or "")
+            if culprit is not None:
+                raise ConfigError(f"{err.detail} (from override '{culprit}')", key=err.key) from None
+            listed = ", ".join(f"'{text}'" for text in overrides)
+            raise ConfigError(f"{err.detail} (after overrides {listed})", key=err.key,
+                              file=err.file) from None
+
+    @staticmethod
+    def _check_override_path(path: list[str], text: str) -> None:
+        head = path[0]
+        if head not in _TOP_LEVEL:
+            raise ConfigError(f"unknown section '{head}'{suggest(head, _TOP_LEVEL)} in override "
+                              f"'{text}'", key=".".join(path))
+        if head == "params":
+            if len(path) < 2:
+                raise ConfigError(f"override '{text}' must name a key inside params "
+                                  "(params.<name>=value)", key="params")
+            return
+        valid = [f.name for f in dataclasses.fields(SECTIONS[head])]
+        if len(path) != 2 or path[1] not in valid:
+            leaf = path[1] if len(path) > 1 else ""
+            hint = suggest(leaf, valid) if leaf else ""
+            raise ConfigError(f"unknown key '{'.'.join(path[1:])}'{hint} in override '{text}'; "
+                              f"valid keys are: {', '.join(valid)}", key=".".join(path))
+
+    # --- output ----------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts/lists; ``Config.from_dict(c.to_dict()) == c``."""
+        out: dict[str, Any] = {name: getattr(self, name).to_dict() for name in SECTIONS}
+        out["params"] = copy.deepcopy(dict(self.params))
+        return out
+
+    def role_class(self, role: str, *, base: type | None = None) -> type | None:
+        """Import the class configured for ``role`` (``roles.<role>``); ``None`` if unset."""
+        if role not in known_roles():
+            raise ConfigError(f"unknown role '{role}'{suggest(role, known_roles())}",
+                              key=f"roles.{role}", file=self.file)
+        ref = getattr(self.roles, role)
+        if ref is None:
+            return None
+        return load_class(ref, key=f"roles.{role}", file=self.file, base=base)
+
+
+def known_roles() -> list[str]:
+    """The role names of the ``roles`` section."""
+    return [f.name for f in dataclasses.fields(RolesConfig)]

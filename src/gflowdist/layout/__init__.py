@@ -1,0 +1,28 @@
+"""Rank layout: which rank trains, acts, buffers or coordinates, and who serves whom.
+
+    from gflowdist.layout import plan_layout, Role
+    layout = plan_layout(8, {"buffers": 3, "coordinator": False})
+    layout.buffer_of[0]       # 2
+    layout.role_of(7)         # Role.BUFFER
+    print(layout.describe())
+
+Pure arithmetic (no MPI, no torch.distributed); the rules and worked examples
+are in docs/layout.md and :mod:`gflowdist.layout.planning`.
+"""
+
+from __future__ import annotations
+
+from gflowdist.layout.hosts import parse_host_list
+from gflowdist.layout.model import Layout, RankPlacement, Role
+from gflowdist.layout.planning import LayoutCounts, plan_layout, resolve_counts, split_evenly
+
+__all__ = [
+    "Role",
+    "Layout",
+    "RankPlacement",
+    "LayoutCounts",
+    "plan_layout",
+    "resolve_counts",
+    "split_evenly",
+    "parse_host_list",
+]

@@ -1,0 +1,321 @@
+"""The rank-layout arithmetic: ``plan_layout(world_size, layout_cfg, hosts) -> Layout``.
+
+Pure computation, no MPI, no torch.distributed: every rank of a job can run it
+on the same inputs and get the same answer, and tests run it for thousands of
+shapes in one process.
+
+Notation: ``W`` ranks, ``T`` trainers, ``A`` actors, ``B`` buffers,
+``C`` coordinators (0 or 1), ``K = T + A`` clients (ranks a buffer serves),
+``G`` agent groups. ``split(n, m)`` is ``m`` near-equal parts of ``n``, the
+first ``n mod m`` one larger: ``split(5, 3) = [2, 2, 1]``.
+
+1. **Counts.** ``W = T + A + B + C``. At most one count is ``"rest"``, which
+   gets ``W - C - (the other two)``.
+2. **Chunks.** The ranks other than the coordinator are cut into ``B`` chunks
+   (one chunk without a buffer when ``B = 0``); a chunk is some client ranks
+   followed by its buffer rank.
+
+   * *block*: the coordinator is ``W - 1``; chunk ``i`` holds ``split(K, B)[i]``
+     consecutive client ranks and then its buffer, chunks in rank order.
+   * *node-local*: hosts are taken in order of their first rank; each host's
+     ranks (minus the coordinator, still ``W - 1``) are cut into ``B / H``
+     chunks of ``split(n_host, B / H)`` consecutive ranks whose *last* rank is
+     the buffer. Needs ``B`` a multiple of the ``H`` hosts, every chunk at least
+     one client, and client counts over all buffers differing by at most one.
+3. **Trainers in chunks.** Trainers are dealt to the chunks round-robin
+   (chunk 0, 1, ..., B-1, 0, ...), skipping full chunks; within a chunk the
+   first ``t_i`` client ranks are trainers, the rest actors. In block placement
+   no chunk is ever full before the deal ends, so ``t_i = split(T, B)[i]``:
+   with ``A = 0`` this is exactly torchgfn's rule (W=8, B=3, C=0: trainers
+   0,1 -> buffer 2; 3,4 -> 5; 6 -> 7).
+4. **Agent groups.** ``G`` consecutive slices of ``T / G`` trainers (placement
+   order); ``T`` must be a multiple of ``G``.
+5. **Actors to trainers.** With trainers ``t_0..t_{T-1}`` and actors
+   ``a_0..a_{A-1}`` in placement order, actor ``a_j`` gets its weights from
+   trainer ``t_{floor(j T / A)}``: a trainer serves ``floor(A/T)`` or
+   ``ceil(A/T)`` actors, and consecutive actors share a trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gflowdist.config.loading import section_from_mapping
+from gflowdist.config.schema import REST, LayoutConfig
+from gflowdist.errors import ConfigError, LayoutError
+from gflowdist.layout.model import Layout, Role
+
+__all__ = ["plan_layout", "split_evenly", "resolve_counts", "LayoutCounts"]
+
+_ROLE_NAMES = ("trainers", "actors", "buffers")
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``parts`` near-equal sizes summing to ``total``; the first ``total % parts`` are one larger."""
+    base, extra = divmod(total, parts)
+    return [base + 1 if index < extra else base for index in range(parts)]
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class LayoutCounts:
+    """Resolved role counts: ``trainers + actors + buffers + (1 if coordinator) == world_size``."""
+
+    trainers: int
+    actors: int
+    buffers: int
+    coordinator: bool
+
+    @property
+    def clients(self) -> int:
+        """Ranks a buffer may serve: ``trainers + actors``."""
+        return self.trainers + self.actors
+
+
+def _as_layout_config(layout_cfg: LayoutConfig | Mapping[str, Any]) -> LayoutConfig:
+    if isinstance(layout_cfg, LayoutConfig):
+        return layout_cfg
+    if isinstance(layout_cfg, Mapping):
+        try:
+            return section_from_mapping(LayoutConfig, layout_cfg, "layout")
+        except ConfigError as err:
+            raise LayoutError(f"invalid layout: {err}") from None
+    raise LayoutError(f"expected a LayoutConfig or a mapping, found {type(layout_cfg).__name__}")
+
+
+def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
+    """Turn the configured counts (numbers or one ``"rest"``) into numbers for ``world_size``.
+
+    Raises :class:`LayoutError` explaining the sum when the counts do not add up.
+    """
+    configured = layout_cfg.counts()
+    rest = [name for name in _ROLE_NAMES if configured[name] == REST]
+    if len(rest) > 1:
+        raise LayoutError(f"at most one count may be 'rest', but {' and '.join(rest)} both are")
+    for name in _ROLE_NAMES:
+        value = configured[name]
+        if value != REST and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise LayoutError(f"the number of {name} must be an integer >= 0 or 'rest', "
+                              f"found {value!r}")
+    coordinators = 1 if layout_cfg.coordinator else 0
+    fixed = {name: int(configured[name]) for name in _ROLE_NAMES if name not in rest}
+    terms = [_count(number, name[:-1]) for name, number in fixed.items()
+             if number or name == "trainers"]
+    if coordinators:
+        terms.append("1 coordinator")
+    needed = sum(fixed.values()) + coordinators
+    if rest:
+        left = world_size - needed
+        if left < 0:
+            raise LayoutError(f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} before "
+                              f"the 'rest' {rest[0]}, but the job has {world_size}")
+        fixed[rest[0]] = left
+    elif needed != world_size:
+        if needed > world_size:
+            raise LayoutError(f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} "
+                              f"but the job has {world_size}")
+        raise LayoutError(f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} "
+                          f"but the job has {world_size}; give one count as 'rest' or start "
+                          f"{needed} ranks")
+    counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators))
+    _check_counts(world_size, counts, layout_cfg.agent_groups, rest[0] if rest else None)
+    return counts
+
+
+def _check_counts(world_size: int, counts: LayoutCounts, groups: int, rest: str | None) -> None:
+    if counts.trainers == 0:
+        if rest == "trainers":
+            others = " - ".join([_count(world_size, "rank")] + [
+                _count(number, noun) for number, noun in
+                ((counts.actors, "actor"), (counts.buffers, "buffer"),
+                 (int(counts.coordinator), "coordinator")) if number])
+            raise LayoutError(f"no rank is left for the 'rest' trainers: {others} = 0 trainers; "
+                              "at least one trainer is needed")
+        raise LayoutError("layout has 0 trainers; at least one trainer is needed")
+    if groups < 1:
+        raise LayoutError(f"the number of agent groups must be >= 1, found {groups}")
+    if counts.trainers % groups:
+        raise LayoutError(f"{_count(counts.trainers, 'trainer')} cannot be split into {groups} "
+                          f"equal agent groups ({counts.trainers} is not a multiple of {groups})")
+    if counts.actors and not counts.buffers:
+        raise LayoutError(f"{_count(counts.actors, 'actor')} but no buffer: actors send their "
+                          "trajectories to a buffer, so at least one buffer is needed")
+    if counts.buffers > counts.clients:
+        raise LayoutError(f"{_count(counts.buffers, 'buffer')} but only "
+                          f"{_count(counts.trainers, 'trainer')} + {_count(counts.actors, 'actor')}"
+                          f" = {_count(counts.clients, 'client')} to serve: every buffer needs at "
+                          "least one client")
+
+
+@dataclass
+class _Chunk:
+    """Client ranks (ascending) and the buffer rank that serves them (``None``: no buffers)."""
+
+    clients: list[int]
+    buffer: int | None
+    trainers: int = field(default=0)
+
+
+def _block_chunks(counts: LayoutCounts) -> list[_Chunk]:
+    if counts.buffers == 0:
+        return [_Chunk(list(range(counts.clients)), None)]
+    chunks = []
+    start = 0
+    for size in split_evenly(counts.clients, counts.buffers):
+        chunks.append(_Chunk(list(range(start, start + size)), start + size))
+        start += size + 1
+    return chunks
+
+
+def _node_local_chunks(world_size: int, counts: LayoutCounts,
+                       hosts: tuple[str, ...] | None, coordinator: int | None) -> list[_Chunk]:
+    if hosts is None:
+        raise LayoutError("placement 'node-local' needs the host name of every rank, "
+                          "but none were given")
+    if counts.buffers == 0:
+        return _block_chunks(counts)
+    host_order = list(dict.fromkeys(hosts))
+    if counts.buffers % len(host_order):
+        raise LayoutError(
+            f"placement 'node-local' needs the number of buffers ({counts.buffers}) to be a "
+            f"multiple of the number of hosts ({len(host_order)}: {', '.join(host_order)})")
+    per_host = counts.buffers // len(host_order)
+    chunks: list[_Chunk] = []
+    for host in host_order:
+        ranks = [rank for rank in range(world_size) if hosts[rank] == host and rank != coordinator]
+        if len(ranks) < 2 * per_host:
+            raise LayoutError(
+                f"placement 'node-local': host '{host}' has {_count(len(ranks), 'rank')} besides "
+                f"the coordinator, but {_count(per_host, 'buffer')} per host need at least "
+                f"{2 * per_host} (each buffer plus one client)")
+        start = 0
+        for size in split_evenly(len(ranks), per_host):
+            part = ranks[start:start + size]
+            chunks.append(_Chunk(part[:-1], part[-1]))
+            start += size
+    loads = [len(chunk.clients) for chunk in chunks]
+    if max(loads) - min(loads) > 1:
+        busiest = chunks[loads.index(max(loads))]
+        idlest = chunks[loads.index(min(loads))]
+        raise LayoutError(
+            "placement 'node-local' would give buffers unequal loads: "
+            f"buffer {busiest.buffer} on '{hosts[busiest.buffer]}' would serve "
+            f"{_count(max(loads), 'client')} but buffer {idlest.buffer} on "
+            f"'{hosts[idlest.buffer]}' {min(loads)}; clients per buffer must differ by at most "
+            "one (spread the ranks evenly over the hosts, or use placement 'block')")
+    return chunks
+
+
+def _deal_trainers(chunks: list[_Chunk], trainers: int) -> None:
+    """Round-robin over the chunks, skipping full ones (sum of capacities >= trainers)."""
+    left = trainers
+    while left:
+        for chunk in chunks:
+            if left and chunk.trainers < len(chunk.clients):
+                chunk.trainers += 1
+                left -= 1
+
+
+def _check_hosts(world_size: int, hosts: Sequence[str] | None) -> tuple[str, ...] | None:
+    if hosts is None:
+        return None
+    if isinstance(hosts, str):
+        raise LayoutError("hosts must be a list with one host name per rank, found a string")
+    names = tuple(hosts)
+    if len(names) != world_size:
+        raise LayoutError(f"hosts lists {_count(len(names), 'name')} but the job has "
+                          f"{_count(world_size, 'rank')}; give one host name per rank")
+    for rank, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise LayoutError(f"host name of rank {rank} must be a non-empty string, found {name!r}")
+    return names
+
+
+def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_Chunk],
+              coordinator: int | None, hosts: tuple[str, ...] | None, placement: str,
+              note: str | None) -> Layout:
+    _deal_trainers(chunks, counts.trainers)
+    roles: list[Role | None] = [None] * world_size
+    trainers: list[int] = []
+    actors: list[int] = []
+    buffers: list[int] = []
+    buffer_of: dict[int, int] = {}
+    clients_of: dict[int, tuple[int, ...]] = {}
+    for chunk in chunks:
+        trainers += chunk.clients[:chunk.trainers]
+        actors += chunk.clients[chunk.trainers:]
+        if chunk.buffer is not None:
+            buffers.append(chunk.buffer)
+            clients_of[chunk.buffer] = tuple(chunk.clients)
+            buffer_of.update({client: chunk.buffer for client in chunk.clients})
+    for rank in trainers:
+        roles[rank] = Role.TRAINER
+    for rank in actors:
+        roles[rank] = Role.ACTOR
+    for rank in buffers:
+        roles[rank] = Role.BUFFER
+    if coordinator is not None:
+        roles[coordinator] = Role.COORDINATOR
+    size = len(trainers) // groups
+    agent_groups = tuple(tuple(trainers[index * size:(index + 1) * size]) for index in range(groups))
+    group_of = {rank: index for index, group in enumerate(agent_groups) for rank in group}
+    trainer_of = {actor: trainers[index * len(trainers) // len(actors)]
+                  for index, actor in enumerate(actors)}
+    actors_of = {trainer: tuple(a for a in actors if trainer_of[a] == trainer) for trainer in trainers}
+    return Layout(
+        world_size=world_size,
+        roles=tuple(role for role in roles if role is not None),
+        trainers=tuple(trainers),
+        actors=tuple(actors),
+        buffers=tuple(buffers),
+        coordinator=coordinator,
+        buffer_of=MappingProxyType(buffer_of),
+        clients_of=MappingProxyType(clients_of),
+        agent_groups=agent_groups,
+        group_of=MappingProxyType(group_of),
+        actors_of=MappingProxyType(actors_of),
+        trainer_of=MappingProxyType(trainer_of),
+        hosts=hosts,
+        placement=placement,
+        note=note,
+    )
+
+
+def plan_layout(world_size: int, layout_cfg: LayoutConfig | Mapping[str, Any],
+                hosts: Sequence[str] | None = None, *, fallback_to_block: bool = False) -> Layout:
+    """The role of every rank for a job of ``world_size`` ranks (rules in the module docstring).
+
+    ``layout_cfg`` is a :class:`~gflowdist.config.LayoutConfig` or a mapping of its
+    keys; ``hosts`` is the host name of every rank (needed by ``node-local``
+    placement, shown by :meth:`Layout.describe` otherwise). With
+    ``fallback_to_block=True`` (torchgfn entry points), a node-local placement
+    that the hosts do not allow becomes block placement and ``Layout.note`` says
+    why; otherwise that is a :class:`LayoutError` like every impossible layout.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise LayoutError(f"world size must be an integer >= 1, found {world_size!r}")
+    config = _as_layout_config(layout_cfg)
+    host_names = _check_hosts(world_size, hosts)
+    counts = resolve_counts(world_size, config)
+    coordinator = world_size - 1 if counts.coordinator else None
+    note = None
+    placement = config.placement
+    if placement == "node-local":
+        try:
+            chunks = _node_local_chunks(world_size, counts, host_names, coordinator)
+        except LayoutError as err:
+            if not fallback_to_block:
+                raise
+            note = f"{err}; fell back to block placement"
+            placement = "block"
+            chunks = _block_chunks(counts)
+    else:
+        chunks = _block_chunks(counts)
+    return _assemble(world_size, counts, config.agent_groups, chunks, coordinator, host_names,
+                     placement, note)
