@@ -75,7 +75,7 @@ def _draw_time_bars(ax: Any, report: Report) -> None:
     bottoms = [0.0] * len(ranks)
     segments = [(role, p) for role, phases in report.imbalance.items() for p in phases]
     colors = [f"C{i % 10}" for i in range(len(segments))]
-    for (role, p), color in zip(segments, colors):
+    for index, ((role, p), color) in enumerate(zip(segments, colors)):
         for part, hatch, alpha in (("busy", None, 1.0), ("idle", "//", 0.35)):
             values = getattr(p, part)
             heights = [0.0] * len(ranks)
@@ -83,11 +83,13 @@ def _draw_time_bars(ax: Any, report: Report) -> None:
                 heights[position[rank]] = seconds
             ax.bar(range(len(ranks)), heights, bottom=bottoms, color=color, alpha=alpha,
                    hatch=hatch, edgecolor=color if hatch else None,
-                   label=f"{role}/{p.phase}" if part == "busy" else None)
+                   label=f"{role}/{p.phase}" if part == "busy" else
+                   ("idle (hatched)" if index == 0 else None))
             bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(range(len(ranks)))
     ax.set_xticklabels([f"{r}\n{report.roles.get(r, '?')}" for r in ranks], fontsize=8)
     ax.set_ylabel("seconds")
+    ax.set_ylim(0.0, max(max(bottoms), 1e-9) * 1.3)  # headroom for the legend
     ax.legend(fontsize=7, loc="upper right")
 
 
