@@ -1,0 +1,229 @@
+"""Array frames: how a numpy array or torch tensor rides behind the msgpack header.
+
+In the header an array is a msgpack extension value (ExtType) whose type code
+says what to rebuild and whose data says where the bytes are:
+
+    ext code 1 = numpy.ndarray, ext code 2 = torch.Tensor
+    ext data   = struct "<BBQ" + ndim * "<q", little-endian, 10 + 8 * ndim bytes:
+                 dtype code (see dtypes.py), ndim (<= MAX_NDIM), offset, shape[0..ndim)
+
+``offset`` counts from the start of the data section (the first 64-byte
+boundary after the header). Frames are laid out in the order their references
+appear in the packed header, each starting at the next multiple of
+FRAME_ALIGNMENT:
+
+    offset[0]   = 0
+    offset[i+1] = align(offset[i] + nbytes[i]),  align(n) = (n + 63) // 64 * 64
+    nbytes[i]   = prod(shape[i]) * itemsize[i]    (C order, no strides on the wire)
+
+Padding bytes are zero. The decoder accepts exactly this canonical layout, so
+an overlap, a gap, a frame running past the message or bytes after the last
+frame are all errors, and the layout needs no frame table of its own.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from gflowdist.errors import ProtocolError
+from gflowdist.transport.dtypes import BY_CODE, WireDtype, row_for_numpy, row_for_torch
+from gflowdist.transport.values import EncodeError
+
+__all__ = [
+    "FRAME_ALIGNMENT", "MAX_NDIM", "EXT_NUMPY", "EXT_TORCH", "MAX_REF_BYTES",
+    "align", "FrameWriter", "FrameReader",
+]
+
+FRAME_ALIGNMENT = 64
+#: Most dimensions an array may have on the wire.
+MAX_NDIM = 32
+EXT_NUMPY = 1
+EXT_TORCH = 2
+
+_REF_HEAD = struct.Struct("<BBQ")
+_SHAPES = tuple(struct.Struct(f"<{ndim}q") for ndim in range(MAX_NDIM + 1))
+#: Longest ext data an array reference can have (ndim = MAX_NDIM).
+MAX_REF_BYTES = _REF_HEAD.size + 8 * MAX_NDIM
+_ZEROS = bytes(FRAME_ALIGNMENT)
+
+
+def align(n: int) -> int:
+    """Round ``n`` up to a multiple of FRAME_ALIGNMENT."""
+    return (n + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+
+
+class FrameWriter:
+    """The packer's ``default`` hook: turns arrays into references and remembers their sources.
+
+    ``frames`` lists ``(source, row, shape, offset, nbytes)`` in packing order;
+    :meth:`write` then copies every source exactly once into the message buffer.
+    """
+
+    __slots__ = ("frames", "end")
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[Any, WireDtype, tuple[int, ...], int, int]] = []
+        self.end = 0
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return self._reference(EXT_NUMPY, self._numpy_source(value))
+        if isinstance(value, torch.Tensor):
+            return self._reference(EXT_TORCH, self._torch_source(value))
+        if isinstance(value, np.generic):
+            return value.item()
+        raise EncodeError(f"a {type(value).__qualname__} cannot travel")
+
+    @staticmethod
+    def _numpy_source(array: np.ndarray) -> tuple[Any, WireDtype, tuple[int, ...]]:
+        if isinstance(array, np.ma.MaskedArray):
+            raise EncodeError("a numpy masked array cannot travel (its mask would be lost); "
+                              "send .data and .mask as two arrays")
+        row = row_for_numpy(array.dtype)
+        if row is None:
+            raise EncodeError(f"numpy dtype {array.dtype} cannot travel; supported: "
+                              "bool, uint8, int8, int16, int32, int64, float16, float32, float64")
+        return array, row, array.shape
+
+    @staticmethod
+    def _torch_source(tensor: torch.Tensor) -> tuple[Any, WireDtype, tuple[int, ...]]:
+        if tensor.layout != torch.strided:
+            raise EncodeError(f"a torch tensor with layout {tensor.layout} cannot travel; "
+                              "convert it with .to_dense()")
+        row = row_for_torch(tensor.dtype)
+        if row is None:
+            raise EncodeError(f"torch dtype {tensor.dtype} cannot travel; supported: bool, uint8, int8, "
+                              "int16, int32, int64, float16, bfloat16, float32, float64")
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        shape = tuple(tensor.shape)
+        if tensor.device.type != "cpu":
+            return tensor, row, shape  # copied device -> message buffer by torch, still once
+        if row.numpy is None:
+            tensor = tensor.view(row.torch_storage)
+        return tensor.numpy(), row, shape
+
+    def _reference(self, ext_code: int, source: tuple[Any, WireDtype, tuple[int, ...]]) -> msgpack.ExtType:
+        data, row, shape = source
+        ndim = len(shape)
+        if ndim > MAX_NDIM:
+            raise EncodeError(f"an array with {ndim} dimensions cannot travel (at most {MAX_NDIM})")
+        nbytes = row.itemsize
+        for dim in shape:
+            nbytes *= dim
+        offset = align(self.end) if self.frames else 0
+        self.frames.append((data, row, shape, offset, nbytes))
+        self.end = offset + nbytes
+        return msgpack.ExtType(ext_code, _REF_HEAD.pack(row.code, ndim, offset) + _SHAPES[ndim].pack(*shape))
+
+    def write(self, out: np.ndarray, data_start: int) -> None:
+        """Copy every frame into ``out`` (a uint8 buffer) at ``data_start + offset``; zero the padding."""
+        previous_end = data_start
+        for data, row, shape, offset, nbytes in self.frames:
+            start = data_start + offset
+            out[previous_end:start] = 0
+            target = out[start:start + nbytes].view(row.storage).reshape(shape)
+            if isinstance(data, np.ndarray):
+                np.copyto(target, data, casting="equiv")
+            else:
+                target_tensor = torch.from_numpy(target)
+                if row.numpy is None:
+                    target_tensor = target_tensor.view(row.torch)
+                target_tensor.copy_(data)
+            previous_end = start + nbytes
+
+
+class FrameReader:
+    """The unpacker's ``ext_hook``: checks each array reference and returns a view of its frame.
+
+    ``data`` is the whole message as a uint8 memoryview, ``data_start`` the
+    absolute offset of the data section and ``data_len`` its length
+    (``total - data_start``). After unpacking, :meth:`finish` checks that the
+    frames ended exactly at the end of the message.
+    """
+
+    __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end")
+
+    def __init__(self, buffer: memoryview, data_start: int, data_len: int, *, sender: int, copy: bool,
+                 writable: bool, max_bytes: int) -> None:
+        self.buffer = buffer
+        self.data_start = data_start
+        self.data_len = data_len
+        self.sender = sender
+        self.copy = copy
+        self.writable = writable
+        self.max_bytes = max_bytes
+        self.count = 0
+        self.end = 0
+
+    def _fail(self, what: str) -> ProtocolError:
+        return ProtocolError(f"array frame {self.count}: {what}", sender=self.sender)
+
+    def __call__(self, ext_code: int, ref: bytes) -> Any:
+        if ext_code != EXT_NUMPY and ext_code != EXT_TORCH:
+            raise ProtocolError(f"unknown msgpack extension type {ext_code} in header "
+                                f"(arrays use {EXT_NUMPY} for numpy and {EXT_TORCH} for torch)",
+                                sender=self.sender)
+        if len(ref) < _REF_HEAD.size:
+            raise self._fail(f"array reference of {len(ref)} bytes, shorter than its {_REF_HEAD.size}-byte head")
+        dtype_code, ndim, offset = _REF_HEAD.unpack_from(ref)
+        if ndim > MAX_NDIM:
+            raise self._fail(f"{ndim} dimensions (at most {MAX_NDIM})")
+        if len(ref) != _REF_HEAD.size + 8 * ndim:
+            raise self._fail(f"array reference of {len(ref)} bytes, expected {_REF_HEAD.size + 8 * ndim} "
+                             f"for {ndim} dimensions")
+        row = BY_CODE.get(dtype_code)
+        if row is None:
+            raise self._fail(f"dtype code {dtype_code} is not a wire dtype (codes 1..{len(BY_CODE)})")
+        if ext_code == EXT_NUMPY and row.numpy is None:
+            raise self._fail(f"{row.name} can only travel as a torch tensor, not a numpy array")
+        shape = _SHAPES[ndim].unpack_from(ref, _REF_HEAD.size)
+        count = 1
+        extent = row.itemsize
+        for dim in shape:
+            if dim < 0:
+                raise self._fail(f"negative dimension in shape {list(shape)}")
+            count *= dim
+            if dim:
+                extent *= dim
+                if extent > self.max_bytes:
+                    raise self._fail(f"shape {list(shape)} of {row.name} exceeds the "
+                                     f"{self.max_bytes}-byte message limit")
+        nbytes = count * row.itemsize
+        expected = align(self.end) if self.count else 0
+        if offset != expected:
+            relation = "overlaps the previous frame" if offset < expected else "leaves a gap after the previous frame"
+            raise self._fail(f"offset {offset} {relation}; the canonical offset is {expected}")
+        end = offset + nbytes
+        if end > self.data_len:
+            raise self._fail(f"{row.name} {list(shape)} needs bytes [{offset}, {end}) of the data section, "
+                             f"which holds only {self.data_len} (truncated or lying header)")
+        padding = self.buffer[self.data_start + self.end:self.data_start + offset] if self.count else b""
+        if padding and padding != _ZEROS[:len(padding)]:
+            raise self._fail("padding before the frame is not zero")
+        start = self.data_start + offset
+        view = np.frombuffer(self.buffer, row.storage, count, start).reshape(shape)
+        self.count += 1
+        self.end = end
+        if ext_code == EXT_NUMPY:
+            return view.copy() if self.copy else view
+        if self.copy or not self.writable:
+            view = view.copy()  # torch has no read-only tensors: never alias an immutable buffer
+        tensor = torch.from_numpy(view)
+        return tensor if row.numpy is not None else tensor.view(row.torch)
+
+    def finish(self, header_end: int) -> None:
+        """Check the frames filled the data section exactly and the padding after the header is zero."""
+        if not self.count:
+            raise ProtocolError("flags say array frames follow but the header references none", sender=self.sender)
+        if self.end != self.data_len:
+            raise ProtocolError(f"{self.data_len - self.end} bytes of trailing garbage after the last array frame",
+                                sender=self.sender)
+        gap = self.buffer[header_end:self.data_start]
+        if gap != _ZEROS[:len(gap)]:
+            raise ProtocolError("padding between header and first frame is not zero", sender=self.sender)
