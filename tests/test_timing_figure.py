@@ -14,20 +14,16 @@ pytest.importorskip("matplotlib")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _timer(phases: dict[str, list[float]], waits: list[tuple[int, str, float]] = ()) -> dict:
-    timer = StepTimer()
-    for name, times in phases.items():
-        for seconds in times:
-            timer.record(name, seconds)
-    for peer, label, seconds in waits:
-        timer.record_wait(peer, label, seconds)
+def _timer(phases: dict[str, list[float]], peer: int, seconds: float) -> dict:
+    timer = StepTimer.from_timing_dict(phases)
+    timer.record_wait(peer, "sample", seconds)
     return timer.to_dict()
 
 
 def test_save_writes_png_with_all_panels(tmp_path: Path) -> None:
-    per_rank = {0: _timer({"rollout": [1.0, 2.0], "train": [0.5]}, [(2, "sample", 0.5)]),
-                1: _timer({"rollout": [3.0, 1.0]}, [(2, "sample", 1.5)]),
-                2: _timer({"serve": [0.1]}, [(0, "recv", 0.25)])}
+    per_rank = {0: _timer({"rollout": [1.0, 2.0], "train": [0.5]}, 2, 0.5),
+                1: _timer({"rollout": [3.0, 1.0]}, 2, 1.5),
+                2: _timer({"serve": [0.1]}, 0, 0.25)}
     metrics = [{"step": i, "loss": 1.0 / (i + 1), "modes": i, "kl": float("nan") if i == 2 else i,
                 "reward": 2 * i, "extra": 1} for i in range(5)]
     report = build_report(per_rank, roles={0: "trainer", 1: "trainer", 2: "buffer"},

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -57,43 +58,26 @@ STEP_TIMER_FORMAT = 1
 Clock = Callable[[], float]
 
 
-class _PhaseBlock:
-    """Context manager returned by :meth:`StepTimer.phase`; appends elapsed seconds on exit."""
+class _TimedBlock:
+    """Context manager of :meth:`StepTimer.phase` / :meth:`StepTimer.wait_on`.
 
-    __slots__ = ("_timer", "_name", "_start")
+    On exit (also by an exception) it passes the seconds spent inside to ``done``.
+    """
 
-    def __init__(self, timer: StepTimer, name: str):
-        self._timer = timer
-        self._name = name
+    __slots__ = ("_clock", "_done", "_start")
+
+    def __init__(self, clock: Clock, done: Callable[[float], None]):
+        self._clock = clock
+        self._done = done
         self._start = 0.0
 
-    def __enter__(self) -> _PhaseBlock:
-        self._start = self._timer._clock()
+    def __enter__(self) -> _TimedBlock:
+        self._start = self._clock()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._timer.record(self._name, self._timer._clock() - self._start)
-
-
-class _WaitBlock:
-    """Context manager returned by :meth:`StepTimer.wait_on`; adds blocked seconds on exit."""
-
-    __slots__ = ("_timer", "_peer", "_label", "_start")
-
-    def __init__(self, timer: StepTimer, peer: int, label: str):
-        self._timer = timer
-        self._peer = peer
-        self._label = label
-        self._start = 0.0
-
-    def __enter__(self) -> _WaitBlock:
-        self._start = self._timer._clock()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._timer.record_wait(self._peer, self._label, self._timer._clock() - self._start)
+        self._done(self._clock() - self._start)
 
 
 def _check_name(name: object, what: str) -> str:
@@ -142,33 +126,45 @@ class StepTimer:
 
     # --- recording ----------------------------------------------------------------------
 
-    def phase(self, name: str) -> _PhaseBlock:
+    def phase(self, name: str) -> _TimedBlock:
         """``with timer.phase(name):`` appends the block's seconds to ``phases[name]``.
 
         The time is recorded even when the block raises (the time was spent).
         """
-        return _PhaseBlock(self, _check_name(name, "phase name"))
+        return _TimedBlock(self._clock, partial(self._append, _check_name(name, "phase name")))
 
-    def wait_on(self, peer_rank: int, label: str = "wait") -> _WaitBlock:
+    def wait_on(self, peer_rank: int, label: str = "wait") -> _TimedBlock:
         """``with timer.wait_on(peer, label):`` adds the block's seconds to ``waits[peer][label]``.
 
         Wrap exactly the blocking call (a receive from ``peer``, a send waiting
         for ``peer`` to drain, a sample request served by ``peer``).
         """
-        return _WaitBlock(self, _check_peer(peer_rank), _check_name(label, "wait label"))
+        return _TimedBlock(self._clock, partial(self._add_wait, _check_peer(peer_rank),
+                                                _check_name(label, "wait label")))
 
     def record(self, name: str, seconds: float) -> None:
         """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere)."""
-        self.phases.setdefault(_check_name(name, "phase name"), []).append(
-            _check_seconds(seconds, f"time of phase {name!r}"))
+        self._append(_check_name(name, "phase name"),
+                     _check_seconds(seconds, f"time of phase {name!r}"))
 
     def record_wait(self, peer_rank: int, label: str, seconds: float) -> None:
         """Add ``seconds`` blocked on ``peer_rank`` under ``label`` and count one wait."""
         peer = _check_peer(peer_rank)
-        label = _check_name(label, "wait label")
-        value = _check_seconds(seconds, f"wait on rank {peer}")
+        self._add_wait(peer, _check_name(label, "wait label"),
+                       _check_seconds(seconds, f"wait on rank {peer}"))
+
+    # fast paths for the context managers: arguments were checked when the block was made,
+    # and the clock is monotonic
+    def _append(self, name: str, seconds: float) -> None:
+        times = self.phases.get(name)
+        if times is None:
+            self.phases[name] = [seconds]
+        else:
+            times.append(seconds)
+
+    def _add_wait(self, peer: int, label: str, seconds: float) -> None:
         per_label = self.waits.setdefault(peer, {})
-        per_label[label] = per_label.get(label, 0.0) + value
+        per_label[label] = per_label.get(label, 0.0) + seconds
         counts = self.wait_counts.setdefault(peer, {})
         counts[label] = counts.get(label, 0) + 1
 
