@@ -1,0 +1,215 @@
+"""Ping-pong latency and bandwidth: gflowdist's byte transport vs the raw engines, in one run.
+
+    python benchmarks/transport.py            # full table (MPI and gloo), ~1-2 minutes
+    python benchmarks/transport.py --quick    # a few sizes, seconds
+
+Launches itself under ``mpiexec -n 2`` (MPI part) and as 2 gloo processes
+(torch part). Raw baselines receive into preallocated buffers; gflowdist
+receives with its normal API (a fresh message per call, recycled buffers).
+Round-trip times are medians over many repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIZES = [8, 1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+QUICK = [8, 1024, 1 << 20]
+
+
+def reps_for(size: int) -> int:
+    return max(10, min(2000, int(2e8 // max(size, 1) // 20)))
+
+
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def time_pingpong(rank: int, one_round, reps: int) -> float:
+    for _ in range(min(reps, 20)):  # warm up
+        one_round()
+    samples = []
+    batch = max(1, reps // 20)
+    for _ in range(reps // batch):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            one_round()
+        samples.append((time.perf_counter() - t0) / batch)
+    return _median(samples)
+
+
+def mpi_worker(sizes) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from gflowdist.comm.mpi import MPIComm
+
+    world = MPI.COMM_WORLD
+    raw = world.Dup()
+    comm = MPIComm(world)
+    rank, peer = world.rank, 1 - world.rank
+    results = []
+    for size in sizes:
+        reps = reps_for(size)
+        buf = np.zeros(size, dtype=np.uint8)
+
+        def raw_round():
+            if rank == 0:
+                raw.Send([buf, MPI.BYTE], peer, 0)
+                raw.Recv([buf, MPI.BYTE], peer, 0)
+            else:
+                raw.Recv([buf, MPI.BYTE], peer, 0)
+                raw.Send([buf, MPI.BYTE], peer, 0)
+
+        def ours_round():
+            if rank == 0:
+                comm.send(buf, peer, 0)
+                comm.recv(peer, 0)
+            else:
+                _, got = comm.recv(peer, 0)
+                comm.send(got, peer, 0)
+
+        world.Barrier()
+        t_raw = time_pingpong(rank, raw_round, reps)
+        world.Barrier()
+        t_ours = time_pingpong(rank, ours_round, reps)
+        world.Barrier()
+        results.append({"size": size, "raw": t_raw, "ours": t_ours})
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+
+
+def torch_worker(sizes) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from gflowdist.comm.torch_dist import TorchComm
+
+    dist.init_process_group("gloo")
+    comm = TorchComm()
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    results = []
+    for size in sizes:
+        reps = max(5, reps_for(size) // 4)
+        buf = torch.zeros(size, dtype=torch.uint8)
+
+        def raw_round():
+            if rank == 0:
+                dist.send(buf, peer, tag=7)
+                dist.recv(buf, peer, tag=7)
+            else:
+                dist.recv(buf, peer, tag=7)
+                dist.send(buf, peer, tag=7)
+
+        def ours_round():
+            if rank == 0:
+                comm.send(buf, peer, 0)
+                comm.recv(peer, 0)
+            else:
+                _, got = comm.recv(peer, 0)
+                comm.send(got, peer, 0)
+
+        dist.barrier()
+        t_raw = time_pingpong(rank, raw_round, reps)
+        dist.barrier()
+        t_ours = time_pingpong(rank, ours_round, reps)
+        dist.barrier()
+        results.append({"size": size, "raw": t_raw, "ours": t_ours})
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    comm.free()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parse(output: str):
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"worker printed no result:\n{output}")
+
+
+def run_mpi(sizes):
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, __file__,
+           "--worker", "mpi", "--sizes", ",".join(map(str, sizes))]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
+    return _parse(out.stdout + out.stderr)
+
+
+def run_torch(sizes):
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--sizes", ",".join(map(str, sizes))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, RANK=str(r)), start_new_session=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return _parse(outs[0])
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _fmt_size(n: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def table(name: str, rows) -> str:
+    lines = [f"\n{name}", f"{'size':>8} | {'raw RTT us':>10} | {'ours RTT us':>11} | {'RTT ratio':>9} | "
+             f"{'raw MB/s':>9} | {'ours MB/s':>9} | {'bw % raw':>8}", "-" * 83]
+    for r in rows:
+        bw_raw = 2 * r["size"] / r["raw"] / 1e6
+        bw_ours = 2 * r["size"] / r["ours"] / 1e6
+        lines.append(f"{_fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | {r['ours'] * 1e6:11.1f} | "
+                     f"{r['ours'] / r['raw']:9.2f} | {bw_raw:9.0f} | {bw_ours:9.0f} | {100 * bw_ours / bw_raw:7.0f}%")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few sizes only")
+    parser.add_argument("--worker", choices=["mpi", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--engines", default="mpi,torch", help="comma list of mpi, torch")
+    args = parser.parse_args()
+    if args.worker:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        (mpi_worker if args.worker == "mpi" else torch_worker)(sizes)
+        return 0
+    sizes = QUICK if args.quick else SIZES
+    print(f"ping-pong between 2 ranks on {socket.gethostname()}; RTT = median round trip")
+    engines = args.engines.split(",")
+    if "mpi" in engines:
+        print(table("MPI: gflowdist MPIComm send/recv vs raw mpi4py Send/Recv (preallocated)", run_mpi(sizes)))
+    if "torch" in engines:
+        print(table("gloo: gflowdist TorchComm send/recv vs raw torch.distributed send/recv (preallocated)",
+                    run_torch(sizes)))
+    print("\ntargets: MPI >= 90% of raw bandwidth from 1 MiB, <= 2x raw RTT up to 1 KiB; "
+          "gloo >= 80% of raw bandwidth from 1 MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

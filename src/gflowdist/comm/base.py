@@ -1,0 +1,223 @@
+"""The communicator protocol: one small interface, one class per engine.
+
+Library code receives a :class:`Communicator` and never asks which engine is
+behind it. Three implementations exist:
+
+- :class:`~gflowdist.comm.local.LocalComm`: a world of one (no launcher);
+- :class:`~gflowdist.comm.mpi.MPIComm`: mpi4py (MPICH, Open MPI, ...);
+- :class:`~gflowdist.comm.torch_dist.TorchComm`: torch.distributed (gloo; nccl
+  for CUDA tensor collectives).
+
+Ranks are always ranks *of this communicator*: ``broadcast(x, src=0)`` on a
+sub-group broadcasts from that group's first member on every engine.
+
+Collectives take CPU tensors, CUDA tensors (torch engine: nccl) or numpy
+arrays and work in place where that makes sense. Point-to-point messages are
+bytes: ``send``/``isend`` take anything :func:`~gflowdist.comm.buffers.as_byte_array`
+accepts, ``recv`` returns ``(source, uint8 tensor)``. Messages between one
+pair of ranks on one tag arrive in the order they were sent, whatever their
+size (messages above ``chunk_bytes`` are split and reassembled).
+
+Every blocking call takes ``timeout`` (seconds; None waits forever) and
+raises :class:`~gflowdist.errors.DeadlineError` when it passes. Waiting polls
+with back-off (:class:`~gflowdist.comm.polling.Backoff`), so an idle rank
+sleeps instead of spinning a core.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from abc import ABC, abstractmethod
+from typing import Any, Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from gflowdist.comm.polling import Backoff, poll_until
+
+__all__ = ["ReduceOp", "Communicator", "AsyncSendHandle", "CompletedSend", "MAX_TAG",
+           "check_groups"]
+
+ArrayLike = TypeVar("ArrayLike", torch.Tensor, np.ndarray)
+
+#: Largest user tag. Engines reserve the bits above it for their framing.
+MAX_TAG = (1 << 14) - 1
+
+#: Default size of one wire chunk; larger payloads are split (MPI counts are 32-bit ints).
+DEFAULT_CHUNK_BYTES = 1 << 30
+
+
+class ReduceOp(enum.Enum):
+    """Reductions of :meth:`Communicator.all_reduce`.
+
+    ``AVG`` divides the sum by the size of the communicator it ran on (a
+    sub-group's size on a sub-group, never the world's). It is defined for
+    floating-point data only.
+    """
+
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    AVG = "avg"
+
+
+class AsyncSendHandle(ABC):
+    """A send in flight, returned by :meth:`Communicator.isend`.
+
+    The handle owns the send buffer until the send completes: modifying the
+    data passed to ``isend`` before then is undefined, but dropping your own
+    reference is safe.
+    """
+
+    dst: int
+    tag: int
+    nbytes: int
+
+    @abstractmethod
+    def is_complete(self) -> bool:
+        """True once the buffer may be reused (test without blocking)."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until complete; :class:`DeadlineError` names the destination after ``timeout``."""
+        poll_until(lambda: True if self.is_complete() else None, timeout=timeout,
+                   what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
+                   peer=self.dst)
+
+
+class CompletedSend(AsyncSendHandle):
+    """A send that was complete when it was issued (e.g. loopback)."""
+
+    def __init__(self, dst: int, tag: int, nbytes: int):
+        self.dst, self.tag, self.nbytes = dst, tag, nbytes
+
+    def is_complete(self) -> bool:
+        return True
+
+
+def check_groups(groups: Sequence[Sequence[int]], size: int) -> list[list[int]]:
+    """Validate a split request: disjoint groups of ranks in ``range(size)``."""
+    seen: set[int] = set()
+    out = []
+    for group in groups:
+        members = [int(r) for r in group]
+        if not members:
+            raise ValueError("split: empty group")
+        for r in members:
+            if not 0 <= r < size:
+                raise ValueError(f"split: rank {r} is outside this communicator of size {size}")
+            if r in seen:
+                raise ValueError(f"split: rank {r} appears in more than one group")
+            seen.add(r)
+        out.append(members)
+    return out
+
+
+class Communicator(ABC):
+    """Rank, size, collectives, byte point-to-point and sub-groups of one group of ranks."""
+
+    #: "local", "mpi" or "torch"
+    engine: str = ""
+    rank: int
+    size: int
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def host(self) -> str:
+        """Host name of this process (as the OS reports it)."""
+        return socket.gethostname()
+
+    def world_rank(self, rank: int) -> int:
+        """The world rank of this communicator's ``rank`` (for messages naming a peer)."""
+        return rank
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
+
+    # -- collectives ------------------------------------------------------------
+    @abstractmethod
+    def barrier(self, timeout: float | None = None) -> None:
+        """Wait until every rank of this communicator has entered the barrier."""
+
+    @abstractmethod
+    def all_reduce(self, x: ArrayLike, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True) -> ArrayLike:
+        """Reduce ``x`` over the group. In place (returns ``x``) unless ``inplace=False``."""
+
+    @abstractmethod
+    def all_gather(self, x: ArrayLike) -> list[ArrayLike]:
+        """Every rank's ``x`` (same shape and dtype on every rank), in rank order."""
+
+    @abstractmethod
+    def broadcast(self, x: ArrayLike, src: int = 0) -> ArrayLike:
+        """Overwrite ``x`` on every rank with rank ``src``'s ``x`` (in place); returns ``x``."""
+
+    @abstractmethod
+    def gather(self, x: ArrayLike, dst: int = 0) -> list[ArrayLike] | None:
+        """Every rank's ``x`` in rank order on ``dst``; None on the other ranks."""
+
+    @abstractmethod
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` (any length), in rank order. For small control data."""
+
+    @abstractmethod
+    def split(self, groups: Sequence[Sequence[int]]) -> "Communicator | None":
+        """Collective over this communicator: a sub-communicator per group.
+
+        ``groups`` are disjoint lists of this communicator's ranks, identical on
+        every rank. Returns the communicator of the group holding this rank
+        (ranks renumbered in the listed order), or None when no group does.
+        """
+
+    # -- point to point ---------------------------------------------------------
+    @abstractmethod
+    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
+        """Start sending ``data`` (bytes-like) to ``dst``; returns at once."""
+
+    def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``data`` to ``dst`` and wait until its buffer may be reused."""
+        self.isend(data, dst, tag).wait(timeout)
+
+    @abstractmethod
+    def try_recv(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor] | None:
+        """A waiting message from ``src`` (None: any source) on ``tag``, or None at once."""
+
+    def recv(self, src: int | None = None, tag: int = 0, *,
+             timeout: float | None = None) -> tuple[int, torch.Tensor]:
+        """Receive one message: ``(source rank, uint8 tensor)``.
+
+        Polls with back-off; raises :class:`DeadlineError` after ``timeout``
+        seconds without losing any message (a later call receives it).
+        """
+        self._check_peer(src, "src", allow_none=True)
+        return poll_until(lambda: self.try_recv(src, tag), timeout=timeout,
+                          what=f"receive on tag {tag} from {'any rank' if src is None else f'rank {src}'}",
+                          peer=src, backoff=Backoff())
+
+    # -- lifetime ---------------------------------------------------------------
+    def free(self) -> None:
+        """Release engine resources of this communicator (idempotent)."""
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job now (every rank), with exit status ``code``."""
+        raise SystemExit(code)
+
+    # -- helpers for subclasses -------------------------------------------------
+    def _check_peer(self, peer: int | None, name: str, *, allow_none: bool = False) -> None:
+        if peer is None and allow_none:
+            return
+        if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < self.size:
+            raise ValueError(f"{name}={peer!r} is not a rank of this communicator (size {self.size})")
+
+    @staticmethod
+    def _check_tag(tag: int) -> None:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) <= MAX_TAG:
+            raise ValueError(f"tag must be an int in [0, {MAX_TAG}], got {tag!r}")
+
+
+def require_float_for_avg(x: Any) -> None:
+    """AVG of integer data cannot be in place; refuse before any collective starts."""
+    dtype = x.dtype
+    is_float = dtype.is_floating_point if isinstance(x, torch.Tensor) else np.issubdtype(dtype, np.floating)
+    if not is_float:
+        raise TypeError(f"ReduceOp.AVG needs floating-point data, got {dtype}")

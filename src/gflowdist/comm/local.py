@@ -1,0 +1,77 @@
+"""A world of one: the communicator of a process started without any launcher.
+
+Collectives return the answers a 1-rank job gives (a sum over one rank is the
+value itself), and point-to-point messages to rank 0 loop back through an
+in-process queue, so role loops can be unit-tested in one process. This
+fallback is deliberate: :func:`gflowdist.comm.select.world_comm` only picks it
+when no launcher variables are present, and says so.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp,
+                                 check_groups, require_float_for_avg)
+from gflowdist.comm.buffers import as_byte_array
+
+__all__ = ["LocalComm"]
+
+
+def _copy(x):
+    return x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
+
+
+class LocalComm(Communicator):
+    """Rank 0 of a world of size 1."""
+
+    engine = "local"
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.size = 1
+        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        return None
+
+    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+        if op is ReduceOp.AVG:
+            require_float_for_avg(x)
+        return x if inplace else _copy(x)
+
+    def all_gather(self, x):
+        return [_copy(x)]
+
+    def broadcast(self, x, src: int = 0):
+        self._check_peer(src, "src")
+        return x
+
+    def gather(self, x, dst: int = 0):
+        self._check_peer(dst, "dst")
+        return [_copy(x)]
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        return [bytes(data)]
+
+    def split(self, groups: Sequence[Sequence[int]]) -> "LocalComm | None":
+        groups = check_groups(groups, 1)
+        return LocalComm() if groups else None
+
+    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        payload = torch.from_numpy(as_byte_array(data).copy())
+        self._inbox[tag].append(payload)
+        return CompletedSend(dst, tag, payload.numel())
+
+    def try_recv(self, src: int | None = None, tag: int = 0):
+        self._check_peer(src, "src", allow_none=True)
+        queue = self._inbox.get(tag)
+        if queue:
+            return 0, queue.popleft()
+        return None

@@ -1,0 +1,281 @@
+"""The MPI engine (mpi4py).
+
+Point-to-point framing: a message of at most ``chunk_bytes`` is one MPI
+message on wire tag ``tag << 1``. A larger one is a sequence on wire tag
+``(tag << 1) | 1``: an int64 total length, then the chunks. The receiver
+learns a message's size with a *matched* probe (``Improbe`` + ``Message.Recv``),
+so two threads can never steal each other's message, and probes with
+``ANY_TAG`` so the order of messages from one sender is kept whatever their
+size; messages for other tags found on the way wait in an inbox.
+
+Point-to-point traffic runs on a duplicate of the communicator, so it never
+matches a user's own MPI receives or a collective.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from gflowdist.comm.base import (AsyncSendHandle, Communicator, ReduceOp, check_groups,
+                                 require_float_for_avg)
+from gflowdist.comm.buffers import ReceivePool, as_byte_array
+from gflowdist.comm.polling import Backoff, poll_until
+from gflowdist.comm.staging import like, numpy_view
+from gflowdist.errors import ProtocolError
+
+__all__ = ["MPIComm"]
+
+_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
+_CHUNKED = 1
+
+
+class _MPISendHandle(AsyncSendHandle):
+    __slots__ = ("dst", "tag", "nbytes", "_requests", "_buffers", "_done")
+
+    def __init__(self, dst: int, tag: int, nbytes: int, requests: list, buffers: list):
+        self.dst, self.tag, self.nbytes = dst, tag, nbytes
+        self._requests = requests
+        self._buffers = buffers  # owned until complete
+        self._done = False
+
+    def is_complete(self) -> bool:
+        if not self._done and MPI.Request.Testall(self._requests):
+            self._done = True
+            self._buffers = []
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> None:
+        # Spin about as long as the transfer should take (1 GB/s), then back off.
+        backoff = Backoff(spin_s=0.002 + self.nbytes / 1e9)
+        poll_until(lambda: True if self.is_complete() else None, timeout=timeout,
+                   what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
+                   peer=self.dst, backoff=backoff)
+
+
+class MPIComm(Communicator):
+    """A communicator over an mpi4py ``Comm`` (it is given, never ``COMM_WORLD`` implicitly)."""
+
+    engine = "mpi"
+
+    def __init__(self, comm: "MPI.Comm", *, chunk_bytes: int | None = None,
+                 max_recv_bytes: int | None = None):
+        self._comm = comm
+        self._p2p = comm.Dup()
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        if chunk_bytes is not None:
+            self.chunk_bytes = int(chunk_bytes)
+        #: a chunked message claiming more than this is refused before allocation
+        self.max_recv_bytes = max_recv_bytes
+        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._send_lock = threading.Lock()
+        self._recv_lock = threading.RLock()
+        self._pool = ReceivePool()
+        self._status = MPI.Status()
+        self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
+        self._freed = False
+
+    @property
+    def mpi_comm(self) -> "MPI.Comm":
+        """The underlying mpi4py communicator (for users' own MPI calls)."""
+        return self._comm
+
+    @property
+    def host(self) -> str:
+        return MPI.Get_processor_name()
+
+    def world_rank(self, rank: int) -> int:
+        if self._comm == MPI.COMM_WORLD:
+            return rank
+        return self._comm.Get_group().Translate_ranks([rank], MPI.COMM_WORLD.Get_group())[0]
+
+    # -- collectives ------------------------------------------------------------
+    def barrier(self, timeout: float | None = None) -> None:
+        request = self._comm.Ibarrier()
+        poll_until(lambda: True if request.Test() else None, timeout=timeout, what="barrier")
+
+    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+        if op is ReduceOp.AVG:
+            require_float_for_avg(x)
+        if not inplace:
+            x = x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
+        array, write_back = numpy_view(x)
+        flat = array.reshape(-1)
+        if flat.size:
+            self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+            if op is ReduceOp.AVG:
+                flat /= self.size
+        write_back()
+        return x
+
+    def all_gather(self, x):
+        array, _ = numpy_view(x)
+        out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+        self._comm.Allgather(array.reshape(-1), out.reshape(self.size, -1))
+        return [like(x, out[i]) for i in range(self.size)]
+
+    def broadcast(self, x, src: int = 0):
+        self._check_peer(src, "src")
+        array, write_back = numpy_view(x)
+        if array.size:
+            self._comm.Bcast(array.reshape(-1), root=src)
+        write_back()
+        return x
+
+    def gather(self, x, dst: int = 0):
+        self._check_peer(dst, "dst")
+        array, _ = numpy_view(x)
+        out = np.empty((self.size,) + array.shape, dtype=array.dtype) if self.rank == dst else None
+        self._comm.Gather(array.reshape(-1), None if out is None else out.reshape(self.size, -1), root=dst)
+        return None if out is None else [like(x, out[i]) for i in range(self.size)]
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        payload = np.frombuffer(bytes(data), dtype=np.uint8)
+        sizes = np.empty(self.size, dtype=np.int64)
+        self._comm.Allgather(np.array([payload.size], dtype=np.int64), sizes)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._comm.Allgatherv(payload, [out, sizes.tolist(), offsets.tolist(), MPI.BYTE])
+        return [out[o:o + s].tobytes() for o, s in zip(offsets, sizes)]
+
+    def split(self, groups: Sequence[Sequence[int]]) -> "MPIComm | None":
+        groups = check_groups(groups, self.size)
+        color, key = MPI.UNDEFINED, 0
+        for index, members in enumerate(groups):
+            if self.rank in members:
+                color, key = index, members.index(self.rank)
+        sub = self._comm.Split(color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        return MPIComm(sub, chunk_bytes=self.chunk_bytes, max_recv_bytes=self.max_recv_bytes)
+
+    # -- point to point ---------------------------------------------------------
+    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        payload = as_byte_array(data)
+        nbytes = payload.nbytes
+        wire = tag << 1
+        if nbytes <= self.chunk_bytes:
+            request = self._p2p.Isend([payload, MPI.BYTE], dst, wire)
+            handle = _MPISendHandle(dst, tag, nbytes, [request], [payload])
+        else:
+            header = np.array([nbytes], dtype=np.int64)
+            with self._send_lock:  # the parts of one message must not interleave with another's
+                requests = [self._p2p.Isend([header, MPI.BYTE], dst, wire | _CHUNKED)]
+                for start in range(0, nbytes, self.chunk_bytes):
+                    part = payload[start:start + self.chunk_bytes]
+                    requests.append(self._p2p.Isend([part, MPI.BYTE], dst, wire | _CHUNKED))
+            handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload])
+        if not handle.is_complete():
+            if len(self._in_flight) >= 64:
+                self._in_flight = [h for h in self._in_flight if not h.is_complete()]
+            self._in_flight.append(handle)
+        return handle
+
+    #: messages up to this size go out with a blocking ``Send`` (MPI's eager path: no wait loop)
+    eager_bytes = 64 << 10
+
+    def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        payload = as_byte_array(data)
+        if payload.nbytes <= self.eager_bytes:
+            self._check_peer(dst, "dst")
+            self._check_tag(tag)
+            self._p2p.Send([payload, MPI.BYTE], dst, tag << 1)
+            return
+        self.isend(payload, dst, tag).wait(timeout)
+
+    def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+        found = self.try_recv(src, tag)  # fast path: the message is already here
+        return found if found is not None else super().recv(src, tag, timeout=timeout)
+
+    def try_recv(self, src: int | None = None, tag: int = 0):
+        with self._recv_lock:
+            queued = self._take_queued(src, tag)
+            if queued is not None:
+                return queued
+            source = MPI.ANY_SOURCE if src is None else src
+            while True:
+                message = self._p2p.Improbe(source, MPI.ANY_TAG, self._status)
+                if message is None:
+                    return None
+                sender, wire = self._status.Get_source(), self._status.Get_tag()
+                if wire & _CHUNKED:
+                    payload = self._recv_chunked(message, sender, wire)
+                else:
+                    buffer = self._pool.take(self._status.Get_count(MPI.BYTE))
+                    message.Recv([buffer, MPI.BYTE])
+                    payload = torch.from_numpy(buffer)
+                if wire >> 1 == tag:
+                    return sender, payload
+                self._inbox[wire >> 1].append((sender, payload))
+
+    def _take_queued(self, src: int | None, tag: int):
+        queue = self._inbox.get(tag)
+        if not queue:
+            return None
+        if src is None:
+            return queue.popleft()
+        for index, (sender, payload) in enumerate(queue):
+            if sender == src:
+                del queue[index]
+                return sender, payload
+        return None
+
+    def _recv_chunked(self, message: "MPI.Message", sender: int, wire: int) -> torch.Tensor:
+        header = np.empty(1, dtype=np.int64)
+        if self._status.Get_count(MPI.BYTE) != 8:
+            raise ProtocolError("chunked message without an 8-byte length header", sender=sender)
+        message.Recv([header, MPI.BYTE])
+        total = int(header[0])
+        too_big = self.max_recv_bytes is not None and total > self.max_recv_bytes
+        if total < 0 or too_big:
+            if total > 0:
+                self._discard_chunks(sender, wire, total)
+            limit = f" (limit {self.max_recv_bytes})" if too_big else ""
+            raise ProtocolError(f"chunked message claims {total} bytes{limit}", sender=sender)
+        buffer = self._pool.take(total)
+        offset = 0
+        while offset < total:  # chunk sizes are the sender's: read what each part holds
+            part = self._probe_from(sender, wire)
+            count = self._status.Get_count(MPI.BYTE)
+            if count == 0 or offset + count > total:
+                raise ProtocolError(f"chunk of {count} bytes does not fit the announced {total}",
+                                    sender=sender)
+            part.Recv([buffer[offset:offset + count], MPI.BYTE])
+            offset += count
+        return torch.from_numpy(buffer)
+
+    def _probe_from(self, sender: int, wire: int, timeout: float = 60.0) -> "MPI.Message":
+        return poll_until(lambda: self._p2p.Improbe(sender, wire, self._status), timeout=timeout,
+                          what="next chunk of a chunked message", peer=sender)
+
+    def _discard_chunks(self, sender: int, wire: int, total: int) -> None:
+        """Drain the parts of a refused message so the sender's next message is read cleanly."""
+        scratch = np.empty(min(total, self.chunk_bytes, 1 << 24), dtype=np.uint8)
+        drained = 0
+        while drained < total:
+            part = self._probe_from(sender, wire)
+            count = self._status.Get_count(MPI.BYTE)
+            if count > scratch.size:
+                scratch = np.empty(count, dtype=np.uint8)
+            part.Recv([scratch[:count], MPI.BYTE])
+            drained += max(count, 1)
+
+    # -- lifetime ---------------------------------------------------------------
+    def free(self) -> None:
+        if self._freed or MPI.Is_finalized():
+            return
+        self._freed = True
+        self._p2p.Free()
+        if self._comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+            self._comm.Free()
+
+    def abort(self, code: int = 1) -> None:
+        MPI.COMM_WORLD.Abort(code)

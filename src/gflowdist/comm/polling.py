@@ -1,0 +1,82 @@
+"""Waiting without spinning a core.
+
+MPICH's blocking ``Probe``/``Recv``/``Wait`` busy-poll at 100% CPU; on a
+2-core laptop four such ranks starve each other. Every wait in gflowdist goes
+through :class:`Backoff` instead: it spins for ``spin_s`` seconds (a reply
+that is already on its way is caught within microseconds, which keeps
+ping-pong latency close to raw MPI), then sleeps for intervals that double
+from ``first_sleep_s`` up to ``max_sleep_s``. A rank that waits 3 s uses about
+``spin_s`` of CPU plus one cheap check per ``max_sleep_s``, well under 5% of a
+core.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+from gflowdist.errors import DeadlineError
+
+T = TypeVar("T")
+
+__all__ = ["Backoff", "poll_until", "deadline_after"]
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """Absolute ``time.monotonic()`` deadline for a relative timeout (None: no deadline)."""
+    if timeout is None:
+        return None
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+    return time.monotonic() + timeout
+
+
+class Backoff:
+    """Spin briefly, then sleep with exponentially growing intervals.
+
+    Call :meth:`pause` after every unsuccessful check; :meth:`reset` after
+    progress.
+    """
+
+    __slots__ = ("spin_s", "first_sleep_s", "max_sleep_s", "_spin_until", "_sleep")
+
+    def __init__(self, spin_s: float = 0.002, first_sleep_s: float = 2e-5, max_sleep_s: float = 0.002):
+        if not (spin_s >= 0 and 0 < first_sleep_s <= max_sleep_s):
+            raise ValueError("Backoff needs spin_s >= 0 and 0 < first_sleep_s <= max_sleep_s")
+        self.spin_s = spin_s
+        self.first_sleep_s = first_sleep_s
+        self.max_sleep_s = max_sleep_s
+        self.reset()
+
+    def reset(self) -> None:
+        self._spin_until = time.monotonic() + self.spin_s
+        self._sleep = self.first_sleep_s
+
+    def pause(self, deadline: float | None = None) -> None:
+        """Wait a little; never sleeps past ``deadline``."""
+        now = time.monotonic()
+        if now < self._spin_until:
+            return
+        delay = self._sleep
+        if deadline is not None:
+            delay = min(delay, max(deadline - now, 0.0))
+        time.sleep(delay)
+        self._sleep = min(self._sleep * 2, self.max_sleep_s)
+
+
+def poll_until(check: Callable[[], T | None], *, timeout: float | None, what: str,
+               peer: int | None = None, backoff: Backoff | None = None) -> T:
+    """Call ``check()`` until it returns something other than None.
+
+    Raises :class:`DeadlineError` (naming ``what`` and ``peer``) after
+    ``timeout`` seconds; ``timeout=None`` waits forever.
+    """
+    deadline = deadline_after(timeout)
+    backoff = backoff or Backoff()
+    while True:
+        result = check()
+        if result is not None:
+            return result
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineError(f"{what}: no progress within {timeout:g} s", peer=peer)
+        backoff.pause(deadline)

@@ -1,0 +1,120 @@
+"""Picking the engine once, at start-up.
+
+Order (unless the caller names an engine): an initialised torch.distributed
+process group, else an MPI job of more than one rank (detected from the
+launcher's environment variables, so a plain process never initialises MPI),
+else a world of one. The choice is made once per process and cached;
+:func:`describe_environment` says which launcher variables were seen, so a
+job that silently fell back to a world of one is easy to diagnose.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gflowdist.comm.base import Communicator
+from gflowdist.errors import ConfigError
+
+__all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "reset_world_comm",
+           "describe_environment"]
+
+#: Environment variables by which MPI launchers announce the world size.
+MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
+                      "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+#: Variables whose presence alone means "inside an MPI job".
+MPI_JOB_VARIABLES = ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "HYDRA_CONTROL_FD")
+
+_WORLD: Communicator | None = None
+
+
+def in_mpi_job() -> bool:
+    """True when an MPI launcher started this process (mpiexec, mpirun, srun --mpi)."""
+    if os.environ.get("IN_MPI") == "1":
+        return True
+    return any(name in os.environ for name in MPI_JOB_VARIABLES)
+
+
+def in_torch_job() -> bool:
+    """True when a torch launcher (torchrun, our spawner) set the rendezvous variables."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) \
+        or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launcher_world_size() -> int:
+    """World size announced by the environment (1 when no launcher is seen)."""
+    for name in ("WORLD_SIZE",) + MPI_SIZE_VARIABLES:
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 1
+
+
+def describe_environment() -> str:
+    """One line naming the launcher variables present (for doctor and error messages)."""
+    seen = [name for name in MPI_SIZE_VARIABLES + MPI_JOB_VARIABLES +
+            ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK") if name in os.environ]
+    return "launcher variables: " + (", ".join(seen) if seen else "none (a plain process)")
+
+
+def world_comm(engine: str = "auto") -> Communicator:
+    """The communicator of the whole job, created on first use and cached.
+
+    ``engine``: ``"auto"``, ``"mpi"``, ``"torch"`` or ``"local"``. ``"torch"``
+    initialises the default process group from the environment (``env://``)
+    when nobody has yet.
+    """
+    global _WORLD
+    if _WORLD is not None and (engine == "auto" or engine == _WORLD.engine):
+        return _WORLD
+    if engine not in ("auto", "mpi", "torch", "local"):
+        raise ConfigError(f"unknown engine {engine!r}; expected auto, mpi, torch or local",
+                          key="launch.engine")
+    if engine == "auto":
+        engine = _detect()
+    if engine == "torch":
+        import torch.distributed as dist
+
+        from gflowdist.comm.torch_dist import TorchComm
+
+        if not dist.is_initialized():
+            backend = "nccl" if _cuda_for_local_rank() else "gloo"
+            dist.init_process_group(backend=backend, init_method="env://")
+        _WORLD = TorchComm()
+    elif engine == "mpi":
+        from mpi4py import MPI
+
+        from gflowdist.comm.mpi import MPIComm
+
+        _WORLD = MPIComm(MPI.COMM_WORLD)
+    else:
+        from gflowdist.comm.local import LocalComm
+
+        _WORLD = LocalComm()
+    return _WORLD
+
+
+def reset_world_comm() -> None:
+    """Forget the cached world communicator (tests; after a process group is destroyed)."""
+    global _WORLD
+    _WORLD = None
+
+
+def _detect() -> str:
+    import sys
+
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return "torch"
+    if in_mpi_job():
+        return "mpi"
+    if in_torch_job():
+        return "torch"
+    return "local"
+
+
+def _cuda_for_local_rank() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0

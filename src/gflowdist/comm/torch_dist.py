@@ -1,0 +1,326 @@
+"""The torch.distributed engine (gloo on CPU; nccl for CUDA tensor collectives).
+
+Point-to-point framing: every message is a header — int64 ``[channel tag,
+total bytes, chunk bytes]`` — on wire tag ``HEADER_TAG``, then its payload in
+chunks on ``PAYLOAD_TAG``, both to the same peer. The receiver keeps one
+any-source header receive posted; when a header lands it receives that
+sender's payload right away and files the message under its channel tag.
+Ordering per (sender, channel) therefore rests on the pairwise ordering of
+the transport, not on tags (NCCL ignores tags). Byte traffic always runs on a
+gloo group (created next to an nccl default group when needed), so it works
+whatever backend the job's collectives use.
+
+Gloo reports a point-to-point operation complete only from a blocking
+``wait()`` (``is_completed()`` stays False, and a timed-out wait closes the
+connection), so each communicator runs two daemon threads: a receiver that
+blocks on the posted header receive and files whole messages into the inbox,
+and a send-completion thread that waits on sends in order and marks their
+handles. Callers wait on condition variables, never by polling: an idle rank
+uses no CPU.
+
+torch.distributed creates groups collectively over the *world*, so
+:meth:`TorchComm.split` is available on the world communicator only; build
+all sub-groups from it (as :class:`~gflowdist.context.DistributedContext` does).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gflowdist.comm.base import (AsyncSendHandle, Communicator, ReduceOp, check_groups,
+                                 require_float_for_avg)
+from gflowdist.comm.buffers import ReceivePool, as_byte_array, read_only_tensor
+from gflowdist.errors import DeadlineError, ProtocolError, TransportError
+
+__all__ = ["TorchComm"]
+
+HEADER_TAG = 1 << 20
+PAYLOAD_TAG = HEADER_TAG + 1
+_HEADER_WORDS = 3
+
+_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
+        ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.AVG: dist.ReduceOp.SUM}
+
+
+class _TorchSendHandle(AsyncSendHandle):
+    __slots__ = ("dst", "tag", "nbytes", "_works", "_buffers", "_done", "_error")
+
+    def __init__(self, dst: int, tag: int, nbytes: int, works: list, buffers: list):
+        self.dst, self.tag, self.nbytes = dst, tag, nbytes
+        self._works = works
+        self._buffers = buffers  # owned until complete
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def is_complete(self) -> bool:
+        if self._done.is_set() and self._error is not None:
+            raise TransportError(f"send to rank {self.dst} failed: {self._error}", peer=self.dst)
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done.wait(timeout):
+            raise DeadlineError(f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag}): "
+                                f"not complete within {timeout:g} s", peer=self.dst)
+        self.is_complete()
+
+    def _complete(self) -> None:
+        """Called by the send-completion thread: block until the transport released the buffers."""
+        try:
+            for work in self._works:
+                work.wait()
+        except RuntimeError as exc:  # a failed pair surfaces here; report it to the owner
+            self._error = exc
+        self._buffers = []
+        self._done.set()
+
+
+class TorchComm(Communicator):
+    """A communicator over a torch.distributed process group (None: the default group)."""
+
+    engine = "torch"
+
+    def __init__(self, group: "dist.ProcessGroup | None" = None, *,
+                 p2p_group: "dist.ProcessGroup | None" = None, is_world: bool | None = None,
+                 chunk_bytes: int | None = None, max_recv_bytes: int | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("TorchComm needs an initialised torch.distributed process group")
+        self._group = group
+        self._is_world = group is None if is_world is None else is_world
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.backend = dist.get_backend(group)
+        if p2p_group is None:
+            p2p_group = group if self.backend == "gloo" else dist.new_group(
+                dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
+        self._p2p = p2p_group
+        if chunk_bytes is not None:
+            self.chunk_bytes = int(chunk_bytes)
+        self.max_recv_bytes = max_recv_bytes
+        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._arrived = threading.Condition()  # guards _inbox and _receive_error
+        self._receive_error: BaseException | None = None
+        self._receiver: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._sends: "queue.SimpleQueue[_TorchSendHandle | None]" = queue.SimpleQueue()
+        self._completer: threading.Thread | None = None
+        self._pool = ReceivePool()
+        self._freed = False
+
+    @property
+    def process_group(self) -> "dist.ProcessGroup | None":
+        return self._group
+
+    def world_rank(self, rank: int) -> int:
+        return rank if self._group is None else dist.get_global_rank(self._group, rank)
+
+    # -- collectives ------------------------------------------------------------
+    def _device_for(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "nccl" and x.device.type != "cuda":
+            raise ValueError("this communicator's backend is nccl: collectives need CUDA tensors")
+        return x
+
+    def barrier(self, timeout: float | None = None) -> None:
+        if self.backend == "gloo" and timeout is not None:
+            dist.monitored_barrier(group=self._group, timeout=timedelta(seconds=timeout))
+        else:
+            dist.barrier(group=self._group)
+
+    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+        if op is ReduceOp.AVG:
+            require_float_for_avg(x)
+        is_array = isinstance(x, np.ndarray)
+        if not inplace:
+            x = np.array(x, copy=True) if is_array else x.clone()
+        tensor = torch.from_numpy(x) if is_array else x
+        staged = tensor if tensor.is_contiguous() else tensor.contiguous()
+        dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group)
+        if op is ReduceOp.AVG:
+            staged.div_(self.size)
+        if staged is not tensor:
+            tensor.copy_(staged)
+        return x
+
+    def all_gather(self, x):
+        tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
+        out = [torch.empty_like(tensor) for _ in range(self.size)]
+        dist.all_gather(out, self._device_for(tensor), group=self._group)
+        return [o.numpy() for o in out] if isinstance(x, np.ndarray) else out
+
+    def broadcast(self, x, src: int = 0):
+        self._check_peer(src, "src")
+        tensor = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        staged = tensor if tensor.is_contiguous() else tensor.contiguous()
+        dist.broadcast(self._device_for(staged), group=self._group, group_src=src)
+        if staged is not tensor:
+            tensor.copy_(staged)
+        return x
+
+    def gather(self, x, dst: int = 0):
+        self._check_peer(dst, "dst")
+        tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
+        out = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == dst else None
+        dist.gather(self._device_for(tensor), gather_list=out, group=self._group, group_dst=dst)
+        if out is None:
+            return None
+        return [o.numpy() for o in out] if isinstance(x, np.ndarray) else out
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self._p2p)
+        longest = max(int(s) for s in sizes)
+        padded = torch.zeros(max(longest, 1), dtype=torch.uint8)
+        padded[:payload.numel()] = payload
+        out = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(out, padded, group=self._p2p)
+        return [o[:int(s)].numpy().tobytes() for o, s in zip(out, sizes)]
+
+    def split(self, groups: Sequence[Sequence[int]]) -> "TorchComm | None":
+        if not self._is_world:
+            raise NotImplementedError(
+                "torch.distributed creates process groups collectively over the world: "
+                "split the world communicator, not a sub-group")
+        groups = check_groups(groups, self.size)
+        mine = None
+        for members in groups:  # every rank creates every group, in the same order
+            group = dist.new_group(members)
+            p2p = group if self.backend == "gloo" else dist.new_group(members, backend="gloo")
+            if self.rank in members:
+                mine = (group, p2p)
+        if mine is None:
+            return None
+        return TorchComm(mine[0], p2p_group=mine[1], is_world=False, chunk_bytes=self.chunk_bytes,
+                         max_recv_bytes=self.max_recv_bytes)
+
+    # -- point to point ---------------------------------------------------------
+    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        payload = read_only_tensor(as_byte_array(data))
+        nbytes = payload.numel()
+        header = torch.tensor([tag, nbytes, self.chunk_bytes], dtype=torch.int64)
+        with self._send_lock:  # header and chunks of one message stay together
+            works = [dist.isend(header, group=self._p2p, tag=HEADER_TAG, group_dst=dst)]
+            for start in range(0, nbytes, self.chunk_bytes):
+                works.append(dist.isend(payload[start:start + self.chunk_bytes], group=self._p2p,
+                                        tag=PAYLOAD_TAG, group_dst=dst))
+            handle = _TorchSendHandle(dst, tag, nbytes, works, [header, payload])
+            if self._completer is None:
+                self._completer = threading.Thread(target=self._complete_sends, daemon=True,
+                                                   name=f"gflowdist-send-{self.rank}")
+                self._completer.start()
+            self._sends.put(handle)
+        return handle
+
+    def try_recv(self, src: int | None = None, tag: int = 0):
+        self._check_peer(src, "src", allow_none=True)
+        self._start_receiver()
+        with self._arrived:
+            return self._take_queued(src, tag)
+
+    def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+        self._check_peer(src, "src", allow_none=True)
+        self._start_receiver()
+        found = None
+
+        def ready() -> bool:
+            nonlocal found
+            found = self._take_queued(src, tag)
+            return found is not None
+
+        with self._arrived:
+            if not self._arrived.wait_for(ready, timeout):
+                who = "any rank" if src is None else f"rank {src}"
+                raise DeadlineError(f"receive on tag {tag} from {who}: nothing within {timeout:g} s", peer=src)
+        return found
+
+    def _take_queued(self, src: int | None, tag: int):
+        """Pop the oldest matching message (caller holds ``_arrived``)."""
+        if self._receive_error is not None:
+            error, self._receive_error = self._receive_error, None
+            raise error
+        queue_ = self._inbox.get(tag)
+        if not queue_:
+            return None
+        if src is None:
+            return queue_.popleft()
+        for index, (sender, payload) in enumerate(queue_):
+            if sender == src:
+                del queue_[index]
+                return sender, payload
+        return None
+
+    def _start_receiver(self) -> None:
+        if self._receiver is None:
+            with self._arrived:
+                if self._receiver is None:
+                    self._receiver = threading.Thread(target=self._receive_forever, daemon=True,
+                                                      name=f"gflowdist-recv-{self.rank}")
+                    self._receiver.start()
+
+    def _receive_forever(self) -> None:
+        """Receiver thread: one whole message at a time, filed under its channel tag."""
+        header = torch.empty(_HEADER_WORDS, dtype=torch.int64)
+        while not self._freed:
+            work = dist.irecv(header, group=self._p2p, tag=HEADER_TAG)
+            try:
+                work.wait()
+                sender = self._p2p_to_group_rank(work._source_rank())
+                message = self._receive_payload(sender, header)
+            except (ProtocolError, RuntimeError) as exc:
+                with self._arrived:
+                    self._receive_error = exc if isinstance(exc, ProtocolError) else TransportError(
+                        f"receiving failed: {exc}")
+                    self._arrived.notify_all()
+                if not isinstance(exc, ProtocolError):
+                    return  # the transport itself is broken: stop receiving
+                continue
+            with self._arrived:
+                self._inbox[message[0]].append(message[1:])
+                self._arrived.notify_all()
+
+    def _receive_payload(self, sender: int, header: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+        channel, total, chunk = (int(v) for v in header.tolist())
+        if total < 0 or chunk <= 0 or (self.max_recv_bytes is not None and total > self.max_recv_bytes):
+            raise ProtocolError(f"header claims {total} bytes in chunks of {chunk}", sender=sender)
+        buffer = torch.from_numpy(self._pool.take(total))
+        for start in range(0, total, chunk):
+            dist.recv(buffer[start:start + chunk], group=self._p2p, tag=PAYLOAD_TAG,
+                      group_src=self._group_to_p2p_rank(sender))
+        return channel, sender, buffer
+
+    def _p2p_to_group_rank(self, rank: int) -> int:
+        if self._p2p is self._group:
+            return rank
+        return dist.get_group_rank(self._group, dist.get_global_rank(self._p2p, rank)) \
+            if self._group is not None else dist.get_global_rank(self._p2p, rank)
+
+    def _group_to_p2p_rank(self, rank: int) -> int:
+        if self._p2p is self._group:
+            return rank
+        world = rank if self._group is None else dist.get_global_rank(self._group, rank)
+        return dist.get_group_rank(self._p2p, world)
+
+    def _complete_sends(self) -> None:
+        """Send-completion thread: wait on sends in the order they were issued."""
+        while True:
+            handle = self._sends.get()
+            if handle is None:
+                return
+            handle._complete()
+
+    def free(self) -> None:
+        """Stop the helper threads; a receive still posted is left to the process group's teardown."""
+        if self._freed:
+            return
+        self._freed = True
+        if self._completer is not None:
+            self._sends.put(None)

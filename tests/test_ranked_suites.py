@@ -1,0 +1,26 @@
+"""Run every file of tests/ranked/ under real ranks: mpiexec -n 1, 2, 4 and 2-3 gloo processes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from launching import run_mpi, run_torch
+
+RANKED = sorted(p.name for p in (Path(__file__).parent / "ranked").glob("test_*.py"))
+CONFIGS = [("mpi", 1), ("mpi", 2), ("mpi", 4), ("torch", 2), ("torch", 3)]
+
+
+@pytest.mark.parametrize("suite", RANKED)
+@pytest.mark.parametrize("engine,nprocs", CONFIGS, ids=[f"{e}-{n}" for e, n in CONFIGS])
+def test_ranked_suite(engine, nprocs, suite):
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=90",
+            f"tests/ranked/{suite}"]
+    runner = run_mpi if engine == "mpi" else run_torch
+    result = runner(nprocs, argv, timeout=240, env={"GFLOWDIST_TEST_ENGINE": engine})
+    result.check()
+    summaries = [line for line in result.output.splitlines() if " passed" in line]
+    assert len(summaries) == nprocs, f"expected a pytest summary from each of {nprocs} ranks:\n{result.output}"
+    print(f"{engine} x {nprocs}: {summaries[0].strip()}")
