@@ -181,6 +181,15 @@ def test_json_and_msgpack_round_trip(report: Report) -> None:
     assert Report.from_dict(packed).to_dict() == report.to_dict()
     with pytest.raises(GflowdistError, match="format"):
         Report.from_dict(dict(report.to_dict(), format=0))
+    truncated = report.to_dict()
+    del truncated["waits"]
+    with pytest.raises(GflowdistError, match="malformed.*waits"):
+        Report.from_dict(truncated)
+
+
+def test_bad_timings_name_the_rank() -> None:
+    with pytest.raises(GflowdistError, match="timings of rank 3: .*unknown keys"):
+        build_report({3: {"format": 1, "phase": {}}}, roles={})
 
 
 def test_empty_report_renders() -> None:

@@ -135,6 +135,13 @@ class Report:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
         """Rebuild a report from :meth:`to_dict` output (for example a loaded report.json)."""
+        try:
+            return cls._from_dict(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GflowdistError(f"report data is malformed: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> Report:
         if data.get("format") != REPORT_FORMAT:
             raise GflowdistError(f"report format {data.get('format')!r} is not supported "
                                  f"(expected {REPORT_FORMAT})")
@@ -328,6 +335,13 @@ class Report:
         return SavedReport(tuple(paths), reason)
 
 
+def _timer_of(rank: int, data: Any) -> StepTimer:
+    try:
+        return StepTimer.from_dict(data)
+    except GflowdistError as exc:
+        raise GflowdistError(f"timings of rank {rank}: {exc}") from exc
+
+
 def _ranks(ranks: Sequence[int]) -> str:
     """``"rank 5 has"`` / ``"ranks 5-7 have"``."""
     return f"rank {ranks[0]} has" if len(ranks) == 1 else f"ranks {rank_list(ranks)} have"
@@ -367,7 +381,7 @@ def build_report(
     phase recorded by some trainers but not others lists the others as missing.
     Raises :class:`GflowdistError` on malformed input, naming the rank and key.
     """
-    timers = {r: StepTimer.from_dict(d) for r, d in _by_rank(per_rank, "per_rank").items()}
+    timers = {r: _timer_of(r, d) for r, d in _by_rank(per_rank, "per_rank").items()}
     role_of = {r: str(v) for r, v in _by_rank(roles, "roles").items()}
     host_of = {r: str(v) for r, v in _by_rank(hosts, "hosts").items()}
     ledger_rows = ledger_summary(_by_rank(ledger, "ledger")) if ledger is not None else None
