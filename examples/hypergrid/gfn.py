@@ -72,10 +72,12 @@ class HyperGrid:
         if self.height**self.ndim >= 2**63:
             raise ConfigError(f"height**ndim = {self.height}**{self.ndim} overflows int64 state "
                               "indices", key="height")
-        if not (self.R0 > 0 and self.R1 >= 0 and self.R2 > 0):
-            raise ConfigError(f"need R0 > 0 (log R finite), R1 >= 0 and R2 > 0 (modes = "
-                              f"R >= R0+R1+R2), got R0={self.R0}, R1={self.R1}, R2={self.R2}",
-                              key="R0")
+        if not self.R0 > 0:
+            raise ConfigError(f"must be > 0 so that log R is finite, got {self.R0}", key="R0")
+        if not (self.R1 >= 0 and self.R2 > 0):
+            raise ConfigError(f"need R1 >= 0 and R2 > 0 so that the modes (R >= R0+R1+R2) are the "
+                              f"band; got R1={self.R1}, R2={self.R2}",
+                              key="R1" if self.R2 > 0 else "R2")
 
     @property
     def n_actions(self) -> int:
@@ -132,16 +134,19 @@ class HyperGrid:
         return unravel(torch.arange(self.n_states), self)
 
 
+def _strides(env: HyperGrid) -> torch.Tensor:
+    """``[H**(D-1), ..., H, 1]``: how far the flat index moves per unit of each coordinate."""
+    return env.height ** torch.arange(env.ndim - 1, -1, -1)
+
+
 def state_index(x: torch.Tensor, env: HyperGrid) -> torch.Tensor:
     """Flat index ``sum_d x_d * H**(D-1-d)`` (int64, shape ``x.shape[:-1]``)."""
-    weights = env.height ** torch.arange(env.ndim - 1, -1, -1, device=x.device)
-    return (x * weights).sum(-1)
+    return (x * _strides(env)).sum(-1)
 
 
 def unravel(flat: torch.Tensor, env: HyperGrid) -> torch.Tensor:
     """Inverse of ``state_index``: int64 ``[..., D]``."""
-    weights = env.height ** torch.arange(env.ndim - 1, -1, -1, device=flat.device)
-    return torch.div(flat.unsqueeze(-1), weights, rounding_mode="floor") % env.height
+    return torch.div(flat.unsqueeze(-1), _strides(env), rounding_mode="floor") % env.height
 
 
 def _mlp(n_in: int, hidden: int, n_layers: int, n_out: int) -> nn.Sequential:
@@ -150,6 +155,11 @@ def _mlp(n_in: int, hidden: int, n_layers: int, n_out: int) -> nn.Sequential:
         layers += [nn.Linear(n_in if i == 0 else hidden, hidden), nn.ReLU()]
     layers.append(nn.Linear(hidden if n_layers else n_in, n_out))
     return nn.Sequential(*layers)
+
+
+def _check_same_env(model: HyperGridPolicy, env: HyperGrid) -> None:
+    if model.env != env:
+        raise ConfigError(f"the model was built for {model.env}, not {env}", key="env")
 
 
 class HyperGridPolicy(nn.Module):
@@ -193,6 +203,7 @@ def sample_trajectories(model: HyperGridPolicy, env: HyperGrid, n: int,
     Each step draws from ``(1 - epsilon) * P_F(.|s) + epsilon * Uniform(allowed actions)``.
     The loop runs over time steps (at most ``T``), never over trajectories.
     """
+    _check_same_env(model, env)
     if n < 1:
         raise ConfigError(f"must be >= 1, got {n}", key="n")
     if not 0.0 <= epsilon <= 1.0:
@@ -224,35 +235,36 @@ def sample_trajectories(model: HyperGridPolicy, env: HyperGrid, n: int,
             "log_rewards": env.log_reward(x).float(), "terminal": x}
 
 
-BATCH_SPEC = {  # key -> (dtype, shape with n, T = env.max_actions, D = env.ndim)
-    "states": (torch.int64, "n, T+1, D"), "actions": (torch.int64, "n, T"),
-    "lengths": (torch.int64, "n"), "log_rewards": (torch.float32, "n"),
-    "terminal": (torch.int64, "n, D"),
-}
+def batch_spec(env: HyperGrid, n: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """key -> (dtype, shape) of a batch of ``n`` trajectories (see the module doc)."""
+    T, D = env.max_actions, env.ndim
+    return {"states": (torch.int64, (n, T + 1, D)), "actions": (torch.int64, (n, T)),
+            "lengths": (torch.int64, (n,)), "log_rewards": (torch.float32, (n,)),
+            "terminal": (torch.int64, (n, D))}
 
 
 def check_batch(batch: dict[str, torch.Tensor], env: HyperGrid) -> int:
-    """Check keys, dtypes and shapes against ``BATCH_SPEC``; returns ``n``."""
-    if set(batch) != set(BATCH_SPEC):
-        raise GflowdistError(f"batch keys {sorted(batch)} != {sorted(BATCH_SPEC)}")
-    n = batch["lengths"].shape[0] if batch["lengths"].dim() == 1 else -1
-    T, D = env.max_actions, env.ndim
-    shapes = {"states": (n, T + 1, D), "actions": (n, T), "lengths": (n,),
-              "log_rewards": (n,), "terminal": (n, D)}
-    for key, (dtype, text) in BATCH_SPEC.items():
+    """Check keys, dtypes and shapes against ``batch_spec`` (not the contents); returns ``n``."""
+    lengths = batch.get("lengths")
+    n = lengths.shape[0] if isinstance(lengths, torch.Tensor) and lengths.dim() == 1 else -1
+    spec = batch_spec(env, n)
+    if set(batch) != set(spec):
+        raise GflowdistError(f"batch keys {sorted(batch)} != {sorted(spec)}")
+    for key, (dtype, shape) in spec.items():
         value = batch[key]
         if not isinstance(value, torch.Tensor) or value.dtype != dtype \
-                or tuple(value.shape) != shapes[key]:
+                or tuple(value.shape) != shape:
             got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) \
                 else type(value).__name__
-            raise GflowdistError(f"batch[{key!r}] must be {dtype} [{text}] = {shapes[key]} "
-                                 f"for D={D}, H={env.height}; got {got}")
+            raise GflowdistError(f"batch[{key!r}] must be {dtype} {shape} for D={env.ndim}, "
+                                 f"H={env.height}; got {got}")
     return n
 
 
 def trajectory_log_probs(model: HyperGridPolicy, env: HyperGrid,
                          batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_t log P_F(a_t|s_t), sum_t log P_B(s_t|s_{t+1}))``, each float32 ``[n]``."""
+    _check_same_env(model, env)
     check_batch(batch, env)
     states, actions, lengths = batch["states"], batch["actions"], batch["lengths"]
     T = env.max_actions
@@ -324,13 +336,14 @@ def exact_terminal_distribution(model: HyperGridPolicy, env: HyperGrid) -> torch
     in ``sum_d x_d``; then ``P_T(x) = reach(x) * P_F(stop|x)``. Noise-free, so
     ``l1_distance``'s definition applied to it needs no samples.
     """
+    _check_same_env(model, env)
     xs = env.all_states()
     p = torch.softmax(model.forward_logits(xs), dim=-1).double()
     mask = env.forward_mask(xs)
     reach = torch.zeros(env.n_states, dtype=torch.float64)
     reach[0] = 1.0
     level = xs.sum(-1)
-    strides = env.height ** torch.arange(env.ndim - 1, -1, -1)
+    strides = _strides(env)
     for k in range(env.max_actions - 1):
         at = (level == k).nonzero().squeeze(-1)
         for d in range(env.ndim):
