@@ -11,10 +11,12 @@ from launching import run_mpi, run_torch
 
 RANKED = sorted(p.name for p in (Path(__file__).parent / "ranked").glob("test_*.py"))
 CONFIGS = [("mpi", 1), ("mpi", 2), ("mpi", 4), ("torch", 2), ("torch", 3)]
+#: suites that also run at these extra sizes (the context needs a coordinator and two groups)
+EXTRA = {"test_context.py": [("mpi", 5), ("torch", 4)]}
+CASES = [(e, n, s) for s in RANKED for e, n in CONFIGS + EXTRA.get(s, [])]
 
 
-@pytest.mark.parametrize("suite", RANKED)
-@pytest.mark.parametrize("engine,nprocs", CONFIGS, ids=[f"{e}-{n}" for e, n in CONFIGS])
+@pytest.mark.parametrize("engine,nprocs,suite", CASES, ids=[f"{s[:-3]}-{e}-{n}" for e, n, s in CASES])
 def test_ranked_suite(engine, nprocs, suite):
     argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=90",
             f"tests/ranked/{suite}"]
