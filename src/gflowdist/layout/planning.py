@@ -23,8 +23,10 @@ first ``n mod m`` one larger: ``split(5, 3) = [2, 2, 1]``.
      the buffer. Needs ``B`` a multiple of the ``H`` hosts, every chunk at least
      one client, and client counts over all buffers differing by at most one.
 3. **Trainers in chunks.** Trainers are dealt to the chunks round-robin
-   (chunk 0, 1, ..., B-1, 0, ...), skipping full chunks; within a chunk the
-   first ``t_i`` client ranks are trainers, the rest actors. In block placement
+   (chunk 0, 1, ..., B-1, 0, ...), skipping full chunks; node-local placement
+   deals to the first chunk of every host, then the second of every host, and
+   so on. Within a chunk the first ``t_i`` client ranks are trainers, the rest
+   actors. In block placement
    no chunk is ever full before the deal ends, so ``t_i = split(T, B)[i]``:
    with ``A = 0`` this is exactly torchgfn's rule (W=8, B=3, C=0: trainers
    0,1 -> buffer 2; 3,4 -> 5; 6 -> 7).
@@ -155,20 +157,25 @@ def _check_counts(world_size: int, counts: LayoutCounts, groups: int, rest: str 
 
 @dataclass
 class _Chunk:
-    """Client ranks (ascending) and the buffer rank that serves them (``None``: no buffers)."""
+    """Client ranks (ascending) and the buffer rank that serves them (``None``: no buffers).
+
+    ``deal_key`` orders the trainer deal: ``(chunk index within its host, host index)``,
+    so node-local placement hands trainers to every host before a host's second chunk.
+    """
 
     clients: list[int]
     buffer: int | None
+    deal_key: tuple[int, int]
     trainers: int = field(default=0)
 
 
 def _block_chunks(counts: LayoutCounts) -> list[_Chunk]:
     if counts.buffers == 0:
-        return [_Chunk(list(range(counts.clients)), None)]
+        return [_Chunk(list(range(counts.clients)), None, (0, 0))]
     chunks = []
     start = 0
-    for size in split_evenly(counts.clients, counts.buffers):
-        chunks.append(_Chunk(list(range(start, start + size)), start + size))
+    for index, size in enumerate(split_evenly(counts.clients, counts.buffers)):
+        chunks.append(_Chunk(list(range(start, start + size)), start + size, (index, 0)))
         start += size + 1
     return chunks
 
@@ -187,7 +194,7 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
             f"multiple of the number of hosts ({len(host_order)}: {', '.join(host_order)})")
     per_host = counts.buffers // len(host_order)
     chunks: list[_Chunk] = []
-    for host in host_order:
+    for host_index, host in enumerate(host_order):
         ranks = [rank for rank in range(world_size) if hosts[rank] == host and rank != coordinator]
         if len(ranks) < 2 * per_host:
             raise LayoutError(
@@ -195,9 +202,9 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
                 f"the coordinator, but {_count(per_host, 'buffer')} per host need at least "
                 f"{2 * per_host} (each buffer plus one client)")
         start = 0
-        for size in split_evenly(len(ranks), per_host):
+        for index, size in enumerate(split_evenly(len(ranks), per_host)):
             part = ranks[start:start + size]
-            chunks.append(_Chunk(part[:-1], part[-1]))
+            chunks.append(_Chunk(part[:-1], part[-1], (index, host_index)))
             start += size
     loads = [len(chunk.clients) for chunk in chunks]
     if max(loads) - min(loads) > 1:
@@ -213,10 +220,11 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
 
 
 def _deal_trainers(chunks: list[_Chunk], trainers: int) -> None:
-    """Round-robin over the chunks, skipping full ones (sum of capacities >= trainers)."""
+    """Round-robin over the chunks in deal order, skipping full ones (capacities sum to >= T)."""
+    order = sorted(chunks, key=lambda chunk: chunk.deal_key)
     left = trainers
     while left:
-        for chunk in chunks:
+        for chunk in order:
             if left and chunk.trainers < len(chunk.clients):
                 chunk.trainers += 1
                 left -= 1
@@ -267,7 +275,10 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
     group_of = {rank: index for index, group in enumerate(agent_groups) for rank in group}
     trainer_of = {actor: trainers[index * len(trainers) // len(actors)]
                   for index, actor in enumerate(actors)}
-    actors_of = {trainer: tuple(a for a in actors if trainer_of[a] == trainer) for trainer in trainers}
+    served: dict[int, list[int]] = {trainer: [] for trainer in trainers}
+    for actor in actors:
+        served[trainer_of[actor]].append(actor)
+    actors_of = {trainer: tuple(its_actors) for trainer, its_actors in served.items()}
     return Layout(
         world_size=world_size,
         roles=tuple(role for role in roles if role is not None),
