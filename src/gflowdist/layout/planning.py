@@ -199,8 +199,8 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
         if len(ranks) < 2 * per_host:
             raise LayoutError(
                 f"placement 'node-local': host '{host}' has {_count(len(ranks), 'rank')} besides "
-                f"the coordinator, but {_count(per_host, 'buffer')} per host need at least "
-                f"{2 * per_host} (each buffer plus one client)")
+                f"the coordinator, but placing {_count(per_host, 'buffer')} on each host needs "
+                f"at least {2 * per_host} there (each buffer plus one client)")
         start = 0
         for index, size in enumerate(split_evenly(len(ranks), per_host)):
             part = ranks[start:start + size]
