@@ -1,4 +1,4 @@
-"""Tests of the single-process HyperGrid GFlowNet core (examples/hypergrid/gfn.py, bare.py)."""
+"""Tests of the single-process HyperGrid GFlowNet core (examples/hypergrid/hypergrid_gfn.py, bare.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "hypergrid"))
 
 import bare  # noqa: E402
-import gfn  # noqa: E402
+import hypergrid_gfn as gfn  # noqa: E402
 from gflowdist.errors import ConfigError, GflowdistError  # noqa: E402
 
 SMALL_GRIDS = [(1, 2), (1, 9), (2, 3), (2, 8), (2, 11), (3, 5), (2, 16), (3, 7)]

@@ -7,7 +7,7 @@ Each step samples ``batch_size`` trajectories with the current policy, takes
 one Adam step on the trajectory-balance loss, and records the terminal states.
 Progress lines report the L1 distance of the last ``window`` sampled terminal
 states to the true distribution R/Z (torchgfn's "visited states" validation,
-but summed, see gfn.l1_distance) and, on small grids, the exact L1 of the
+but summed, see hypergrid_gfn.l1_distance) and, on small grids, the exact L1 of the
 model's own terminal distribution. ``train(args)`` returns the metrics, so a
 benchmark can call it.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gfn import (HyperGrid, HyperGridPolicy, count_modes, exact_terminal_distribution,
+from hypergrid_gfn import (HyperGrid, HyperGridPolicy, count_modes, exact_terminal_distribution,
                  l1_distance, modes_mask, sample_trajectories, state_index, tb_loss,
                  true_distribution)
 
