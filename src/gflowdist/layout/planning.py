@@ -224,10 +224,14 @@ def _deal_trainers(chunks: list[_Chunk], trainers: int) -> None:
     order = sorted(chunks, key=lambda chunk: chunk.deal_key)
     left = trainers
     while left:
+        before = left
         for chunk in order:
             if left and chunk.trainers < len(chunk.clients):
                 chunk.trainers += 1
                 left -= 1
+        if left == before:
+            raise LayoutError(f"internal error: {_count(left, 'trainer')} did not fit in the "
+                              f"{sum(len(chunk.clients) for chunk in chunks)} client slots")
 
 
 def _check_hosts(world_size: int, hosts: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -270,6 +274,9 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
         roles[rank] = Role.BUFFER
     if coordinator is not None:
         roles[coordinator] = Role.COORDINATOR
+    unassigned = [rank for rank, role in enumerate(roles) if role is None]
+    if unassigned:
+        raise LayoutError(f"internal error: ranks {unassigned} got no role")
     size = len(trainers) // groups
     agent_groups = tuple(tuple(trainers[index * size:(index + 1) * size]) for index in range(groups))
     group_of = {rank: index for index, group in enumerate(agent_groups) for rank in group}
@@ -281,7 +288,7 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
     actors_of = {trainer: tuple(its_actors) for trainer, its_actors in served.items()}
     return Layout(
         world_size=world_size,
-        roles=tuple(role for role in roles if role is not None),
+        roles=tuple(role for role in roles if role is not None),  # all set, checked above
         trainers=tuple(trainers),
         actors=tuple(actors),
         buffers=tuple(buffers),
