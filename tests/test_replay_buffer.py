@@ -223,8 +223,8 @@ def test_stale_priority_updates_are_skipped():
     applied = buffer.update_priorities(torch.tensor([0, 1]), torch.tensor([9.0, 3.0]),
                                        insert_step=torch.tensor([0, 1]))
     assert applied == 1
-    assert buffer.sampler.priorities[1] == pytest.approx(3.0 + 1e-6)
-    assert buffer.sampler.priorities[0] == pytest.approx(1.0)
+    assert buffer.sampler.scaled[1] == pytest.approx(3.0 + 1e-6)
+    assert buffer.sampler.scaled[0] == pytest.approx(1.0)
     with pytest.raises(TypeError, match="uniform sampler has no priorities"):
         ReplayBuffer.uniform(2).update_priorities(torch.tensor([0]), torch.tensor([1.0]))
 

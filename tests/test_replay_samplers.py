@@ -77,7 +77,7 @@ def test_new_items_get_the_largest_priority_seen():
     sampler.on_write(torch.arange(3))
     sampler.update_priorities(torch.tensor([0, 1]), torch.tensor([5.0, 0.5]))
     sampler.on_write(torch.tensor([2]))
-    assert sampler.priorities[2] == pytest.approx(5.0 + 1e-6)
+    assert sampler.scaled[2] == pytest.approx(5.0 + 1e-6)
 
 
 def test_priority_updates_are_validated():
@@ -146,3 +146,9 @@ def test_sampler_state_round_trip_gives_identical_draws(make):
 def test_loading_another_samplers_state_is_refused():
     with pytest.raises(ConfigError, match="saved with sampler 'fifo'"):
         UniformSampler().load_state_dict(FifoSampler().state_dict())
+
+
+def test_prioritized_checkpoint_with_another_alpha_is_refused():
+    state = prioritized_with([1.0, 2.0], alpha=0.5, beta=0.4).state_dict()
+    with pytest.raises(ConfigError, match="raised to alpha 0.5"):
+        PrioritizedSampler(alpha=0.7).load_state_dict(state)

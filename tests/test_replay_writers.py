@@ -206,3 +206,24 @@ def test_writer_state_round_trip_continues_identically(make):
     a, b = run(writer, storage, [5, 6, 7]), run(restored, restored_storage, [5, 6, 7])
     assert torch.equal(a.indices, b.indices) and a.evicted == b.evicted
     assert stored_ids(storage) == stored_ids(restored_storage)
+
+
+def test_dedup_stays_exact_across_index_merges_and_frees():
+    # 40 batches of 64 keys overflow the index tail (1024 entries) several times
+    rng = torch.Generator().manual_seed(4)
+    storage, writer = TensorStorage(300), DedupWriter("key")
+    next_id = 0
+    for step in range(40):
+        keys = torch.randint(0, 600, (64,), generator=rng).tolist()
+        live_keys = set(storage.get(storage.live_indices())["key"].flatten().tolist()) \
+            if len(storage) else set()
+        ids = list(range(next_id, next_id + 64))
+        next_id += 64
+        result = writer.extend(storage, items(ids, [[k] for k in keys]), None)
+        seen, expected = set(live_keys), []
+        for key in keys:
+            expected.append(key not in seen)
+            seen.add(key)
+        assert result.admitted.tolist() == expected
+        if step % 5 == 4:  # a consumer frees some slots behind the writer's back
+            storage.free(storage.live_indices()[::3])

@@ -23,6 +23,7 @@ callable and raises ``DeadlineError`` at its deadline.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -34,20 +35,14 @@ from gflowdist.replay.samplers import (FifoSampler, PrioritizedSampler, Sampler,
                                        UniformSampler)
 from gflowdist.replay.storage import Batch, TensorStorage
 from gflowdist.replay.writers import (REJECTED_DUPLICATE, REJECTED_LOW_SCORE, DedupWriter,
-                                      KeepHighestWriter, RoundRobinWriter, Writer, take)
+                                      KeepHighestWriter, RoundRobinWriter, Writer)
 
 __all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
 
 STATE_VERSION = 1
 
-# metadata field -> dtype; kept per slot, parallel to the storage.
-_METADATA = {
-    "producer": torch.int64,
-    "seq": torch.int64,
-    "policy_version": torch.int64,
-    "score": torch.float32,
-    "insert_step": torch.int64,
-}
+# int64 metadata, one column each of ReplayBuffer.stamps; the score is kept apart (float32).
+_STAMPS = ("producer", "seq", "policy_version", "insert_step")
 
 
 class RateLimitedError(GflowdistError):
@@ -74,21 +69,22 @@ class AdmitResult:
     admitted_mask: torch.Tensor
 
 
-def _per_item(value: int | torch.Tensor, size: int, name: str, dtype: torch.dtype,
-              consecutive: bool = False) -> torch.Tensor:
-    """Broadcast an int (or, for ``seq``, ``value + arange``) or check a tensor of ``size``."""
+def _fill(column: torch.Tensor, value: int | torch.Tensor, name: str,
+          consecutive: bool = False) -> None:
+    """Write an int (or, if ``consecutive``, ``value + arange``) or a tensor into ``column``."""
+    size = column.numel()
     if isinstance(value, torch.Tensor):
-        value = value.flatten()
         if value.numel() != size:
             raise ValueError(f"{name} has {value.numel()} entries for a batch of {size}")
-        if value.dtype.is_floating_point and dtype != torch.float32:
+        if value.dtype.is_floating_point or value.dtype.is_complex:
             raise ValueError(f"{name} must hold integers, got {value.dtype}")
-        return value.to(dtype)
-    if isinstance(value, bool) or not isinstance(value, int):
+        column.copy_(value.flatten())
+    elif isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int or a tensor of {size} ints, got {value!r}")
-    if consecutive:
-        return torch.arange(value, value + size, dtype=dtype)
-    return torch.full((size,), value, dtype=dtype)
+    elif consecutive:
+        column.copy_(torch.arange(value, value + size))
+    else:
+        column.fill_(value)
 
 
 class ReplayBuffer:
@@ -114,8 +110,8 @@ class ReplayBuffer:
             generator = torch.Generator()
             generator.manual_seed(torch.initial_seed())
         self.generator = generator
-        self.metadata = {name: torch.zeros(storage.capacity, dtype=dtype)
-                         for name, dtype in _METADATA.items()}
+        self.stamps = torch.zeros(storage.capacity, len(_STAMPS), dtype=torch.int64)
+        self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
         self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
                          "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0}
 
@@ -202,6 +198,13 @@ class ReplayBuffer:
         return len(self.storage)
 
     @property
+    def metadata(self) -> dict[str, torch.Tensor]:
+        """Per-slot metadata as views: ``producer``, ``seq``, ``policy_version``,
+        ``insert_step`` (int64) and ``score`` (float32). Free slots hold stale values."""
+        return {**{name: self.stamps[:, column] for column, name in enumerate(_STAMPS)},
+                "score": self.scores}
+
+    @property
     def capacity(self) -> int:
         return self.storage.capacity
 
@@ -222,36 +225,48 @@ class ReplayBuffer:
         if size == 0:
             empty = torch.zeros(0, dtype=torch.int64)
             return AdmitResult(0, 0, 0, 0, 0, empty, empty.bool())
-        stamps = {
-            "producer": _per_item(producer, size, "producer", torch.int64),
-            "seq": _per_item(seq, size, "seq", torch.int64, consecutive=True),
-            "policy_version": _per_item(policy_version, size, "policy_version", torch.int64),
-        }
+        rows = torch.empty(size, len(_STAMPS), dtype=torch.int64)
+        _fill(rows[:, 0], producer, "producer")
+        _fill(rows[:, 1], seq, "seq", consecutive=True)
+        _fill(rows[:, 2], policy_version, "policy_version")
         if scores is not None:
-            scores = _per_item(torch.as_tensor(scores), size, "scores", torch.float32)
+            scores = torch.as_tensor(scores).flatten()
+            if scores.numel() != size:
+                raise ValueError(f"scores has {scores.numel()} entries for a batch of {size}")
+            scores = scores.to(torch.float32)
         if not self.can_insert(size):
             raise RateLimitedError(
                 f"inserting {size} items now breaks the rate limit: "
                 f"{self.rate_limiter.why_insert_blocked(size)}")
         result = self.writer.extend(self.storage, batch, scores)
-        stored = torch.nonzero(result.indices >= 0).flatten()
-        slots = result.indices[stored]
         admitted = int(result.admitted.sum())
-        # insertion step of item k = items admitted before it (in batch order).
-        steps = self.counters["admitted"] + torch.cumsum(result.admitted, 0) - 1
-        stamps["insert_step"] = steps
-        stamps["score"] = (scores if scores is not None
-                           else torch.full((size,), float("nan"), dtype=torch.float32))
-        for name, values in take(stamps, stored).items():
-            self.metadata[name][slots] = values
-        order = torch.argsort(stamps["insert_step"][stored])
-        self.sampler.on_write(slots[order])
+        # insertion step of item k = number of items admitted before it (in batch order)
+        first_step = self.counters["admitted"]
+        if admitted == size:
+            rows[:, 3] = torch.arange(first_step, first_step + size)
+        else:
+            rows[:, 3] = torch.cumsum(result.admitted, 0) + (first_step - 1)
+        stored = result.indices >= 0
+        if admitted == size <= self.capacity:  # every item stored, in batch order
+            slots, stored = result.indices, slice(None)
+        else:
+            stored = torch.nonzero(stored).flatten()
+            slots = result.indices[stored]
+        self.stamps[slots] = rows[stored]
+        if scores is None:
+            self.scores.index_fill_(0, slots, math.nan)
+        else:
+            self.scores[slots] = scores[stored]
+        self.sampler.on_write(slots)
         counts = AdmitResult(size, admitted, result.rejected.get(REJECTED_DUPLICATE, 0),
                              result.rejected.get(REJECTED_LOW_SCORE, 0), result.evicted,
                              result.indices, result.admitted)
-        for name in ("offered", "admitted", "rejected_duplicate", "rejected_low_score",
-                     "evicted"):
-            self.counters[name] += getattr(counts, name)
+        counters = self.counters
+        counters["offered"] += size
+        counters["admitted"] += admitted
+        counters["rejected_duplicate"] += counts.rejected_duplicate
+        counters["rejected_low_score"] += counts.rejected_low_score
+        counters["evicted"] += result.evicted
         if self.rate_limiter is not None:
             self.rate_limiter.record_insert(admitted)
             self.rate_limiter.record_delete(result.evicted)
@@ -298,9 +313,11 @@ class ReplayBuffer:
                                    f"{self.rate_limiter.why_sample_blocked(n)}")
         indices, info = self.sampler.sample(len(self.storage), n, self.generator)
         batch = self.storage.get(indices)
+        rows = self.stamps[indices]
         info = {"indices": indices,
                 "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
-                **{name: values[indices] for name, values in self.metadata.items()}}
+                **{name: rows[:, column] for column, name in enumerate(_STAMPS)},
+                "score": self.scores[indices]}
         self.counters["sampled"] += n
         if self.rate_limiter is not None:
             self.rate_limiter.record_sample(n)
@@ -330,7 +347,7 @@ class ReplayBuffer:
                 raise ValueError(f"{insert_step.numel()} insert steps for "
                                  f"{indices.numel()} indices")
             current = ((indices >= 0) & (indices < self.capacity)
-                       & (self.metadata["insert_step"][indices.clamp(0, self.capacity - 1)]
+                       & (self.stamps[indices.clamp(0, self.capacity - 1), 3]
                           == insert_step))
             indices, priorities = indices[current], priorities[current]
         update(indices, priorities)
@@ -379,8 +396,10 @@ class ReplayBuffer:
         if self.rate_limiter is not None:
             self.rate_limiter.load_state_dict(state["rate_limiter"])
         live = self.storage.live_indices()
-        for name, dtype in _METADATA.items():
-            self.metadata[name] = torch.zeros(self.capacity, dtype=dtype)
-            self.metadata[name][live] = state["metadata"][name].to(dtype)
+        saved = state["metadata"]
+        self.stamps = torch.zeros(self.capacity, len(_STAMPS), dtype=torch.int64)
+        self.stamps[live] = torch.stack([saved[name].to(torch.int64) for name in _STAMPS], 1)
+        self.scores = torch.full((self.capacity,), math.nan, dtype=torch.float32)
+        self.scores[live] = saved["score"].to(torch.float32)
         self.counters = {name: int(state["counters"][name]) for name in self.counters}
         self.generator.set_state(state["generator"])

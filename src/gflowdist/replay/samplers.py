@@ -97,21 +97,23 @@ class UniformSampler(Sampler):
 class PrioritizedSampler(Sampler):
     """Proportional prioritized replay (Schaul et al. 2016), with replacement.
 
-    Each slot ``i`` has a stored priority ``p_i > 0``. A new item gets the
-    largest priority stored so far (``1.0`` before any update), so it is
-    likely to be seen at least once. :meth:`update_priorities` sets
-    ``p_i = priority_i + eps``. Over the ``N = storage_len`` items::
+    Each slot ``i`` has a priority ``p_i > 0``. A new item gets the largest
+    priority seen so far (``1.0`` before any update), so it is likely to be
+    seen at least once. :meth:`update_priorities` sets ``p_i = priority_i +
+    eps``. Over the ``N = storage_len`` items::
 
         P(i) = p_i**alpha / sum_k p_k**alpha
         w_i  = (N * P(i))**(-beta) / max_j (N * P(j))**(-beta)
-             = (p_i / p_min)**(-alpha * beta)
+             = (p_i**alpha / min_j p_j**alpha)**(-beta)
 
     ``w_i`` is in ``info["weights"]``; the max runs over all stored items (not
     just the batch), so weights are comparable across batches and ``<= 1``.
     ``alpha = 0`` is uniform sampling; ``beta = 1`` fully corrects the bias.
 
-    Draws use inverse-CDF sampling on a float64 cumulative sum: ``O(N)`` per
-    call, vectorised, and deterministic for a given generator state.
+    The sampler stores ``p_i**alpha`` (attribute ``scaled``, float64). A draw
+    is inverse-CDF sampling on its cumulative sum: ``O(N)`` to rebuild the
+    sum after priorities changed, then ``O(n log N)`` for ``n`` draws;
+    vectorised, and deterministic for a given generator state.
     """
 
     name = "prioritized"
@@ -129,13 +131,16 @@ class PrioritizedSampler(Sampler):
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.eps = float(eps)
-        self.priorities = torch.zeros(0, dtype=torch.float64)
+        self.scaled = torch.zeros(0, dtype=torch.float64)
         self.max_priority = 1.0
+        self._cdf: torch.Tensor | None = None  # cumulative sum of scaled[:len(_cdf)]
+        self._scaled_min = 1.0
 
     def on_write(self, indices):
         if indices.numel():
-            self.priorities = _grown(self.priorities, int(indices.max()) + 1, 0.0)
-            self.priorities[indices] = self.max_priority
+            self.scaled = _grown(self.scaled, int(indices.max()) + 1, 0.0)
+            self.scaled[indices] = self.max_priority ** self.alpha
+            self._cdf = None
 
     def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         """Set ``p_i = priorities_k + eps`` for ``i = indices[k]``.
@@ -152,37 +157,43 @@ class PrioritizedSampler(Sampler):
         if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
             raise ValueError("priorities must be finite and >= 0 "
                              f"(got min {float(priorities.min())}, max {float(priorities.max())})")
-        if int(indices.min()) < 0 or int(indices.max()) >= self.priorities.numel():
+        if int(indices.min()) < 0 or int(indices.max()) >= self.scaled.numel():
             raise IndexError(f"priority update for a slot that was never written: "
                              f"range [{int(indices.min())}, {int(indices.max())}], "
-                             f"written slots [0, {self.priorities.numel()})")
+                             f"written slots [0, {self.scaled.numel()})")
         stored = priorities + self.eps
-        self.priorities[indices] = stored
+        self.scaled[indices] = stored ** self.alpha
         self.max_priority = max(self.max_priority, float(stored.max()))
+        self._cdf = None
 
     def probabilities(self, storage_len: int) -> torch.Tensor:
         """``P(i)`` for the slots ``[0, storage_len)`` (float64)."""
-        scaled = self.priorities[:storage_len] ** self.alpha
+        scaled = self.scaled[:storage_len]
         return scaled / scaled.sum()
 
     def sample(self, storage_len, n, generator):
         self._check_request(storage_len, n)
-        scaled = self.priorities[:storage_len] ** self.alpha
-        cdf = torch.cumsum(scaled, 0)
-        draws = torch.rand(n, generator=generator, dtype=torch.float64) * cdf[-1]
-        indices = torch.searchsorted(cdf, draws, right=True).clamp_(max=storage_len - 1)
-        p_min = float(self.priorities[:storage_len].min())
-        weights = (self.priorities[indices] / p_min) ** (-self.alpha * self.beta)
+        if self._cdf is None or self._cdf.numel() != storage_len:
+            self._cdf = torch.cumsum(self.scaled[:storage_len], 0)
+            self._scaled_min = float(self.scaled[:storage_len].min())
+        draws = torch.rand(n, generator=generator, dtype=torch.float64) * self._cdf[-1]
+        indices = torch.searchsorted(self._cdf, draws, right=True).clamp_(max=storage_len - 1)
+        weights = (self.scaled[indices] / self._scaled_min) ** (-self.beta)
         return indices, {"weights": weights.to(torch.float32)}
 
     def state_dict(self):
         return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps,
-                "priorities": self.priorities.clone(), "max_priority": self.max_priority}
+                "scaled": self.scaled.clone(), "max_priority": self.max_priority}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.priorities = state["priorities"].to(torch.float64).clone()
+        if state["alpha"] != self.alpha:
+            raise ConfigError(f"checkpoint priorities are stored raised to alpha "
+                              f"{state['alpha']}, this sampler uses {self.alpha}",
+                              key="replay.alpha")
+        self.scaled = state["scaled"].to(torch.float64).clone()
         self.max_priority = float(state["max_priority"])
+        self._cdf = None
 
 
 class FifoSampler(Sampler):

@@ -42,7 +42,7 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
     if not isinstance(batch, Mapping) or not batch:
         raise ItemSchemaError(
             f"a batch must be a non-empty dict of tensors, got {type(batch).__name__}")
-    sizes = {}
+    size = None
     for name, value in batch.items():
         if not isinstance(value, torch.Tensor):
             raise ItemSchemaError(
@@ -50,10 +50,12 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
         if value.dim() == 0:
             raise ItemSchemaError(
                 f"field {name!r} is 0-d; a batch needs a leading batch dimension")
-        sizes[name] = value.shape[0]
-    if len(set(sizes.values())) != 1:
-        raise ItemSchemaError(f"fields disagree on the batch size: {sizes}")
-    return next(iter(sizes.values()))
+        if size is None:
+            size = value.shape[0]
+        elif value.shape[0] != size:
+            sizes = {key: tuple(t.shape[:1]) for key, t in batch.items()}
+            raise ItemSchemaError(f"fields disagree on the batch size: {sizes}")
+    return size
 
 
 def _dtype_from_name(name: str) -> torch.dtype:
@@ -68,20 +70,19 @@ class TensorStorage:
 
     Args:
         capacity: number of slots; the storage never holds more items.
-        device: where the tensors are allocated; batches are copied there.
 
     Layout: field ``f`` lives in ``fields[f]`` of shape ``[capacity, *shape_f]``;
-    ``live[i]`` says whether slot ``i`` holds an item.
+    ``live[i]`` says whether slot ``i`` holds an item. Tensors live in CPU
+    memory: a buffer rank serves its trainers over the wire.
     """
 
-    def __init__(self, capacity: int, *, device: str | torch.device = "cpu"):
+    def __init__(self, capacity: int):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ConfigError(f"must be a positive integer, got {capacity!r}",
                               key="replay.capacity")
         self.capacity = capacity
-        self.device = torch.device(device)
         self.fields: dict[str, torch.Tensor] = {}
-        self.live = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+        self.live = torch.zeros(capacity, dtype=torch.bool)
         self._size = 0
 
     # -- schema ---------------------------------------------------------------
@@ -93,8 +94,7 @@ class TensorStorage:
 
     def _allocate(self, batch: Mapping[str, torch.Tensor]) -> None:
         self.fields = {
-            name: torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype,
-                              device=self.device)
+            name: torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype)
             for name, value in batch.items()
         }
 
@@ -122,11 +122,15 @@ class TensorStorage:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def full(self) -> bool:
+        return self._size == self.capacity
+
     def _check_indices(self, indices: torch.Tensor) -> torch.Tensor:
         if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or (
                 indices.dtype.is_floating_point or indices.dtype == torch.bool):
             raise IndexError("slot indices must be a 1-d integer tensor")
-        indices = indices.to(device=self.device, dtype=torch.int64)
+        indices = indices.to(torch.int64)
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.capacity):
             raise IndexError(
                 f"slot index out of range [0, {self.capacity}): "
@@ -143,16 +147,27 @@ class TensorStorage:
         indices = self._check_indices(indices)
         if indices.numel() != size:
             raise IndexError(f"{indices.numel()} slot indices for a batch of {size}")
-        if size == 0:
-            return
         if torch.unique(indices).numel() != size:
             raise IndexError("slot indices passed to TensorStorage.set must be distinct")
+        self.write(indices, batch)
+
+    def write(self, indices: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> int:
+        """:meth:`set` without its checks, for writers that already made them.
+
+        Preconditions: ``batch`` passed :meth:`check_schema`; ``indices`` is an
+        int64 tensor of distinct in-range slots, one per row. Returns how many
+        of those slots were live before (the items this write evicts).
+        """
+        if indices.numel() == 0:
+            return 0
         if not self.fields:
             self._allocate(batch)
         for name, value in batch.items():
-            self.fields[name][indices] = value.to(self.device)
-        self._size += int((~self.live[indices]).sum())
+            self.fields[name][indices] = value
+        was_live = int(self.live[indices].sum())
+        self._size += indices.numel() - was_live
         self.live[indices] = True
+        return was_live
 
     def get(self, indices: torch.Tensor) -> Batch:
         """Copy the items at ``indices`` out as a batch (repeats allowed).
@@ -197,14 +212,14 @@ class TensorStorage:
                 f"checkpoint holds a storage of capacity {state['capacity']}, "
                 f"this buffer has {self.capacity}", key="replay.capacity")
         self.fields = {}
-        self.live = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
+        self.live = torch.zeros(self.capacity, dtype=torch.bool)
         self._size = 0
         schema = state["schema"]
         if not schema:
             return
         self.fields = {
             name: torch.zeros((self.capacity, *spec["shape"]),
-                              dtype=_dtype_from_name(spec["dtype"]), device=self.device)
+                              dtype=_dtype_from_name(spec["dtype"]))
             for name, spec in schema.items()
         }
         self.set(state["slots"], state["fields"])

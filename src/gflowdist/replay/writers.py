@@ -53,6 +53,11 @@ class WriteResult(NamedTuple):
     rejected: dict[str, int]  # reason -> number of items refused
 
 
+def _nothing_stored(size: int, rejected: dict[str, int]) -> WriteResult:
+    return WriteResult(torch.full((size,), -1, dtype=torch.int64),
+                       torch.zeros(size, dtype=torch.bool), 0, rejected)
+
+
 def take(batch: Mapping[str, torch.Tensor], positions: torch.Tensor | None) -> Batch:
     """The rows ``positions`` of every field (``None`` means all rows, no copy)."""
     if positions is None:
@@ -97,14 +102,17 @@ class RoundRobinWriter(Writer):
     def extend(self, storage, batch, scores):
         size = storage.check_schema(batch)
         capacity = storage.capacity
-        slots = (self.cursor + torch.arange(size)) % capacity
+        slots = torch.arange(self.cursor, self.cursor + size)
+        if self.cursor + size > capacity:
+            slots %= capacity
         self.cursor = (self.cursor + size) % capacity
         overwritten_in_call = max(0, size - capacity)
-        kept = None if overwritten_in_call == 0 else torch.arange(overwritten_in_call, size)
-        written = slots if kept is None else slots[kept]
-        evicted = int(storage.live[written].sum()) + overwritten_in_call
-        storage.set(written, take(batch, kept))
-        slots[:overwritten_in_call] = -1
+        if overwritten_in_call:
+            kept = torch.arange(overwritten_in_call, size)
+            evicted = storage.write(slots[kept], take(batch, kept)) + overwritten_in_call
+            slots[:overwritten_in_call] = -1
+        else:
+            evicted = storage.write(slots, batch)
         return WriteResult(slots, torch.ones(size, dtype=torch.bool), evicted, {})
 
     def state_dict(self):
@@ -135,39 +143,60 @@ class KeepHighestWriter(Writer):
     stay: stored items that fall out are evicted, offered items that do not
     make it are rejected as ``"low_score"``. Ties favour what is already
     stored, then earlier items of the batch; so an offered item must score
-    strictly above the current minimum to displace it. One sort of
-    ``len(storage) + B`` scores per call; no per-item Python loop.
+    strictly above the current minimum to displace it.
+
+    Cost per call with ``B`` offered and ``N`` stored: when the buffer is full
+    and no offered score beats the cached minimum, ``O(B)``; otherwise one
+    ``topk`` of the ``B`` lowest stored scores (``O(N)``) and a sort of
+    ``2B`` candidates (only the ``B`` lowest stored items can be displaced).
     """
 
     name = "keep_highest"
 
     def __init__(self) -> None:
         self.scores = torch.zeros(0, dtype=torch.float64)
+        self._minimum: float | None = None  # min of self.scores while the storage is full
 
     def extend(self, storage, batch, scores):
         size = storage.check_schema(batch)
         scores = _check_scores(scores, size, "KeepHighestWriter")
+        if size == 0:
+            return _nothing_stored(0, {})
         if self.scores.numel() != storage.capacity:
             self.scores = torch.zeros(storage.capacity, dtype=torch.float64)
-        free = torch.nonzero(~storage.live).flatten()
         indices = torch.full((size,), -1, dtype=torch.int64)
+        if storage.full:
+            if self._minimum is None:
+                self._minimum = float(self.scores.min())
+            if float(scores.max()) <= self._minimum:
+                return _nothing_stored(size, {REJECTED_LOW_SCORE: size})
+            free = torch.zeros(0, dtype=torch.int64)
+        else:
+            free = torch.nonzero(~storage.live).flatten()
         if size <= free.numel():
             kept, targets, evicted = None, free[:size], 0
         else:
-            live = storage.live_indices()
-            ranked = torch.sort(torch.cat([self.scores[live], scores]), descending=True,
-                                stable=True).indices[: storage.capacity]
-            stored_kept = torch.zeros(live.numel(), dtype=torch.bool)
-            stored_kept[ranked[ranked < live.numel()]] = True
-            kept = torch.sort(ranked[ranked >= live.numel()] - live.numel()).values
-            displaced = live[~stored_kept]
+            lowest = min(size, len(storage))
+            if storage.full:
+                low_scores, low_slots = torch.topk(self.scores, lowest, largest=False)
+            else:
+                live = storage.live_indices()
+                low_scores, position = torch.topk(self.scores[live], lowest, largest=False)
+                low_slots = live[position]
+            survivors = free.numel() + lowest
+            ranked = torch.sort(torch.cat([low_scores, scores]), descending=True,
+                                stable=True).indices[:survivors]
+            stored_kept = torch.zeros(lowest, dtype=torch.bool)
+            stored_kept[ranked[ranked < lowest]] = True
+            kept = torch.sort(ranked[ranked >= lowest] - lowest).values
+            displaced = low_slots[~stored_kept]
             targets = torch.cat([free, displaced])
             evicted = displaced.numel()
-        if targets.numel():
-            storage.set(targets, take(batch, kept))
-            admitted_positions = slice(None) if kept is None else kept
-            indices[admitted_positions] = targets
-            self.scores[targets] = scores[admitted_positions]
+        storage.write(targets, take(batch, kept))
+        admitted_positions = slice(None) if kept is None else kept
+        indices[admitted_positions] = targets
+        self.scores[targets] = scores[admitted_positions]
+        self._minimum = None
         admitted = indices >= 0
         rejected = size - int(admitted.sum())
         return WriteResult(indices, admitted, evicted,
@@ -179,6 +208,7 @@ class KeepHighestWriter(Writer):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.scores = state["scores"].to(torch.float64).clone()
+        self._minimum = None
 
 
 # splitmix64 constants (Steele, Lea, Flood 2014), as unsigned 64-bit integers.
@@ -230,6 +260,61 @@ def _first_occurrence(values: torch.Tensor) -> torch.Tensor:
     return first[inverse] == positions
 
 
+class _HashIndex:
+    """Which live slot holds a given key hash, without a per-item Python loop.
+
+    Entries are ``(hash, slot)`` pairs: a sorted *main* run (binary search) and
+    an unsorted *tail* of recent inserts (compared all against all). An entry
+    is valid while ``live[slot]`` and ``slot_hash[slot] == hash``, so
+    evictions and frees need no bookkeeping: stale entries just stop
+    matching. When the tail exceeds ``tail_limit`` entries, main and tail are
+    merged and stale entries dropped (one sort, amortised over the inserts).
+    Lookup of ``B`` hashes: ``O(B log N + B * tail_limit)``.
+    """
+
+    def __init__(self, tail_limit: int = 1024):
+        self.tail_limit = tail_limit
+        empty = torch.zeros(0, dtype=torch.int64)
+        self.main_hash, self.main_slot = empty, empty
+        self.tail_hash, self.tail_slot = empty, empty
+
+    @staticmethod
+    def _valid(hashes, slots, live, slot_hash):
+        return live[slots] & (slot_hash[slots] == hashes)
+
+    def contains(self, hashes: torch.Tensor, live: torch.Tensor,
+                 slot_hash: torch.Tensor) -> torch.Tensor:
+        found = torch.zeros(hashes.numel(), dtype=torch.bool)
+        if self.main_hash.numel():
+            position = torch.searchsorted(self.main_hash, hashes).clamp_(
+                max=self.main_hash.numel() - 1)
+            found |= self._valid(self.main_hash[position], self.main_slot[position], live,
+                                 slot_hash) & (self.main_hash[position] == hashes)
+        if self.tail_hash.numel():
+            valid = self._valid(self.tail_hash, self.tail_slot, live, slot_hash)
+            found |= ((hashes[:, None] == self.tail_hash[None, :]) & valid).any(1)
+        return found
+
+    def add(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
+            slot_hash: torch.Tensor) -> None:
+        self.tail_hash = torch.cat([self.tail_hash, hashes])
+        self.tail_slot = torch.cat([self.tail_slot, slots])
+        if self.tail_hash.numel() > self.tail_limit:
+            self.rebuild(torch.cat([self.main_hash, self.tail_hash]),
+                         torch.cat([self.main_slot, self.tail_slot]), live, slot_hash)
+
+    def rebuild(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
+                slot_hash: torch.Tensor) -> None:
+        valid = self._valid(hashes, slots, live, slot_hash)
+        hashes, order = torch.sort(hashes[valid])
+        slots = slots[valid][order]
+        # equal valid hashes can only be the same slot listed twice: keep one
+        first = torch.ones(hashes.numel(), dtype=torch.bool)
+        first[1:] = hashes[1:] != hashes[:-1]
+        self.main_hash, self.main_slot = hashes[first], slots[first]
+        self.tail_hash = self.tail_slot = torch.zeros(0, dtype=torch.int64)
+
+
 class DedupWriter(Writer):
     """Refuse items whose key is already stored; place the rest with ``inner``.
 
@@ -246,7 +331,8 @@ class DedupWriter(Writer):
     multi-word keys (probability about ``2**-64`` per pair). A key counts as
     stored if it was stored before this call, even if this call evicts it; a
     key whose item was consumed (FIFO) or evicted earlier may come back.
-    Membership is one vectorised ``torch.isin`` over the live hashes.
+    Membership uses a vectorised hash index (see ``_HashIndex``): binary
+    search plus a small all-against-all tail, no per-item Python loop.
     """
 
     name = "dedup"
@@ -259,6 +345,7 @@ class DedupWriter(Writer):
         self.key = key
         self.inner = inner if inner is not None else RoundRobinWriter()
         self.slot_hash = torch.zeros(0, dtype=torch.int64)
+        self._index: _HashIndex | None = _HashIndex()
 
     def keys(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if isinstance(self.key, str):
@@ -275,19 +362,28 @@ class DedupWriter(Writer):
         hashes = row_hash(self.keys(batch))
         if hashes.numel() != size:
             raise ValueError(f"the dedup key gave {hashes.numel()} rows for a batch of {size}")
-        fresh = _first_occurrence(hashes) & ~torch.isin(hashes, self.slot_hash[storage.live])
+        if self._index is None:  # after load_state_dict
+            self._index = _HashIndex()
+            self._index.rebuild(self.slot_hash.clone(), torch.arange(storage.capacity),
+                                storage.live, self.slot_hash)
+        fresh = _first_occurrence(hashes) & ~self._index.contains(hashes, storage.live,
+                                                                   self.slot_hash)
         candidates = torch.nonzero(fresh).flatten()
-        all_fresh = candidates.numel() == size
-        positions = None if all_fresh else candidates
-        inner_scores = None if scores is None or all_fresh else torch.as_tensor(scores)[candidates]
-        result = self.inner.extend(storage, take(batch, positions),
-                                   scores if all_fresh else inner_scores)
+        if candidates.numel() == size:
+            result = self.inner.extend(storage, batch, scores)
+        elif candidates.numel() == 0:
+            result = _nothing_stored(0, {})
+        else:
+            sub_scores = None if scores is None else torch.as_tensor(scores)[candidates]
+            result = self.inner.extend(storage, take(batch, candidates), sub_scores)
         indices = torch.full((size,), -1, dtype=torch.int64)
         admitted = torch.zeros(size, dtype=torch.bool)
         indices[candidates] = result.indices
         admitted[candidates] = result.admitted
         stored = indices >= 0
-        self.slot_hash[indices[stored]] = hashes[stored]
+        slots, stored_hashes = indices[stored], hashes[stored]
+        self.slot_hash[slots] = stored_hashes
+        self._index.add(stored_hashes, slots, storage.live, self.slot_hash)
         rejected = dict(result.rejected)
         if size - candidates.numel():
             rejected[REJECTED_DUPLICATE] = size - candidates.numel()
@@ -301,3 +397,4 @@ class DedupWriter(Writer):
         super().load_state_dict(state)
         self.slot_hash = state["slot_hash"].to(torch.int64).clone()
         self.inner.load_state_dict(state["inner"])
+        self._index = None  # rebuilt from slot_hash and the storage at the next extend
