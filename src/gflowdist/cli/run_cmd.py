@@ -1,0 +1,167 @@
+"""``gflowdist run CONFIG [key.path=value ...] [-n N] [--engine mpi|torch] [--resume RUN_DIR]``.
+
+Outside a job, the command re-launches itself on N ranks: under the
+``mpiexec`` next to this Python (MPICH from PyPI), the one named by
+``launch.mpiexec``, or on PATH; with ``--engine torch`` it spawns N gloo
+workers with a rendezvous on a free loopback port. Inside a job (mpiexec,
+srun, torchrun) it just runs. Ctrl-C (SIGINT) or SIGTERM is forwarded to every
+rank: they finish their step, drain, checkpoint and write the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="run a job described by a YAML config",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", help="YAML config (omit with --resume to reuse the run's)")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. run.steps=200")
+    parser.add_argument("-n", "--nprocs", type=int, help="number of ranks (default: launch.nprocs)")
+    parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.set_defaults(handler=run)
+
+
+def _load(args):
+    from gflowdist.config import Config
+    from gflowdist.errors import ConfigError
+
+    overrides = list(args.overrides)
+    config_path = args.config
+    if config_path is not None and "=" in config_path and not Path(config_path).exists():
+        overrides.insert(0, config_path)  # `gflowdist run --resume DIR key=value`
+        config_path = None
+    if config_path is None:
+        if args.resume is None:
+            raise ConfigError("give a config file (or --resume RUN_DIR)", key="CONFIG")
+        config_path = str(Path(args.resume) / "config.yaml")
+        if not Path(config_path).exists():
+            raise ConfigError(f"{config_path} not found: is {args.resume} a gflowdist run directory?",
+                              key="--resume")
+    if args.engine:
+        overrides.append(f"launch.engine={args.engine}")
+    return Config.from_yaml(config_path, overrides=overrides), config_path, overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from gflowdist.comm.select import in_mpi_job, in_torch_job
+
+    config, config_path, overrides = _load(args)
+    if in_mpi_job() or in_torch_job():
+        return _run_here(config, args.resume)
+    nprocs = args.nprocs or config.launch.nprocs
+    argv = ["-m", "gflowdist", "run", config_path, *overrides]
+    if args.resume:
+        argv += ["--resume", args.resume]
+    if nprocs == 1 and config.launch.engine != "torch":
+        return _run_here(config, args.resume)
+    if config.launch.engine == "torch":
+        return _spawn_torch(nprocs, argv)
+    return _launch_mpi(nprocs, argv, config)
+
+
+def _run_here(config, resume) -> int:
+    import gflowdist.runtime.job as job
+
+
+    job.run_job(config, resume_dir=resume)
+    return 0
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def find_mpiexec(configured: str | None) -> str:
+    """``launch.mpiexec``, else the mpiexec next to this Python, else PATH."""
+    from gflowdist.errors import ConfigError
+
+    if configured:
+        return configured
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ConfigError("no mpiexec found next to this Python or on PATH: `pip install mpich` "
+                          "(or set launch.mpiexec to your site's)", key="launch.mpiexec")
+    return found
+
+
+def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
+    cmd = [find_mpiexec(config.launch.mpiexec), "-n", str(nprocs), *config.launch.mpiexec_args,
+           sys.executable, *argv]
+    env = _child_env()
+    env["IN_MPI"] = "1"
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    return _supervise([proc])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_torch(nprocs: int, argv: list[str]) -> int:
+    env = _child_env()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nprocs))
+    procs = []
+    for rank in range(nprocs):
+        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        stdout = None if rank == 0 else subprocess.DEVNULL
+        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=stdout,
+                                      start_new_session=True))
+    return _supervise(procs)
+
+
+def _supervise(procs: list[subprocess.Popen]) -> int:
+    """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest."""
+    interrupted = []
+
+    def forward(signum, _frame):
+        interrupted.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        grace_until = None
+        while any(p.poll() is None for p in procs):
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed and grace_until is None:
+                grace_until = time.monotonic() + 5.0
+            if interrupted and grace_until is None:
+                grace_until = time.monotonic() + 60.0
+            if grace_until is not None and time.monotonic() > grace_until:
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    codes = [p.returncode for p in procs]
+    failed = next((c for c in codes if c != 0), 0)
+    if interrupted and failed in (0, -signal.SIGINT, -signal.SIGTERM):
+        return 130 if interrupted[0] == signal.SIGINT else 143
+    return failed if failed >= 0 else 128 - failed

@@ -1,0 +1,142 @@
+"""The collector: the rank that hears everyone (the coordinator, else rank 0).
+
+It reads the CONTROL channel: heartbeats (liveness), metrics (progress line,
+metrics.jsonl), role summaries, and every rank's final report (ledger,
+timers, staleness). A rank silent for longer than ``faults.peer_timeout_s``
+is declared lost with :class:`~gflowdist.errors.PeerLostError` naming its
+rank, role and host.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from gflowdist.errors import PeerLostError, ProtocolError
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.timing import Throughput, eta_seconds, format_duration
+from gflowdist.transport import MessageType
+
+__all__ = ["Collector"]
+
+
+class Collector:
+    def __init__(self, w: Wiring, *, metrics_file: TextIO | None, on_metrics: Callable | None = None,
+                 on_summary: Callable | None = None, extra_fields: Callable[[], dict] | None = None,
+                 out: TextIO = sys.stdout):
+        self.w = w
+        self.layout = w.context.layout
+        self.others = [r for r in range(w.comm.size) if r != w.rank]
+        now = time.monotonic()
+        self.last_seen = {r: now for r in self.others}
+        self.finals: dict[int, dict] = {}
+        self.latest: dict[int, dict] = {}  # trainer rank -> last metrics
+        self.metrics_file = metrics_file
+        self.on_metrics = on_metrics
+        self.on_summary = on_summary
+        self.extra_fields = extra_fields or (lambda: {})
+        self.out = out
+        self.rate = Throughput()
+        self._last_traj = 0
+        self._last_print = 0.0
+        self._tty = out.isatty()
+        self.protocol_errors = 0
+        self.started = time.monotonic()
+
+    # -- one poll ---------------------------------------------------------------
+    def poll(self, budget: int = 64) -> bool:
+        """Handle up to ``budget`` waiting messages; True if any arrived. Raises PeerLostError."""
+        got = False
+        for _ in range(budget):
+            try:
+                msg = self.w.control.try_recv()
+            except ProtocolError:
+                self.protocol_errors += 1
+                continue
+            if msg is None:
+                break
+            got = True
+            self.last_seen[msg.sender] = time.monotonic()
+            self._handle(msg)
+        self._check_liveness()
+        return got
+
+    def _handle(self, msg) -> None:
+        body = msg.body
+        if msg.type is MessageType.METRICS:
+            self.record_metrics(msg.sender, body)
+        elif msg.type is MessageType.USER and self.on_summary is not None:
+            self.on_summary(msg.sender, body)
+        elif msg.type is MessageType.LEDGER:
+            self.finals[msg.sender] = body
+
+    def record_metrics(self, rank: int, body: dict) -> None:
+        self.latest[rank] = body
+        if self.metrics_file is not None:
+            self.metrics_file.write(json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3),
+                                                **body}) + "\n")
+        if self.on_metrics is not None:
+            self.on_metrics(rank, body.get("step", 0), body)
+
+    def _check_liveness(self) -> None:
+        limit = self.w.config.faults.peer_timeout_s
+        now = time.monotonic()
+        for rank, seen in self.last_seen.items():
+            if rank not in self.finals and now - seen > limit:
+                raise PeerLostError(rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank),
+                                    reason=f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {limit:g})")
+
+    # -- progress -----------------------------------------------------------------
+    def progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        interval = 0.5 if self._tty else 5.0
+        if not force and now - self._last_print < interval:
+            return
+        self._last_print = now
+        if not self.latest:
+            return
+        steps = [m.get("step", 0) + 1 for m in self.latest.values()]
+        traj = sum(m.get("trajectories", 0) for m in self.latest.values())
+        self.rate.update(traj - self._last_traj)
+        self._last_traj = traj
+        total = self.w.config.run.steps
+        step = min(steps)
+        elapsed = now - self.started
+        per_step = elapsed / max(step, 1)
+        fields = {"step": f"{step}/{total}", "traj/s": f"{traj / max(elapsed, 1e-9):.0f}"}
+        means: dict[str, list[float]] = {}
+        for m in self.latest.values():
+            for key, value in m.items():
+                if key not in ("step", "trajectories") and isinstance(value, (int, float)):
+                    means.setdefault(key, []).append(float(value))
+        for key, values in means.items():
+            fields[key] = f"{sum(values) / len(values):.4g}"
+        fields.update(self.extra_fields())
+        fields["eta"] = format_duration(eta_seconds(total - step, 1.0 / per_step if per_step > 0 else 0.0))
+        line = "  ".join(f"{k} {v}" for k, v in fields.items())
+        if self._tty:
+            self.out.write("\r" + line[:200].ljust(100))
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def finish_line(self) -> None:
+        if self._tty:
+            self.out.write("\n")
+            self.out.flush()
+
+    # -- the end ------------------------------------------------------------------
+    def wait_finals(self, poll_sleep: float = 0.005) -> dict[int, dict]:
+        """Collect every other rank's final report (bounded by the liveness check)."""
+        from gflowdist.comm.polling import Backoff
+
+        backoff = Backoff(spin_s=0.0, first_sleep_s=poll_sleep, max_sleep_s=0.02)
+        while len(self.finals) < len(self.others):
+            if not self.poll():
+                self.progress()
+                backoff.pause()
+            else:
+                backoff.reset()
+        return self.finals

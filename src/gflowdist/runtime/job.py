@@ -1,0 +1,256 @@
+"""Running one job on every rank: context, roles, loops, shutdown, ledger check, report.
+
+:func:`run_job` is what ``gflowdist run`` calls inside a job (under mpiexec,
+torchrun or our gloo spawner). On every rank it builds the
+:class:`~gflowdist.context.DistributedContext`, instantiates the configured
+role class, runs that role's loop, drains, checkpoints, and sends its final
+report to the collector (the coordinator, else rank 0), which checks the
+ledger and writes the run directory::
+
+    runs/<name>-<timestamp>/
+      config.yaml  layout.txt  metrics.jsonl  ledger.json  finals.json
+      report.txt  report.json  [report.png]  logs/rank-N.log  checkpoints/gen-K/
+
+Any exception on any rank ends the whole job: the rank prints its traceback
+(naming rank, role and host) and aborts the job (MPI ``Abort``; on the torch
+engine the process exits and the launcher stops the others). A rank silent
+for longer than ``faults.peer_timeout_s`` is reported by the collector as
+lost, by rank, role and host, and the job aborts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import yaml
+
+from gflowdist.comm import world_comm
+from gflowdist.context import DistributedContext
+from gflowdist.errors import GflowdistError, LedgerError, PeerLostError
+from gflowdist.layout import Role
+from gflowdist.runtime import checkpoints, roles
+from gflowdist.runtime.collector import Collector
+from gflowdist.runtime.ledger import Ledger, check_ledgers
+from gflowdist.runtime.loops import run_actor, run_buffer, run_trainer, send_final
+from gflowdist.runtime.wiring import StopFlag, Wiring
+from gflowdist.transport import MessageType
+
+__all__ = ["run_job", "JobResult"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+DEFAULT_CLASSES = {Role.TRAINER: roles.Trainer, Role.ACTOR: roles.Actor, Role.BUFFER: roles.BufferManager,
+                   Role.COORDINATOR: roles.Coordinator}
+
+
+class JobResult(dict):
+    """What the collector returns: run_dir, totals of the ledger, last metrics."""
+
+
+def _agree_run_dir(ctx: DistributedContext, config, resume_dir: str | None) -> Path:
+    if resume_dir is not None:
+        return Path(resume_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    mine = str(Path(config.run.out_dir) / f"{config.run.name}-{stamp}")
+    return Path(ctx.world.all_gather_bytes(mine.encode())[0].decode())
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("gflowdist")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def _make_role(ctx: DistributedContext, config, generator: torch.Generator):
+    cls = config.role_class(ctx.role.value) or DEFAULT_CLASSES[ctx.role]
+    if ctx.role in (Role.TRAINER, Role.ACTOR) and cls.rollout is roles.Actor.rollout:
+        raise GflowdistError(f"roles.{ctx.role.value} is not set: a {ctx.role.value} needs your class with "
+                             f"rollout() (see gflowdist.runtime.roles)")
+    role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx)
+    role.setup()
+    return role
+
+
+def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = sys.stdout) -> JobResult | None:
+    """Run ``config`` on this rank; returns the result on the collector rank, None elsewhere."""
+    from gflowdist.ops.seeds import rank_seed
+
+    world = comm if comm is not None else world_comm(config.launch.engine)
+    stop = StopFlag()
+    stop.install_signal_handlers()
+    ctx = DistributedContext.create(config.layout, comm=world)
+    run_dir = _agree_run_dir(ctx, config, resume_dir)
+    w = Wiring.build(ctx, config, stop)
+    is_collector = world.rank == w.collector
+    if is_collector:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    world.barrier(timeout=60)
+    _setup_logging(run_dir, world.rank)
+    log.info("rank %d role %s host %s", world.rank, ctx.role.value, ctx.host)
+    seed = rank_seed(config.run.seed, world.rank)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        return _run(ctx, config, w, run_dir, resume_dir, generator, out)
+    except PeerLostError as err:
+        _die(world, f"gflowdist: {err}", code=3)
+    except KeyboardInterrupt:
+        _die(world, f"gflowdist: rank {world.rank} interrupted", code=130)
+    except BaseException as err:  # noqa: BLE001 - any failure on any rank ends the whole job
+        where = ctx.describe_rank(world.rank)
+        _die(world, f"gflowdist: {where} failed: {type(err).__name__}: {err}\n{traceback.format_exc()}", code=1)
+    finally:
+        ctx.cleanup()
+    return None
+
+
+def _die(world, message: str, *, code: int) -> None:
+    log.error(message)
+    sys.stderr.write(message.rstrip() + "\n")
+    sys.stderr.flush()
+    if world.size > 1:
+        world.abort(code)
+    raise SystemExit(code)
+
+
+def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> JobResult | None:
+    world = ctx.world
+    is_collector = world.rank == w.collector
+    role = _make_role(ctx, config, generator)
+    state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
+    generation = 0
+    if resume_dir is not None:
+        found = checkpoints.latest_complete(run_dir)
+        if found is None:
+            raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        generation, manifest = found
+        if manifest["world_size"] != world.size:
+            raise GflowdistError(f"--resume {run_dir}: the checkpoint was written by {manifest['world_size']} "
+                                 f"ranks, this job has {world.size}")
+        saved = checkpoints.load_rank(run_dir, generation, world.rank)
+        role.load_state_dict(saved["role"])
+        state.update(saved["runtime"])
+        w.ledger = Ledger.from_dict(saved["ledger"])
+        torch.set_rng_state(saved["torch_rng"])
+        generator.set_state(saved["generator"])
+        generation += 1
+    metrics_file = None
+    collector = None
+    if is_collector:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        (run_dir / "layout.txt").write_text(ctx.layout.describe() + "\n")
+        metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        coordinator = role if ctx.role is Role.COORDINATOR else None
+        collector = Collector(w, metrics_file=metrics_file, out=out,
+                              on_metrics=coordinator.on_metrics if coordinator else None,
+                              on_summary=coordinator.on_summary if coordinator else None,
+                              extra_fields=coordinator.progress_fields if coordinator else None)
+        out.write(f"gflowdist: {ctx.layout.summary()}\ngflowdist: run directory {run_dir}\n")
+        out.flush()
+    replay = None
+    if ctx.role is Role.TRAINER:
+        run_trainer(role, w, state, collector)
+    elif ctx.role is Role.ACTOR:
+        run_actor(role, w, state)
+    elif ctx.role is Role.BUFFER:
+        replay = role.make_buffer()
+        if resume_dir is not None and "replay" in saved:
+            replay.load_state_dict(saved["replay"])
+        state["replay"] = replay
+        run_buffer(role, w, state)
+        state.pop("replay")
+    else:
+        _coordinate(role, w, collector)
+    payload = {"role": role.state_dict(), "runtime": {k: v for k, v in state.items() if k != "staleness"},
+               "ledger": w.ledger.to_dict(), "torch_rng": torch.get_rng_state(), "generator": generator.get_state()}
+    if replay is not None:
+        payload["replay"] = replay.state_dict()
+    checkpoints.save_rank(run_dir, generation, world.rank, payload)
+    staleness = {str(k): v for k, v in state.get("staleness", Counter()).items()}
+    final = send_final(w, ctx.role.value, {"staleness": staleness, "step": state.get("step", 0),
+                                           "summary": role.summary()})
+    if not is_collector:
+        log.info("finished: %s", json.dumps(w.ledger.to_dict()))
+        return None
+    finals = collector.wait_finals()
+    finals[world.rank] = final
+    collector.progress(force=True)
+    collector.finish_line()
+    metrics_file.close()
+    return _conclude(ctx, config, run_dir, generation, finals, collector, stop_reason=w.stop.reason, out=out)
+
+
+def _coordinate(coordinator, w: Wiring, collector: Collector) -> None:
+    """The coordinator's loop: listen, print progress, decide to stop, until every rank reported."""
+    from gflowdist.comm.polling import Backoff
+
+    layout = w.context.layout
+    stop_sent = False
+    backoff = Backoff(spin_s=0.0, first_sleep_s=0.001, max_sleep_s=0.02)
+    while len(collector.finals) < len(collector.others):
+        got = collector.poll()
+        if not stop_sent and (w.stop or coordinator.should_stop()):
+            reason = w.stop.reason or "the coordinator decided to stop"
+            for rank in layout.trainers + layout.actors:
+                w.control.isend(MessageType.CONTROL, {"cmd": "stop", "reason": reason}, rank)
+            stop_sent = True
+        collector.progress()
+        if got:
+            backoff.reset()
+        else:
+            backoff.pause()
+
+
+def _conclude(ctx, config, run_dir: Path, generation: int, finals: dict[int, dict], collector: Collector,
+              *, stop_reason: str, out: TextIO) -> JobResult:
+    from gflowdist.timing import build_report
+
+    layout = ctx.layout
+    checkpoints.write_manifest(run_dir, generation, {
+        "world_size": layout.world_size, "generation": generation, "complete": True,
+        "steps": {str(r): f.get("step", 0) for r, f in finals.items()}})
+    (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
+    ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
+    metrics_rows = []
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        metrics_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    report = build_report(
+        {r: f["timing"] for r, f in finals.items()},
+        roles={r: f["role"] for r, f in finals.items()},
+        hosts={r: f["host"] for r, f in finals.items()},
+        ledger={r: {"produced": l.produced, "sent": l.sent, "received": l.received, "admitted": l.admitted,
+                    "dropped": dict(l.dropped), "in_flight": l.in_flight} for r, l in ledgers.items()},
+        staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
+        metrics=metrics_rows)
+    report.save(run_dir)
+    try:
+        totals = check_ledgers(ledgers)
+        balance = "balanced"
+    except LedgerError as err:
+        (run_dir / "ledger.json").write_text(json.dumps({"balanced": False, "error": str(err)}, indent=1))
+        raise
+    (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "per_rank": {
+        str(r): l.to_dict() for r, l in ledgers.items()}}, indent=1))
+    out.write(report.to_text() + "\n")
+    last = {r: m for r, m in collector.latest.items()}
+    summary = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
+               f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
+               f"{totals['dropped']} dropped, ledger {balance}; run directory {run_dir}")
+    out.write(summary + "\n")
+    out.flush()
+    return JobResult(run_dir=str(run_dir), totals=totals, last_metrics=last, generation=generation,
+                     summaries={r: f.get("summary", {}) for r, f in finals.items()})

@@ -1,0 +1,252 @@
+"""The default event loop of each role (see :mod:`gflowdist.runtime.roles` for the contract)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Mapping
+
+import torch
+
+from gflowdist.comm.polling import Backoff
+from gflowdist.errors import GflowdistError, ProtocolError
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.transport import MessageType
+
+__all__ = ["batch_size", "concat_batches", "run_trainer", "run_actor", "run_buffer", "send_final"]
+
+DONE = {"cmd": "done"}
+
+
+def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
+    """Number of trajectories in a batch (the leading dimension, equal for every field)."""
+    sizes = {int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    if len(sizes) != 1:
+        raise GflowdistError(f"a trajectory batch needs one leading batch dimension, found sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def concat_batches(fresh: Mapping[str, torch.Tensor], replay: Mapping[str, torch.Tensor] | None) -> dict:
+    if not replay:
+        return dict(fresh)
+    return {k: torch.cat([fresh[k], replay[k]]) if k in replay else fresh[k] for k in fresh}
+
+
+def _send_trajectories(w: Wiring, batch: dict, seq: int, version: int, buffer: int) -> int:
+    n = batch_size(batch)
+    w.ledger.produced += n
+    w.data.isend(MessageType.TRAJECTORIES, {"batch": batch, "seq": seq, "version": version, "n": n}, buffer)
+    w.ledger.sent += n
+    return n
+
+
+def _finish_client(w: Wiring, buffer: int | None) -> None:
+    """Drain my sends, then tell my buffer I am done (after my last trajectory, same tag)."""
+    if buffer is not None:
+        w.data.send(MessageType.CONTROL, DONE, buffer)
+    w.data.drain()
+
+
+def _stop_requested(w: Wiring) -> bool:
+    """Check the CONTROL channel for the coordinator's stop (non-collector ranks)."""
+    if w.rank == w.collector:
+        return bool(w.stop)
+    msg = w.control.try_recv(w.collector)
+    while msg is not None:
+        if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "stop":
+            w.stop.set(msg.body.get("reason", "coordinator"))
+        msg = w.control.try_recv(w.collector)
+    return bool(w.stop)
+
+
+def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
+    """The trainer loop; ``state`` holds step, version, seq (and is returned updated)."""
+    from gflowdist.ops.averaging import average_gradients, average_models
+
+    cfg, timer = w.config, w.timer
+    placement = w.context.placement
+    buffer, actors = placement.buffer, placement.actors
+    dp = w.context.comm("DP")
+    replay_n = round(cfg.replay.batch_size * cfg.replay.replay_fraction) if buffer is not None else 0
+    staleness: Counter = state.setdefault("staleness", Counter())
+    version, seq = state["version"], state["seq"]
+    awaiting_reply = False
+    step = state["step"]
+    timeout = cfg.faults.peer_timeout_s
+    while step < cfg.run.steps and not _stop_requested(w):
+        with timer.phase("rollout"):
+            fresh = trainer.rollout(version)
+        if buffer is not None:
+            with timer.phase("send"):
+                seq += _send_trajectories(w, fresh, seq, version, buffer)
+        else:
+            n = batch_size(fresh)
+            w.ledger.produced += n
+            w.ledger.used_locally += n
+            seq += n
+        replay = None
+        if replay_n:
+            if awaiting_reply:
+                with timer.phase("wait_replay"), timer.wait_on(buffer, "replay"):
+                    reply = w.data.recv(buffer, timeout=timeout)
+                if reply.body.get("batch") is not None:
+                    replay = reply.body["batch"]
+                    staleness.update((version - reply.body["versions"]).tolist())
+            w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
+            awaiting_reply = True
+        batch = concat_batches(fresh, replay)
+        with timer.phase("loss"):
+            trainer.optimizer.zero_grad(set_to_none=True)
+            loss = trainer.loss(batch)
+            loss.backward()
+        if cfg.sync.mode == "gradients" and dp is not None and dp.size > 1:
+            with timer.phase("sync"):
+                average_gradients(trainer.model, dp)
+        with timer.phase("optimizer"):
+            trainer.optimizer.step()
+        version += 1
+        if cfg.sync.mode == "models" and dp is not None and dp.size > 1 and version % cfg.sync.every == 0:
+            with timer.phase("sync"):
+                average_models(trainer.model, dp)
+        if actors and version % cfg.sync.weights_to_actors_every == 0:
+            weights = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+            for actor in actors:
+                w.weights.isend(MessageType.WEIGHTS, {"version": version, "state": weights}, actor)
+        if step % cfg.run.log_every == 0 or step == cfg.run.steps - 1:
+            metrics = {"step": step, "loss": float(loss.detach()), "trajectories": seq, **trainer.metrics()}
+            if collector is not None:
+                collector.record_metrics(w.rank, metrics)
+            else:
+                w.report(MessageType.METRICS, metrics)
+        step += 1
+        w.heartbeat(step)
+        if collector is not None:
+            collector.poll()
+            collector.progress()
+    if awaiting_reply:  # the last prefetched reply is read, not left on the wire
+        w.data.recv(buffer, timeout=timeout)
+    for actor in actors:
+        w.weights.isend(MessageType.CONTROL, {"cmd": "stop"}, actor)
+    w.weights.drain()
+    _finish_client(w, buffer)
+    state.update(step=step, version=version, seq=seq)
+    return state
+
+
+def run_actor(actor, w: Wiring, state: dict) -> dict:
+    """The actor loop: apply new weights, roll out, send; until my trainer says stop."""
+    placement = w.context.placement
+    trainer, buffer = placement.trainer, placement.buffer
+    version, seq = state["version"], state["seq"]
+    stopped = False
+    while not stopped and not _stop_requested(w):
+        latest = None
+        msg = w.weights.try_recv(trainer)
+        while msg is not None:
+            if msg.type is MessageType.CONTROL:
+                stopped = True
+            else:
+                latest = msg
+            msg = w.weights.try_recv(trainer)
+        if latest is not None:
+            with w.timer.phase("load_weights"):
+                actor.load_weights(latest.body["state"], latest.body["version"])
+            version = latest.body["version"]
+        if stopped:
+            break
+        with w.timer.phase("rollout"):
+            batch = actor.rollout(version)
+        with w.timer.phase("send"):
+            seq += _send_trajectories(w, batch, seq, version, buffer)
+        w.heartbeat(seq)
+    if not stopped:  # stopped by the coordinator: wait for my trainer's stop so no weights stay on the wire
+        msg = None
+        while msg is None or msg.type is not MessageType.CONTROL:
+            msg = w.weights.recv(trainer, timeout=w.config.faults.peer_timeout_s)
+    _finish_client(w, buffer)
+    state.update(version=version, seq=seq)
+    return state
+
+
+def run_buffer(manager, w: Wiring, state: dict) -> dict:
+    """Serve my clients' inserts and sample requests until every client said done."""
+    cfg, ledger, timer = w.config, w.ledger, w.timer
+    replay = state["replay"]
+    clients = set(w.context.placement.clients)
+    done: set[int] = set()
+    latest_version = state.get("latest_version", 0)
+    backoff = Backoff()
+    last_summary = 0.0
+    while done != clients:
+        try:
+            msg = w.data.try_recv()
+        except ProtocolError:
+            ledger.drop("malformed_messages", 1)
+            continue
+        if msg is None:
+            now = time.monotonic()
+            if now - last_summary > max(cfg.faults.heartbeat_s, 0.5):
+                last_summary = now
+                w.report(MessageType.USER, manager.summary())
+            w.heartbeat(ledger.received, stored=len(replay))
+            with timer.phase("idle"):
+                backoff.pause()
+            continue
+        backoff.reset()
+        if msg.type is MessageType.TRAJECTORIES:
+            with timer.phase("insert"):
+                latest_version = max(latest_version, int(msg.body["version"]))
+                _admit(manager, replay, w, msg, latest_version)
+        elif msg.type is MessageType.SAMPLE_REQUEST:
+            latest_version = max(latest_version, int(msg.body["version"]))
+            with timer.phase("sample"):
+                n = int(msg.body["n"])
+                if replay.can_sample(n):
+                    batch, info = replay.sample(n)
+                    body: dict[str, Any] = {"batch": batch, "versions": info["policy_version"]}
+                else:
+                    body = {"batch": None}
+                w.data.isend(MessageType.SAMPLE_REPLY, body, msg.sender)
+        elif msg.type is MessageType.CONTROL and msg.body.get("cmd") == "done":
+            done.add(msg.sender)
+    w.data.drain()
+    w.report(MessageType.USER, manager.summary())
+    state["latest_version"] = latest_version
+    return state
+
+
+def _admit(manager, replay, w: Wiring, msg, latest_version: int) -> None:
+    from gflowdist.replay.buffer import RateLimitedError
+
+    ledger, cfg = w.ledger, w.config
+    n = int(msg.body["n"])
+    ledger.received += n
+    ledger.received_from[msg.sender] += n
+    version = int(msg.body["version"])
+    if cfg.replay.max_staleness is not None and latest_version - version > cfg.replay.max_staleness:
+        ledger.drop("staleness", n)
+        return
+    batch = msg.body["batch"]
+    try:
+        result = replay.extend(batch, producer=msg.sender, seq=int(msg.body["seq"]), policy_version=version,
+                               scores=manager.score(batch))
+    except RateLimitedError:
+        ledger.drop("rate_limit", n)
+        return
+    ledger.admitted += result.admitted
+    ledger.drop("duplicate", result.rejected_duplicate)
+    ledger.drop("low_score", result.rejected_low_score)
+    ledger.evicted += result.evicted
+    if result.admitted:
+        mask = result.admitted_mask
+        manager.on_admitted({k: v[mask] for k, v in batch.items()})
+
+
+def send_final(w: Wiring, role: str, extra: dict) -> dict:
+    """My final report (ledger, timers, extra) to the collector; returns it."""
+    final = {"role": role, "host": w.context.host, "ledger": w.ledger.to_dict(), "timing": w.timer.to_dict(),
+             "channels": {"data": w.data.stats.to_dict(), "control": w.control.stats.to_dict()}, **extra}
+    if w.rank != w.collector:
+        w.control.send(MessageType.LEDGER, final, w.collector)
+    w.control.drain()
+    return final

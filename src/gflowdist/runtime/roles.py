@@ -1,0 +1,163 @@
+"""The roles users subclass. Write the methods; gflowdist runs the loops.
+
+**Actor** — samples with the current policy::
+
+    class MyActor(Actor):
+        def setup(self):                       # build self.model here
+            self.model = Policy(**self.params)
+        def rollout(self, policy_version):     # -> dict of tensors, batch first
+            return sample(self.model, n=16)
+
+    loop: repeat { apply new weights if any arrived; batch = rollout(v);
+                   isend batch to my buffer (never blocks the next rollout) }
+
+**Trainer** — an actor that also learns::
+
+    class MyTrainer(Trainer):
+        def setup(self):
+            self.model = Policy(**self.params)
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        def rollout(self, policy_version): ...
+        def loss(self, batch):                 # fresh + replayed trajectories
+            return tb_loss(self.model, batch)
+
+    loop, per step: fresh = rollout(v) -> isend fresh to my buffer ->
+      take the replay batch prefetched last step and request the next one ->
+      loss(fresh + replay) -> backward -> average gradients in my agent group
+      -> optimizer step -> v += 1 -> weights to my actors
+
+**BufferManager** — owns a replay buffer, serves its clients::
+
+    class MyBuffer(BufferManager):
+        def score(self, batch):                # priority / keep-highest score
+            return batch["log_rewards"]
+        def on_admitted(self, batch):          # e.g. track discovered modes
+            ...
+        def summary(self):                     # sent to the coordinator
+            return {"modes": len(self.modes)}
+
+**Coordinator** — aggregates what trainers and buffers report::
+
+    class MyCoordinator(Coordinator):
+        def on_summary(self, rank, summary): ...
+        def should_stop(self): return False    # end early (default: trainers finish)
+
+Every role gets ``self.params`` (the config's ``params`` mapping),
+``self.rank``, ``self.config`` and ``self.generator`` (a torch.Generator
+seeded from the run seed and the rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+__all__ = ["Role", "Actor", "Trainer", "BufferManager", "Coordinator"]
+
+
+class Role:
+    """What every role has: identity, parameters and a seeded generator."""
+
+    def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None):
+        self.rank = rank
+        self.config = config
+        self.params: Mapping[str, Any] = dict(config.params) if config is not None else {}
+        self.generator = generator
+        self.context = context
+
+    def setup(self) -> None:
+        """Build models, optimizers, environments. Called once before the loop."""
+
+    def summary(self) -> dict[str, Any]:
+        """Plain values (numbers, strings, lists) sent to the coordinator now and then."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this role (tensors and plain values)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+
+
+class Actor(Role):
+    """Samples trajectories with ``self.model`` (see the module docstring)."""
+
+    model: torch.nn.Module | None = None
+
+    def rollout(self, policy_version: int) -> dict[str, torch.Tensor]:
+        """Sample a batch of trajectories (a dict of tensors with the batch dimension first)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rollout(policy_version)")
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Apply weights sent by my trainer (default: ``self.model.load_state_dict``)."""
+        if self.model is not None:
+            self.model.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict()} if self.model is not None else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.model is not None and "model" in state:
+            self.model.load_state_dict(state["model"])
+
+
+class Trainer(Actor):
+    """Samples and learns; set ``self.model`` and ``self.optimizer`` in :meth:`setup`."""
+
+    optimizer: torch.optim.Optimizer | None = None
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The scalar loss of a batch (fresh and replayed trajectories concatenated)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss(batch)")
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers for the progress line and metrics.jsonl (default: none beyond the loss)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+class BufferManager(Role):
+    """Owns a :class:`~gflowdist.replay.ReplayBuffer` built from the ``replay`` config."""
+
+    def make_buffer(self):
+        """The replay buffer (default: :meth:`ReplayBuffer.from_config` of the replay section)."""
+        from gflowdist.replay import ReplayBuffer
+
+        return ReplayBuffer.from_config(self.config.replay, generator=self.generator)
+
+    def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Per-trajectory scores (priority / keep-highest); default: ``log_rewards`` if present."""
+        return batch.get("log_rewards")
+
+    def on_admitted(self, batch: dict[str, torch.Tensor]) -> None:
+        """Called with the trajectories just admitted (e.g. to track discovered modes)."""
+
+
+class Coordinator(Role):
+    """Aggregates reports; decides when the run ends."""
+
+    def on_metrics(self, rank: int, step: int, metrics: Mapping[str, float]) -> None:
+        """A trainer's metrics at ``step``."""
+
+    def on_summary(self, rank: int, summary: Mapping[str, Any]) -> None:
+        """A role's :meth:`Role.summary` (buffers report what they track)."""
+
+    def progress_fields(self) -> dict[str, Any]:
+        """Extra fields for the progress line (e.g. ``{"modes": "4/4"}``)."""
+        return {}
+
+    def should_stop(self) -> bool:
+        """End the run now (default: never; the run ends when every trainer finished)."""
+        return False

@@ -1,0 +1,107 @@
+"""What the role loops share: channels, tags, the stop flag, heartbeats, the ledger and timers.
+
+Tags of the runtime's channels (all on the world communicator):
+
+- ``DATA``: trajectories client -> buffer, sample requests/replies, and the
+  client's final ``done`` notice (sent after its last trajectory on the same
+  tag, so the buffer has every trajectory when it reads it);
+- ``CONTROL``: heartbeats, metrics, summaries, ``stop`` and the final reports;
+- ``WEIGHTS``: trainer -> its actors (weights with their version, or ``stop``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gflowdist.comm import Communicator
+from gflowdist.runtime.ledger import Ledger
+from gflowdist.timing import StepTimer
+from gflowdist.transport import MessageType
+from gflowdist.transport.channel import Channel
+
+__all__ = ["Tags", "Wiring", "StopFlag"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+
+class Tags:
+    DATA = 1
+    CONTROL = 2
+    WEIGHTS = 3
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM or by the coordinator's ``stop``; every loop checks it each step."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum, _frame):
+            self.set(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Wiring:
+    """Everything a role loop needs besides its role object."""
+
+    comm: Communicator
+    context: Any  # DistributedContext
+    config: Any  # Config
+    data: Channel
+    control: Channel
+    weights: Channel
+    stop: StopFlag
+    collector: int  # rank that gathers reports (coordinator, else 0)
+    ledger: Ledger = field(default_factory=Ledger)
+    timer: StepTimer = field(default_factory=StepTimer)
+    _last_beat: float = 0.0
+
+    @classmethod
+    def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
+        comm = context.world
+        limit = config.faults.max_message_bytes
+        cap = config.replay.max_in_flight
+        timeout = max(config.faults.peer_timeout_s, 1.0)
+        collector = context.layout.coordinator if context.layout.coordinator is not None else 0
+        return cls(comm=comm, context=context, config=config,
+                   data=Channel(comm, Tags.DATA, max_in_flight=cap, max_message_bytes=limit, send_timeout=timeout),
+                   control=Channel(comm, Tags.CONTROL, max_in_flight=64, max_message_bytes=limit,
+                                   send_timeout=timeout),
+                   weights=Channel(comm, Tags.WEIGHTS, max_in_flight=2, max_message_bytes=limit,
+                                   send_timeout=timeout),
+                   stop=stop, collector=collector)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def heartbeat(self, step: int, **extra: Any) -> None:
+        """Tell the collector I am alive (at most once per ``faults.heartbeat_s``)."""
+        now = time.monotonic()
+        if self.rank == self.collector or now - self._last_beat < self.config.faults.heartbeat_s:
+            return
+        self._last_beat = now
+        self.control.isend(MessageType.HEARTBEAT, {"step": step, **extra}, self.collector)
+
+    def report(self, msg_type: MessageType, body: Any) -> None:
+        """Send something to the collector (or keep it, if I am the collector)."""
+        if self.rank != self.collector:
+            self.control.isend(msg_type, body, self.collector)
