@@ -18,7 +18,8 @@ The buffer itself never blocks: :meth:`extend` and :meth:`sample` raise
 :class:`RateLimitedError` when the rate limiter forbids the call. A caller
 (the buffer-manager rank) asks :meth:`can_insert` / :meth:`can_sample`, or
 waits with :meth:`wait_until_can_sample`, which makes progress through a
-callable and raises ``DeadlineError`` at its deadline.
+callable and raises ``DeadlineError`` at its deadline (inserts wait on
+``buffer.rate_limiter.wait_until_can_insert``).
 """
 
 from __future__ import annotations
@@ -286,14 +287,6 @@ class ReplayBuffer:
         wait_until(lambda: self.can_sample(n), what=f"sample {n} items", timeout=timeout,
                    progress=progress, poll_interval=poll_interval,
                    why_blocked=lambda: self._why_sample_blocked(n))
-
-    def wait_until_can_insert(self, n: int, *, timeout: float,
-                              progress: Callable[[], object] | None = None,
-                              poll_interval: float = 0.001) -> None:
-        """Call ``progress`` until :meth:`can_insert`; ``DeadlineError`` after ``timeout`` s."""
-        wait_until(lambda: self.can_insert(n), what=f"insert {n} items", timeout=timeout,
-                   progress=progress, poll_interval=poll_interval,
-                   why_blocked=lambda: self.rate_limiter.why_insert_blocked(n))
 
     def _why_sample_blocked(self, n: int) -> str:
         if not self.sampler.can_sample(len(self.storage), n):

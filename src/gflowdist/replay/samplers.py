@@ -18,11 +18,10 @@ sampler that leaves them out means all ones.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
-
 import torch
 
 from gflowdist.errors import ConfigError, GflowdistError
+from gflowdist.replay.component import Component
 
 __all__ = [
     "FifoSampler",
@@ -46,7 +45,7 @@ def _grown(tensor: torch.Tensor, size: int, fill: float | int | bool) -> torch.T
     return new
 
 
-class Sampler:
+class Sampler(Component):
     """Base class: the protocol every sampler follows.
 
     Attributes:
@@ -54,6 +53,7 @@ class Sampler:
         consumes: True when a sampled item is served once and then removed.
     """
 
+    kind = "sampler"
     name = "sampler"
     consumes = False
 
@@ -73,15 +73,6 @@ class Sampler:
             raise ValueError(f"the number of items to sample must be a positive int, got {n!r}")
         if storage_len <= 0:
             raise InsufficientItemsError(f"cannot sample {n} items from an empty buffer")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ConfigError(
-                f"checkpoint was saved with sampler {state.get('name')!r}, "
-                f"this buffer uses {self.name!r}", key="replay.sampler")
 
 
 class UniformSampler(Sampler):

@@ -151,21 +151,24 @@ class TensorStorage:
             raise IndexError("slot indices passed to TensorStorage.set must be distinct")
         self.write(indices, batch)
 
-    def write(self, indices: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> int:
+    def write(self, indices: torch.Tensor | slice, batch: Mapping[str, torch.Tensor]) -> int:
         """:meth:`set` without its checks, for writers that already made them.
 
         Preconditions: ``batch`` passed :meth:`check_schema`; ``indices`` is an
-        int64 tensor of distinct in-range slots, one per row. Returns how many
-        of those slots were live before (the items this write evicts).
+        int64 tensor of distinct in-range slots, one per row, or a ``slice``
+        ``start:stop`` of the slots (a plain copy, faster for large items).
+        Returns how many of those slots were live before (the items this
+        write evicts).
         """
-        if indices.numel() == 0:
+        count = batch_size(batch)
+        if count == 0:
             return 0
         if not self.fields:
             self._allocate(batch)
         for name, value in batch.items():
             self.fields[name][indices] = value
         was_live = int(self.live[indices].sum())
-        self._size += indices.numel() - was_live
+        self._size += count - was_live
         self.live[indices] = True
         return was_live
 

@@ -22,12 +22,13 @@ freed the live slots are exactly ``[0, len(storage))``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
 
 from gflowdist.errors import ConfigError
+from gflowdist.replay.component import Component
 from gflowdist.replay.storage import Batch, TensorStorage
 
 __all__ = [
@@ -65,23 +66,15 @@ def take(batch: Mapping[str, torch.Tensor], positions: torch.Tensor | None) -> B
     return {name: value[positions] for name, value in batch.items()}
 
 
-class Writer:
+class Writer(Component):
     """Base class: the protocol every writer follows."""
 
+    kind = "writer"
     name = "writer"
 
     def extend(self, storage: TensorStorage, batch: Mapping[str, torch.Tensor],
                scores: torch.Tensor | None) -> WriteResult:
         raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ConfigError(
-                f"checkpoint was saved with writer {state.get('name')!r}, "
-                f"this buffer uses {self.name!r}", key="replay.writer")
 
 
 class RoundRobinWriter(Writer):
@@ -102,17 +95,20 @@ class RoundRobinWriter(Writer):
     def extend(self, storage, batch, scores):
         size = storage.check_schema(batch)
         capacity = storage.capacity
-        slots = torch.arange(self.cursor, self.cursor + size)
-        if self.cursor + size > capacity:
-            slots %= capacity
-        self.cursor = (self.cursor + size) % capacity
+        start = self.cursor
+        slots = torch.arange(start, start + size)
+        self.cursor = (start + size) % capacity
         overwritten_in_call = max(0, size - capacity)
-        if overwritten_in_call:
+        if start + size <= capacity:  # no wrap: one contiguous copy
+            evicted = storage.write(slice(start, start + size), batch)
+        elif overwritten_in_call == 0:
+            slots %= capacity
+            evicted = storage.write(slots, batch)
+        else:
+            slots %= capacity
             kept = torch.arange(overwritten_in_call, size)
             evicted = storage.write(slots[kept], take(batch, kept)) + overwritten_in_call
             slots[:overwritten_in_call] = -1
-        else:
-            evicted = storage.write(slots, batch)
         return WriteResult(slots, torch.ones(size, dtype=torch.bool), evicted, {})
 
     def state_dict(self):
