@@ -1,0 +1,53 @@
+"""Named axes: EvoRL-style names for the groups a collective runs over.
+
+EvoRL (JAX) names mapped axes: ``pmean(x, "DP")`` averages over the
+data-parallel axis. Here an axis name stands for a communicator:
+
+- ``"DP"`` (:data:`DP_AXIS_NAME`): the trainers of one agent group (they
+  average gradients with each other);
+- ``"POP"`` (:data:`POP_AXIS_NAME`): the population axis, across agent groups.
+
+A distributed context binds them (:func:`bind_axis`) when it builds its
+groups. Unbound, both mean the whole world, which is right for a job
+without groups. Any other name must be bound first; a communicator can also
+be passed directly wherever an axis name is accepted.
+"""
+
+from __future__ import annotations
+
+from gflowdist.comm.base import Communicator
+from gflowdist.errors import ConfigError
+from gflowdist.ops.collectives import group_or_world
+
+__all__ = ["DP_AXIS_NAME", "POP_AXIS_NAME", "bind_axis", "unbind_axis", "axis_group"]
+
+DP_AXIS_NAME = "DP"
+POP_AXIS_NAME = "POP"
+
+_AXES: dict[str, Communicator] = {}
+
+
+def bind_axis(name: str, group: Communicator) -> None:
+    """Make axis ``name`` mean ``group`` in this process (replaces an earlier binding)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"axis name must be a non-empty string, got {name!r}")
+    if not isinstance(group, Communicator):
+        raise TypeError(f"bind_axis({name!r}, ...) needs a Communicator, not {type(group).__name__}")
+    _AXES[name] = group
+
+
+def unbind_axis(name: str) -> None:
+    """Forget the binding of ``name`` (DP and POP fall back to the world)."""
+    _AXES.pop(name, None)
+
+
+def axis_group(axis: str | Communicator) -> Communicator:
+    """The communicator behind an axis name (or the communicator itself)."""
+    if isinstance(axis, Communicator):
+        return axis
+    if axis in _AXES:
+        return _AXES[axis]
+    if axis in (DP_AXIS_NAME, POP_AXIS_NAME):
+        return group_or_world(None)
+    raise ConfigError(f"unknown axis {axis!r}: bind it with gflowdist.ops.axes.bind_axis(name, group) "
+                      f"(bound: {sorted(_AXES) or 'none'}; DP and POP default to the world)", key="axis_name")
