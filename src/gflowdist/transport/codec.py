@@ -70,6 +70,7 @@ _MAX_SEQ = (1 << 64) - 1
 _MAX_RANK = (1 << 31) - 1
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, struct.error, msgpack.UnpackException)
 _local = threading.local()
+_UINT8 = np.dtype(np.uint8)
 
 
 class _FramesNotFlagged(Exception):
@@ -133,13 +134,11 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
         return out
     data_start = align(header_end)
     total = data_start + writer.end
-    # One allocation, 63 spare bytes so the message (and so every frame) starts on a 64-byte boundary.
-    raw = np.empty(total + 63, np.uint8)
-    shift = -raw.__array_interface__["data"][0] % 64
-    out = raw[shift:shift + total]
+    out = np.empty(total, np.uint8)
     _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, FLAG_FRAMES, header_len, total)
-    memoryview(out)[PREFIX_BYTES:header_end] = header
-    out[header_end:data_start] = 0
+    view = memoryview(out)
+    view[PREFIX_BYTES:header_end] = header
+    view[header_end:data_start] = bytes(data_start - header_end)
     writer.write(out, data_start)
     return out
 
@@ -147,6 +146,8 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
 def _byte_view(buf: Any, sender: int) -> tuple[memoryview, bool]:
     """``buf`` as a flat uint8 memoryview and whether it is writable."""
     kind = type(buf)
+    if kind is np.ndarray and buf.dtype is _UINT8 and buf.ndim == 1 and buf.flags.c_contiguous:
+        return memoryview(buf), buf.flags.writeable
     if kind is bytes:
         return memoryview(buf), False
     if kind is bytearray:
@@ -219,8 +220,7 @@ def decode(buf: Any, *, sender: int, max_message_bytes: int = DEFAULT_MAX_MESSAG
                             f"{total - PREFIX_BYTES} bytes after the prefix", sender=sender)
     if flags:
         data_start = align(header_end)
-        reader = FrameReader(view, data_start, total - data_start, sender=sender, copy=copy, writable=writable,
-                             max_bytes=max_message_bytes)
+        reader = FrameReader(view, data_start, total - data_start, sender, copy, writable, max_message_bytes)
         ext_hook = reader
     else:
         if header_end != total:

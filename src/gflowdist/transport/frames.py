@@ -23,6 +23,7 @@ frame are all errors, and the layout needs no frame table of its own.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from gflowdist.errors import ProtocolError
-from gflowdist.transport.dtypes import BY_CODE, WireDtype, row_for_numpy, row_for_torch
+from gflowdist.transport.dtypes import BY_CODE, WIRE_DTYPES, WireDtype, row_for_numpy, row_for_torch
 from gflowdist.transport.values import EncodeError
 
 __all__ = [
@@ -46,10 +47,18 @@ EXT_NUMPY = 1
 EXT_TORCH = 2
 
 _REF_HEAD = struct.Struct("<BBQ")
-_SHAPES = tuple(struct.Struct(f"<{ndim}q") for ndim in range(MAX_NDIM + 1))
+_REFS = tuple(struct.Struct(f"<BBQ{ndim}q") for ndim in range(MAX_NDIM + 1))
+_READ_REFS = tuple(struct.Struct(f"<BBQ{ndim}Q") for ndim in range(MAX_NDIM + 1))  # see _check_extent
 #: Longest ext data an array reference can have (ndim = MAX_NDIM).
 MAX_REF_BYTES = _REF_HEAD.size + 8 * MAX_NDIM
 _ZEROS = bytes(FRAME_ALIGNMENT)
+_NUMPY_ROWS = {row.numpy: row for row in WIRE_DTYPES if row.numpy is not None}
+
+
+def _new_ext(code: int, data: bytes) -> msgpack.ExtType:
+    """``msgpack.ExtType(code, data)`` without its Python-level type checks (a third of a microsecond
+    per array); ExtType is a namedtuple and both fields are already an int and bytes here."""
+    return tuple.__new__(msgpack.ExtType, (code, data))
 
 
 def align(n: int) -> int:
@@ -71,27 +80,26 @@ class FrameWriter:
         self.end = 0
 
     def __call__(self, value: Any) -> Any:
+        if type(value) is np.ndarray:  # the common case first: a plain array of a native wire dtype
+            row = _NUMPY_ROWS.get(value.dtype)
+            if row is not None:
+                return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes)
         if isinstance(value, np.ndarray):
-            return self._reference(EXT_NUMPY, self._numpy_source(value))
+            if isinstance(value, np.ma.MaskedArray):
+                raise EncodeError("a numpy masked array cannot travel (its mask would be lost); "
+                                  "send .data and .mask as two arrays")
+            row = row_for_numpy(value.dtype)
+            if row is None:
+                raise EncodeError(f"numpy dtype {value.dtype} cannot travel; supported: "
+                                  "bool, uint8, int8, int16, int32, int64, float16, float32, float64")
+            return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes)
         if isinstance(value, torch.Tensor):
-            return self._reference(EXT_TORCH, self._torch_source(value))
+            return self._tensor_reference(value)
         if isinstance(value, np.generic):
             return value.item()
         raise EncodeError(f"a {type(value).__qualname__} cannot travel")
 
-    @staticmethod
-    def _numpy_source(array: np.ndarray) -> tuple[Any, WireDtype, tuple[int, ...]]:
-        if isinstance(array, np.ma.MaskedArray):
-            raise EncodeError("a numpy masked array cannot travel (its mask would be lost); "
-                              "send .data and .mask as two arrays")
-        row = row_for_numpy(array.dtype)
-        if row is None:
-            raise EncodeError(f"numpy dtype {array.dtype} cannot travel; supported: "
-                              "bool, uint8, int8, int16, int32, int64, float16, float32, float64")
-        return array, row, array.shape
-
-    @staticmethod
-    def _torch_source(tensor: torch.Tensor) -> tuple[Any, WireDtype, tuple[int, ...]]:
+    def _tensor_reference(self, tensor: torch.Tensor) -> msgpack.ExtType:
         if tensor.layout != torch.strided:
             raise EncodeError(f"a torch tensor with layout {tensor.layout} cannot travel; "
                               "convert it with .to_dense()")
@@ -102,32 +110,32 @@ class FrameWriter:
         if tensor.requires_grad:
             tensor = tensor.detach()
         shape = tuple(tensor.shape)
-        if tensor.device.type != "cpu":
-            return tensor, row, shape  # copied device -> message buffer by torch, still once
+        nbytes = tensor.numel() * row.itemsize
+        if not tensor.is_cpu:
+            return self._reference(EXT_TORCH, tensor, row, shape, nbytes)  # torch copies device -> message once
         if row.numpy is None:
             tensor = tensor.view(row.torch_storage)
-        return tensor.numpy(), row, shape
+        return self._reference(EXT_TORCH, tensor.numpy(), row, shape, nbytes)
 
-    def _reference(self, ext_code: int, source: tuple[Any, WireDtype, tuple[int, ...]]) -> msgpack.ExtType:
-        data, row, shape = source
+    def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...],
+                   nbytes: int) -> msgpack.ExtType:
         ndim = len(shape)
         if ndim > MAX_NDIM:
             raise EncodeError(f"an array with {ndim} dimensions cannot travel (at most {MAX_NDIM})")
-        nbytes = row.itemsize
-        for dim in shape:
-            nbytes *= dim
-        offset = align(self.end) if self.frames else 0
+        offset = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.frames else 0
         self.frames.append((data, row, shape, offset, nbytes))
         self.end = offset + nbytes
-        return msgpack.ExtType(ext_code, _REF_HEAD.pack(row.code, ndim, offset) + _SHAPES[ndim].pack(*shape))
+        return _new_ext(ext_code, _REFS[ndim].pack(row.code, ndim, offset, *shape))
 
     def write(self, out: np.ndarray, data_start: int) -> None:
         """Copy every frame into ``out`` (a uint8 buffer) at ``data_start + offset``; zero the padding."""
+        zero_fill = memoryview(out)
         previous_end = data_start
         for data, row, shape, offset, nbytes in self.frames:
             start = data_start + offset
-            out[previous_end:start] = 0
-            target = out[start:start + nbytes].view(row.storage).reshape(shape)
+            if start != previous_end:
+                zero_fill[previous_end:start] = _ZEROS[:start - previous_end]
+            target = np.ndarray(shape, row.storage, out, start)
             if isinstance(data, np.ndarray):
                 np.copyto(target, data, casting="equiv")
             else:
@@ -149,7 +157,7 @@ class FrameReader:
 
     __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end")
 
-    def __init__(self, buffer: memoryview, data_start: int, data_len: int, *, sender: int, copy: bool,
+    def __init__(self, buffer: memoryview, data_start: int, data_len: int, sender: int, copy: bool,
                  writable: bool, max_bytes: int) -> None:
         self.buffer = buffer
         self.data_start = data_start
@@ -169,45 +177,31 @@ class FrameReader:
             raise ProtocolError(f"unknown msgpack extension type {ext_code} in header "
                                 f"(arrays use {EXT_NUMPY} for numpy and {EXT_TORCH} for torch)",
                                 sender=self.sender)
-        if len(ref) < _REF_HEAD.size:
-            raise self._fail(f"array reference of {len(ref)} bytes, shorter than its {_REF_HEAD.size}-byte head")
-        dtype_code, ndim, offset = _REF_HEAD.unpack_from(ref)
-        if ndim > MAX_NDIM:
-            raise self._fail(f"{ndim} dimensions (at most {MAX_NDIM})")
-        if len(ref) != _REF_HEAD.size + 8 * ndim:
-            raise self._fail(f"array reference of {len(ref)} bytes, expected {_REF_HEAD.size + 8 * ndim} "
-                             f"for {ndim} dimensions")
-        row = BY_CODE.get(dtype_code)
+        try:
+            fields = _READ_REFS[ref[1]].unpack(ref)
+        except (IndexError, struct.error):
+            raise self._bad_reference(ref) from None
+        row = BY_CODE.get(fields[0])
         if row is None:
-            raise self._fail(f"dtype code {dtype_code} is not a wire dtype (codes 1..{len(BY_CODE)})")
+            raise self._fail(f"dtype code {fields[0]} is not a wire dtype (codes 1..{len(BY_CODE)})")
         if ext_code == EXT_NUMPY and row.numpy is None:
             raise self._fail(f"{row.name} can only travel as a torch tensor, not a numpy array")
-        shape = _SHAPES[ndim].unpack_from(ref, _REF_HEAD.size)
-        count = 1
-        extent = row.itemsize
-        for dim in shape:
-            if dim < 0:
-                raise self._fail(f"negative dimension in shape {list(shape)}")
-            count *= dim
-            if dim:
-                extent *= dim
-                if extent > self.max_bytes:
-                    raise self._fail(f"shape {list(shape)} of {row.name} exceeds the "
-                                     f"{self.max_bytes}-byte message limit")
-        nbytes = count * row.itemsize
-        expected = align(self.end) if self.count else 0
+        offset = fields[2]
+        shape = fields[3:]
+        nbytes = math.prod(shape) * row.itemsize
+        expected = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.count else 0
         if offset != expected:
             relation = "overlaps the previous frame" if offset < expected else "leaves a gap after the previous frame"
             raise self._fail(f"offset {offset} {relation}; the canonical offset is {expected}")
         end = offset + nbytes
-        if end > self.data_len:
-            raise self._fail(f"{row.name} {list(shape)} needs bytes [{offset}, {end}) of the data section, "
-                             f"which holds only {self.data_len} (truncated or lying header)")
-        padding = self.buffer[self.data_start + self.end:self.data_start + offset] if self.count else b""
-        if padding and padding != _ZEROS[:len(padding)]:
-            raise self._fail("padding before the frame is not zero")
+        if end > self.data_len or not nbytes:
+            self._check_extent(row, shape, offset, end)
         start = self.data_start + offset
-        view = np.frombuffer(self.buffer, row.storage, count, start).reshape(shape)
+        if offset != self.end:
+            padding = self.buffer[self.data_start + self.end:start]
+            if padding != _ZEROS[:len(padding)]:
+                raise self._fail("padding before the frame is not zero")
+        view = np.ndarray(shape, row.storage, self.buffer, start)
         self.count += 1
         self.end = end
         if ext_code == EXT_NUMPY:
@@ -216,6 +210,34 @@ class FrameReader:
             view = view.copy()  # torch has no read-only tensors: never alias an immutable buffer
         tensor = torch.from_numpy(view)
         return tensor if row.numpy is not None else tensor.view(row.torch)
+
+    def _bad_reference(self, ref: bytes) -> ProtocolError:
+        """Say why ext data did not unpack as ``<BBQ`` + ndim int64s."""
+        if len(ref) < _REF_HEAD.size:
+            return self._fail(f"array reference of {len(ref)} bytes, shorter than its {_REF_HEAD.size}-byte head")
+        ndim = ref[1]
+        if ndim > MAX_NDIM:
+            return self._fail(f"{ndim} dimensions (at most {MAX_NDIM})")
+        return self._fail(f"array reference of {len(ref)} bytes, expected {_REF_HEAD.size + 8 * ndim} "
+                          f"for {ndim} dimensions")
+
+    def _check_extent(self, row: WireDtype, shape: tuple[int, ...], offset: int, end: int) -> None:
+        """The slow path of a frame that is empty or does not fit: name what is wrong, if anything.
+
+        Dimensions are read as uint64, so a negative int64 shows up as a value
+        >= 2**63 here; an empty array is still refused when its non-empty axes
+        would exceed the message limit.
+        """
+        negative = [dim - (1 << 64) for dim in shape if dim >= 1 << 63]
+        if negative:
+            raise self._fail(f"negative dimension {negative[0]} in shape "
+                             f"{[dim - (1 << 64) if dim >= 1 << 63 else dim for dim in shape]}")
+        if end > self.data_len:
+            raise self._fail(f"{row.name} {list(shape)} needs bytes [{offset}, {end}) of the data section, "
+                             f"which holds only {max(self.data_len, 0)} (truncated or lying header)")
+        if math.prod(dim for dim in shape if dim) * row.itemsize > self.max_bytes:
+            raise self._fail(f"empty {row.name} array of shape {list(shape)} would exceed the "
+                             f"{self.max_bytes}-byte message limit if its empty axes were not")
 
     def finish(self, header_end: int) -> None:
         """Check the frames filled the data section exactly and the padding after the header is zero."""

@@ -63,6 +63,8 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
     kind = type(value)
     if kind in _SCALARS:
         return False
+    if kind is np.ndarray or kind is torch.Tensor:
+        return True
     if isinstance(value, dict):
         if depth >= MAX_NESTING_DEPTH:
             raise EncodeError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
