@@ -1,0 +1,608 @@
+"""``gflowdist doctor [--json] [--config CONFIG] [--timeout S]``: can this machine run gflowdist?
+
+Checks, in order, each printed as one line ``ok`` / ``MISSING`` / ``FAILED``
+with, for every problem, the command or setting that fixes it:
+
+============  =========  ==========================================================
+check         essential  what is looked at
+============  =========  ==========================================================
+python        yes        ``sys.version`` (>= 3.10) and ``sys.executable``
+gflowdist     yes        ``gflowdist.__version__``
+torch, numpy, yes        imported; version >= the floor of pyproject.toml
+mpi4py,
+msgpack,
+PyYAML
+matplotlib    no         present (only ``report.png`` needs it)
+MPI library   yes        first line of ``MPI.Get_library_version()``, asked in a
+                         child Python (``mpi4py.rc.initialize = False``: no
+                         ``MPI_Init``), so a broken library cannot crash the doctor
+mpiexec       yes        which one ``gflowdist run`` would use and ``mpiexec --version``
+launcher      no (info)  :func:`gflowdist.comm.select.describe_environment`
+gloo          yes        ``torch.distributed.is_gloo_available()``
+CUDA, nccl    no         ``torch.cuda.is_available()``, ``is_nccl_available()``
+mpi ping      yes        ``mpiexec -n 2 python -c ...``: :func:`ping_child` on
+                         :class:`~gflowdist.comm.mpi.MPIComm`
+gloo ping     yes        two Pythons with an ``env://`` rendezvous on a free
+                         loopback port: :func:`ping_child` on
+                         :class:`~gflowdist.comm.torch_dist.TorchComm`
+============  =========  ==========================================================
+
+Which ``mpiexec``: ``launch.mpiexec`` of ``--config`` when given and set, else
+the ``GFLOWDIST_MPIEXEC`` environment variable, else the rule of
+:func:`gflowdist.cli.run_cmd.find_mpiexec` (next to ``sys.executable``, else
+on ``PATH``).
+
+A ping sends ``PING_BYTES`` bytes from rank 0 to rank 1, which sends them
+back; one warm-up exchange, then ``PING_ROUNDS`` timed ones. The reported
+round-trip time is their median (``sorted(rtts)[PING_ROUNDS // 2]``). A ping's
+processes run in their own sessions, without the caller's launcher variables,
+and are killed (the whole process group) after ``--timeout`` seconds.
+
+Exit status 0 when every essential check is ``ok``, else 1. ``--json`` prints
+``{"ok": bool, "checks": [{"name", "status", "essential", "detail", "fix"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run", "Check", "run_checks", "resolve_mpiexec", "ping_child",
+           "OK", "MISSING", "FAILED", "PING_ROUNDS", "PING_BYTES", "MPIEXEC_VARIABLE"]
+
+OK, MISSING, FAILED = "ok", "MISSING", "FAILED"
+#: Environment variable naming the mpiexec to use (after ``launch.mpiexec`` of a config).
+MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
+#: Timed exchanges per ping (after one warm-up).
+PING_ROUNDS = 20
+#: Bytes per ping message.
+PING_BYTES = 1024
+#: User tag of the ping messages.
+PING_TAG = 7
+#: Prefix of the line in which rank 0 of a ping reports its result (JSON follows).
+PING_MARK = "GFLOWDIST_PING "
+#: Default seconds a ping may take before its processes are killed.
+DEFAULT_TIMEOUT_S = 30.0
+MIN_PYTHON = (3, 10)
+#: Seconds the other processes of a ping get after one of them failed.
+_GRACE_S = 5.0
+#: Exit status reported for a command that could not be started (the shell's).
+_NOT_STARTED = 127
+#: (label, module, distribution, floor, essential); floors are pyproject.toml's.
+PACKAGES = (
+    ("torch", "torch", "torch", "2.1", True),
+    ("numpy", "numpy", "numpy", "1.24", True),
+    ("mpi4py", "mpi4py", "mpi4py", "3.1", True),
+    ("msgpack", "msgpack", "msgpack", "1.0", True),
+    ("PyYAML", "yaml", "PyYAML", "6.0", True),
+)
+#: Environment variables a ping child must not inherit (they belong to an outer job).
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
+_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "IN_MPI",
+                   "TORCHELASTIC_RUN_ID")
+_GLOO_FIX = ("if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; "
+             "loopback TCP must be allowed")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's answer.
+
+    Attributes:
+        name: what was checked (``"mpiexec"``, ``"mpi ping"``, ...).
+        status: :data:`OK`, :data:`MISSING` (not installed / not found) or :data:`FAILED`
+            (present but broken, too old, or the test did not pass).
+        detail: the version, path or measurement; for a problem, what went wrong.
+        fix: for a problem, the command or setting that fixes it (None when ok).
+        essential: a problem here makes the exit status 1.
+    """
+
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+    essential: bool = True
+
+    @property
+    def passed(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
+    """Register ``gflowdist doctor``."""
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check Python, packages, MPI, mpiexec, gloo; ping 2 ranks on each engine",
+        description="Check that this machine can run gflowdist: versions, the MPI library, "
+                    "which mpiexec would be used, and a real 2-rank ping on MPI and on gloo.")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--config", metavar="CONFIG", default=None,
+                        help="a run config whose launch.mpiexec / launch.mpiexec_args to check")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"seconds each ping may take before it is killed "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every check, print them; 0 when every essential check passed, else 1."""
+    from gflowdist.cli import EXIT_FAILURE
+
+    configured, mpiexec_args = None, ()
+    if args.config is not None:
+        from gflowdist.config import Config
+
+        launch = Config.from_yaml(args.config).launch
+        configured, mpiexec_args = launch.mpiexec, tuple(launch.mpiexec_args)
+    if args.timeout <= 0:
+        from gflowdist.errors import ConfigError
+
+        raise ConfigError(f"must be > 0 seconds, got {args.timeout:g}", key="--timeout")
+    checks = run_checks(configured, mpiexec_args, timeout=args.timeout)
+    ok = all(c.passed for c in checks if c.essential)
+    if args.json:
+        print(json.dumps({"ok": ok, "checks": [c.to_dict() for c in checks]}, indent=1))
+    else:
+        print(render(checks, ok))
+    return 0 if ok else EXIT_FAILURE
+
+
+def render(checks: list[Check], ok: bool) -> str:
+    """The text answer: one line per check, a ``fix:`` line under each problem, a verdict."""
+    width = max(len(c.name) for c in checks)
+    lines = ["gflowdist doctor"]
+    for c in checks:
+        optional = "" if c.essential or c.passed else " (optional)"
+        lines.append(f"  {c.status:<7}  {c.name:<{width}}  {c.detail}{optional}")
+        if c.fix:
+            lines.append(f"  {'':<7}  {'':<{width}}  fix: {c.fix}")
+    failed = [c.name for c in checks if c.essential and not c.passed]
+    lines.append("all essential checks passed" if ok else
+                 f"{len(failed)} essential check{'s' if len(failed) > 1 else ''} did not pass: "
+                 f"{', '.join(failed)}")
+    return "\n".join(lines)
+
+
+# --- the checks ---------------------------------------------------------------------
+
+
+def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, ...] = (), *,
+               timeout: float = DEFAULT_TIMEOUT_S) -> list[Check]:
+    """Every check, in the order of the module docstring.
+
+    The two pings start first (when what they need is installed: a module
+    spec is found without importing it) and run while this process imports
+    and inspects the packages, so the doctor takes about as long as its
+    slowest part, not the sum.
+    """
+    mpiexec_check, mpiexec = _mpiexec_check(configured_mpiexec)
+    installed = {name for name in ("torch", "numpy", "msgpack", "mpi4py")
+                 if importlib.util.find_spec(name) is not None}
+    can_gloo = {"torch", "numpy", "msgpack"} <= installed
+    mpi_ping = gloo_ping = None
+    try:
+        if mpiexec is not None and can_gloo and "mpi4py" in installed:
+            mpi_ping = _start_mpi_ping(mpiexec, mpiexec_args, timeout)
+        if can_gloo:
+            gloo_ping = _start_gloo_ping(timeout)
+        checks = [_python_check(), _gflowdist_check()]
+        checks += [_package_check(*spec) for spec in PACKAGES]
+        checks.append(_matplotlib_check())
+        have = {c.name for c in checks if c.passed}
+        checks.append(_mpi_library_check() if "mpi4py" in have else
+                      Check("MPI library", FAILED, "not asked: mpi4py is missing",
+                            fix="pip install 'mpi4py>=3.1'"))
+        checks.append(mpiexec_check)
+        checks += _torch_checks() if {"torch", "numpy", "msgpack"} <= have else [
+            Check("launcher", FAILED, "not looked at: gflowdist.comm needs torch, numpy and "
+                                      "msgpack (see above)", essential=False),
+            Check("gloo", FAILED, "not looked at: needs torch (see above)")]
+        checks.append(_mpi_ping_verdict(mpi_ping.finish(), timeout) if mpi_ping is not None else
+                      Check("mpi ping", FAILED, "not run: needs mpiexec, mpi4py, torch, numpy "
+                                                "and msgpack (see above)"))
+        checks.append(_gloo_ping_verdict(gloo_ping.finish(), timeout) if gloo_ping is not None
+                      else Check("gloo ping", FAILED, "not run: needs torch, numpy and msgpack "
+                                                      "(see above)"))
+    finally:
+        for job in (mpi_ping, gloo_ping):
+            if job is not None:
+                job.kill()
+    return checks
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(\.\d+)*", text)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def _python_check() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info[:2] < MIN_PYTHON:
+        return Check("python", FAILED, f"{version} is older than 3.10 ({sys.executable})",
+                     fix="use Python >= 3.10")
+    return Check("python", OK, f"{version} ({sys.executable})")
+
+
+def _gflowdist_check() -> Check:
+    from gflowdist import __version__
+
+    return Check("gflowdist", OK, f"{__version__} ({Path(__file__).resolve().parents[1]})")
+
+
+def _installed_version(module: Any, distribution: str) -> str:
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def _package_check(label: str, module_name: str, distribution: str, floor: str,
+                   essential: bool) -> Check:
+    fix = f"pip install '{distribution}>={floor}'"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        return Check(label, MISSING, f"cannot import {module_name}: {err}", fix=fix,
+                     essential=essential)
+    version = _installed_version(module, distribution)
+    if _version_tuple(version) < _version_tuple(floor):
+        return Check(label, FAILED, f"{version} is older than {floor}", fix=fix, essential=essential)
+    return Check(label, OK, version, essential=essential)
+
+
+def _matplotlib_check() -> Check:
+    if importlib.util.find_spec("matplotlib") is None:
+        return Check("matplotlib", MISSING, "not installed: report.png is skipped",
+                     fix="pip install 'gflowdist[plot]'", essential=False)
+    return Check("matplotlib", OK, importlib.metadata.version("matplotlib"), essential=False)
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """This environment less any launcher's variables, one thread per rank, unbuffered."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_NAMES}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+_LIBRARY_PROGRAM = ("import mpi4py\n"
+                    "mpi4py.rc.initialize = False\n"
+                    "mpi4py.rc.finalize = False\n"
+                    "from mpi4py import MPI\n"
+                    "print(MPI.Get_library_version().strip().splitlines()[0])\n")
+
+
+def _mpi_library_check() -> Check:
+    fix = ("pip install mpich (mpi4py needs an MPI library at run time; or point it at your "
+           "site's MPI and reinstall mpi4py)")
+    results = _run_processes([([sys.executable, "-c", _LIBRARY_PROGRAM], _child_env())], 20.0)
+    code, output, timed_out = results[0]
+    if timed_out:
+        return Check("MPI library", FAILED, "loading mpi4py.MPI did not finish in 20 s", fix=fix)
+    if code != 0:
+        return Check("MPI library", FAILED, f"loading mpi4py.MPI failed: {_last_line(output)}",
+                     fix=fix)
+    return Check("MPI library", OK, " ".join(_last_line(output).split()))
+
+
+def resolve_mpiexec(configured: str | None = None) -> tuple[str | None, str]:
+    """``(path or None, where it came from)`` by the rule of the module docstring."""
+    from gflowdist.cli.run_cmd import find_mpiexec
+    from gflowdist.errors import ConfigError
+
+    if configured:
+        return configured, "launch.mpiexec"
+    named = os.environ.get(MPIEXEC_VARIABLE)
+    if named:
+        return named, MPIEXEC_VARIABLE
+    try:
+        found = find_mpiexec(None)
+    except ConfigError:
+        return None, "PATH"
+    beside = Path(found).parent == Path(sys.executable).parent
+    return found, "next to this Python" if beside else "PATH"
+
+
+def _mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
+    path, source = resolve_mpiexec(configured)
+    if path is None:
+        return Check("mpiexec", MISSING, "no mpiexec next to this Python or on PATH",
+                     fix=f"pip install mpich (or set {MPIEXEC_VARIABLE} / launch.mpiexec to your "
+                         f"site's mpiexec)"), None
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        what = "does not exist" if not os.path.exists(path) else "is not an executable file"
+        undo = f"unset {MPIEXEC_VARIABLE}" if source == MPIEXEC_VARIABLE else "fix launch.mpiexec"
+        return Check("mpiexec", MISSING, f"{path} ({source}) {what}",
+                     fix=f"{undo}, or point it at an existing mpiexec; `pip install mpich` puts "
+                         f"one next to this Python"), None
+    code, output, timed_out = _run_processes([([path, "--version"], _child_env())], 10.0)[0]
+    if timed_out or code != 0:
+        why = "timed out after 10 s" if timed_out else f"exited {code}: {_last_line(output)}"
+        return Check("mpiexec", FAILED, f"{path} ({source}): `mpiexec --version` {why}",
+                     fix="pip install mpich, or set GFLOWDIST_MPIEXEC to a working mpiexec"), None
+    return Check("mpiexec", OK, f"{path} ({source}): {_mpiexec_version(output)}"), path
+
+
+def _mpiexec_version(output: str) -> str:
+    """``"HYDRA 5.0.2"`` from MPICH's ``Version:`` line, else the first non-empty line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Version:"):
+            family = "HYDRA" if any("HYDRA" in l for l in lines) else "version"
+            return f"{family} {line.split(':', 1)[1].strip()}"
+    return lines[0] if lines else "(printed no version)"
+
+
+def _torch_checks() -> list[Check]:
+    import torch
+    import torch.distributed as dist
+
+    from gflowdist.comm.select import describe_environment, in_mpi_job, in_torch_job
+
+    inside = (" -- doctor runs inside a job; its pings do not inherit these"
+              if in_mpi_job() or in_torch_job() else "")
+    checks = [Check("launcher", OK, describe_environment() + inside, essential=False)]
+    if not dist.is_available() or not dist.is_gloo_available():
+        checks.append(Check("gloo", FAILED, f"torch {torch.__version__} has no gloo backend",
+                            fix="install a torch build with distributed support (the PyPI "
+                                "wheels for Linux and macOS have gloo)"))
+    else:
+        checks.append(Check("gloo", OK, "torch.distributed gloo backend available"))
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        checks.append(Check("CUDA", OK, f"{count} device{'s' if count != 1 else ''}, CUDA "
+                                        f"{torch.version.cuda}", essential=False))
+        nccl = dist.is_available() and dist.is_nccl_available()
+        checks.append(Check("nccl", OK if nccl else MISSING,
+                            "available" if nccl else "this torch build has no nccl",
+                            fix=None if nccl else "install a CUDA build of torch with nccl",
+                            essential=False))
+    else:
+        checks.append(Check("CUDA", MISSING, "no CUDA device (CPU only: the torch engine uses "
+                                             "gloo)", fix="needed only for GPU training: a CUDA "
+                                                          "build of torch and a GPU",
+                            essential=False))
+        checks.append(Check("nccl", MISSING, "not usable without CUDA", essential=False))
+    return checks
+
+
+# --- pings --------------------------------------------------------------------------
+
+
+def _ping_command(engine: str) -> list[str]:
+    return [sys.executable, "-c",
+            f"from gflowdist.cli.doctor_cmd import ping_child; ping_child({engine!r})"]
+
+
+def _start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> _Launched:
+    argv = [mpiexec, "-n", "2", *mpiexec_args, *_ping_command("mpi")]
+    return _Launched([(argv, _child_env())], timeout)
+
+
+def _mpi_ping_verdict(results: list[_Result], timeout: float) -> Check:
+    code, output, timed_out = results[0]
+    mismatch = ("this mpiexec does not match mpi4py's MPI library (compare the 'MPI library' and "
+                "'mpiexec' lines): use that library's mpiexec; `pip install mpich` gives a matching "
+                f"pair, or set {MPIEXEC_VARIABLE} / launch.mpiexec")
+    reproduce = (f"reproduce with `mpiexec -n 2 {sys.executable} -c \"from mpi4py import MPI; "
+                 f"print(MPI.COMM_WORLD.Get_size())\"` (must print 2 twice); the usual cause: "
+                 + mismatch)
+    if timed_out:
+        return Check("mpi ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
+                                         f"(processes killed)", fix=reproduce)
+    return _ping_verdict("mpi ping", code, output, failed_fix=reproduce, wrong_world_fix=mismatch)
+
+
+def _start_gloo_ping(timeout: float) -> _Launched:
+    env = _child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_loopback_port()),
+                     WORLD_SIZE="2")
+    return _Launched([(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
+                      for rank in range(2)], timeout)
+
+
+def _gloo_ping_verdict(results: list[_Result], timeout: float) -> Check:
+    if any(timed_out for _, _, timed_out in results):
+        return Check("gloo ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
+                                          f"(processes killed)", fix=_GLOO_FIX)
+    failed = next(((code, output) for code, output, _ in results if code != 0), None)
+    if failed is not None:
+        return _ping_verdict("gloo ping", failed[0], failed[1], failed_fix=_GLOO_FIX)
+    return _ping_verdict("gloo ping", 0, results[0][1], failed_fix=_GLOO_FIX)
+
+
+def _free_loopback_port() -> int:
+    """A TCP port the OS says is free on 127.0.0.1 now (never a fixed 29500)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
+                  wrong_world_fix: str | None = None) -> Check:
+    """Read rank 0's :data:`PING_MARK` line (see :func:`ping_child`) from a ping's output."""
+    marked = [line[len(PING_MARK):] for line in output.splitlines() if line.startswith(PING_MARK)]
+    if not marked:
+        return Check(name, FAILED, f"exit status {code}: {_last_line(output)}", fix=failed_fix)
+    try:
+        result = json.loads(marked[0])
+    except json.JSONDecodeError:
+        return Check(name, FAILED, f"unreadable result line: {marked[0][:200]}", fix=failed_fix)
+    if result.get("size") != 2:
+        return Check(name, FAILED, str(result.get("error")), fix=wrong_world_fix or failed_fix)
+    if result.get("error") or code != 0:
+        return Check(name, FAILED, str(result.get("error") or f"exit status {code}: "
+                                                             f"{_last_line(output)}"),
+                     fix=failed_fix)
+    median_ms, min_ms = 1e3 * result["rtt_median_s"], 1e3 * result["rtt_min_s"]
+    return Check(name, OK, f"2 ranks, round trip {median_ms:.3f} ms (median of {result['rounds']} "
+                           f"x {result['bytes']} B; min {min_ms:.3f} ms)")
+
+
+def _last_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+_Result = tuple[int, str, bool]
+"""(exit status, output, killed at the deadline) of one process."""
+
+
+class _Launched:
+    """Processes started now, each in its own session, their output in temporary files.
+
+    :meth:`finish` waits for them until ``timeout`` seconds after the start;
+    when one fails the others get :data:`_GRACE_S` more seconds; then every
+    process group still alive is killed. A temporary file, unlike a pipe,
+    never blocks a chatty child.
+    """
+
+    def __init__(self, jobs: list[tuple[list[str], dict[str, str]]], timeout: float):
+        self.deadline = time.monotonic() + timeout
+        self._procs: list[subprocess.Popen | None] = []
+        self._logs = []
+        try:
+            for argv, env in jobs:
+                log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+                self._logs.append(log)
+                try:
+                    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                except OSError as err:
+                    log.write(f"cannot start {argv[0]}: {err}\n")
+                    proc = None
+                self._procs.append(proc)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _running(self) -> list[subprocess.Popen]:
+        return [p for p in self._procs if p is not None and p.poll() is None]
+
+    def finish(self) -> list[_Result]:
+        """Wait (or kill at the deadline); one result per job, in order."""
+        deadline, timed_out = self.deadline, False
+        try:
+            while self._running():
+                now = time.monotonic()
+                if any(p is None or p.poll() not in (None, 0) for p in self._procs):
+                    deadline = min(deadline, now + _GRACE_S)
+                if now > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.02)
+        finally:
+            self.kill()
+        results = []
+        for proc, log in zip(self._procs, self._logs):
+            log.seek(0)
+            killed = timed_out and proc is not None and proc.returncode == -signal.SIGKILL
+            results.append((_NOT_STARTED if proc is None else proc.returncode, log.read(), killed))
+            log.close()
+        return results
+
+    def kill(self) -> None:
+        """Kill every process group still alive (idempotent)."""
+        for proc in self._running():
+            _kill_group(proc)
+            proc.wait()
+
+
+def _run_processes(jobs: list[tuple[list[str], dict[str, str]]], timeout: float) -> list[_Result]:
+    """Start ``jobs`` (``(argv, env)`` each) and wait for them: :class:`_Launched` at once."""
+    return _Launched(jobs, timeout).finish()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYTES,
+               timeout: float = 10.0) -> None:
+    """The program each ping rank runs (``engine``: ``"mpi"`` or ``"torch"``).
+
+    Rank 0 sends ``nbytes`` bytes to rank 1 and waits for them to come back,
+    ``rounds + 1`` times (the first is a warm-up), checks the echo is the
+    same bytes, and prints ``PING_MARK + json`` with ``rtt_median_s``,
+    ``rtt_min_s``, ``rounds``, ``bytes`` and ``size`` (the world size it saw).
+    A world of other than 2 ranks prints an ``error`` instead. Every
+    receive has a ``timeout`` (a :class:`~gflowdist.errors.DeadlineError` ends
+    the process with a traceback and a non-zero status).
+    """
+    if engine == "mpi":
+        from mpi4py import MPI
+
+        from gflowdist.comm.mpi import MPIComm
+
+        comm = MPIComm(MPI.COMM_WORLD)
+    else:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        from gflowdist.comm.torch_dist import TorchComm
+
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+        comm = TorchComm()
+    try:
+        if comm.size != 2:
+            print(PING_MARK + json.dumps({
+                "size": comm.size,
+                "error": f"the ranks saw a world of {comm.size}, not 2: the launcher and the "
+                         f"library do not belong together"}), flush=True)
+            return
+        payload = bytes(i % 251 for i in range(nbytes))
+        rtts = []
+        for i in range(rounds + 1):
+            if comm.rank == 0:
+                start = time.perf_counter()
+                comm.send(payload, 1, PING_TAG, timeout=timeout)
+                _, echo = comm.recv(1, PING_TAG, timeout=timeout)
+                elapsed = time.perf_counter() - start
+                if bytes(echo.numpy()) != payload:
+                    print(PING_MARK + json.dumps({"size": 2, "error": "the echo differs from the "
+                                                                      "message sent"}), flush=True)
+                    return
+                if i:
+                    rtts.append(elapsed)
+            else:
+                _, got = comm.recv(0, PING_TAG, timeout=timeout)
+                comm.send(got, 0, PING_TAG, timeout=timeout)
+        comm.barrier(timeout=timeout)
+        if comm.rank == 0:
+            rtts.sort()
+            print(PING_MARK + json.dumps({"size": 2, "rounds": rounds, "bytes": nbytes,
+                                          "rtt_median_s": rtts[rounds // 2],
+                                          "rtt_min_s": rtts[0]}), flush=True)
+    finally:
+        comm.free()
+        if engine != "mpi":
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
