@@ -12,7 +12,7 @@ One process. Two item kinds:
 
 Producers deliver batches (``insert batch`` items per extend); trainers draw
 ``sample batch`` items per call. Rates are items per second, measured in a
-steady state (buffer already full, so every insert also evicts), best of 5
+steady state (buffer already full, so every insert also evicts), best of 10
 rounds per cell to damp interference from other processes. The naive
 baseline keeps one dict of tensor *views* per item in a list (no copy on
 insert, a ring index for overwrites), samples indices with ``random`` and
@@ -78,7 +78,7 @@ class ListBuffer:
 
 
 def rate(step: Callable[[], None], items_per_step: int, seconds: float,
-         rounds: int = 5) -> float:
+         rounds: int = 10) -> float:
     """Items per second of repeated ``step()`` calls: the best of ``rounds`` rounds
     of ``seconds / rounds`` each (the least disturbed by other processes)."""
     for _ in range(3):  # warm up

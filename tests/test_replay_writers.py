@@ -64,7 +64,7 @@ def test_round_robin_does_not_count_freed_slots_as_evictions():
     assert result.indices.tolist() == [0] and result.evicted == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(capacity=st.integers(1, 8),
        batches=st.lists(st.integers(1, 12), min_size=1, max_size=8),
        seed=st.integers(0, 2**16))
@@ -109,7 +109,7 @@ def test_keep_highest_fills_freed_slots_first():
     assert result.indices.tolist() == [0] and result.evicted == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(capacity=st.integers(1, 10),
        batches=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=10),
                         min_size=1, max_size=8),

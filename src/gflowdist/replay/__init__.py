@@ -20,14 +20,16 @@ from gflowdist.replay.rate_limiter import RateLimiter, wait_until
 from gflowdist.replay.samplers import (FifoSampler, InsufficientItemsError, PrioritizedSampler,
                                        Sampler, UniformSampler)
 from gflowdist.replay.storage import Batch, ItemSchemaError, TensorStorage, batch_size
+from gflowdist.replay.key_index import HashIndex, row_hash
 from gflowdist.replay.writers import (DedupWriter, KeepHighestWriter, RoundRobinWriter,
-                                      WriteResult, Writer, row_hash)
+                                      WriteResult, Writer)
 
 __all__ = [
     "AdmitResult",
     "Batch",
     "DedupWriter",
     "FifoSampler",
+    "HashIndex",
     "InsufficientItemsError",
     "ItemSchemaError",
     "KeepHighestWriter",

@@ -12,7 +12,9 @@ and accounts for every offered item. With ``B`` items offered::
 
 ``indices[k]`` is the slot item ``k`` now occupies, or ``-1`` when it is not
 stored (rejected, or admitted and then overwritten within the same call,
-which also counts as evicted). ``rejected`` maps a reason to a count:
+which also counts as evicted). An admitted item is always stored unless
+more than ``capacity`` items were admitted in the call; the buffer relies on
+that. Stored items keep batch order in insertion order. ``rejected`` maps a reason to a count:
 ``"duplicate"`` (:class:`DedupWriter`) or ``"low_score"``
 (:class:`KeepHighestWriter`).
 
@@ -24,11 +26,11 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, NamedTuple
 
-import numpy as np
 import torch
 
 from gflowdist.errors import ConfigError
 from gflowdist.replay.component import Component
+from gflowdist.replay.key_index import HashIndex, first_occurrence, row_hash
 from gflowdist.replay.storage import Batch, TensorStorage
 
 __all__ = [
@@ -37,7 +39,6 @@ __all__ = [
     "RoundRobinWriter",
     "WriteResult",
     "Writer",
-    "row_hash",
     "take",
 ]
 
@@ -207,110 +208,6 @@ class KeepHighestWriter(Writer):
         self._minimum = None
 
 
-# splitmix64 constants (Steele, Lea, Flood 2014), as unsigned 64-bit integers.
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, element-wise on uint64 (wrapping); a bijection of 64-bit words."""
-    x = x + _GOLDEN
-    x = (x ^ (x >> np.uint64(30))) * _MUL1
-    x = (x ^ (x >> np.uint64(27))) * _MUL2
-    return x ^ (x >> np.uint64(31))
-
-
-def row_hash(keys: torch.Tensor) -> torch.Tensor:
-    """A 64-bit hash of each row of ``keys`` (leading dim = items), as int64 ``[B]``.
-
-    The row is flattened to ``w`` words ``x_j`` (integers and bools widened to
-    64 bits, floats taken bitwise) and hashed as::
-
-        h = mix( sum_j mix(x_j + j * GOLDEN) )      (uint64, wrapping)
-
-    with ``mix`` the splitmix64 finaliser. For a single-word key ``h`` is a
-    bijection (no collisions at all); for wider keys two distinct rows collide
-    with probability about ``2**-64``.
-    """
-    if keys.dim() == 0:
-        raise ValueError("dedup keys need a leading item dimension")
-    rows = keys.detach().cpu().reshape(keys.shape[0], -1)
-    if rows.dtype.is_floating_point or rows.dtype.is_complex:
-        rows = rows.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64,
-                                       16: torch.int64}[rows.element_size()])
-    words = rows.to(torch.int64).numpy().view(np.uint64)
-    offsets = np.arange(words.shape[1], dtype=np.uint64) * _GOLDEN
-    with np.errstate(over="ignore"):
-        mixed = _splitmix64(words + offsets).sum(axis=1, dtype=np.uint64)
-        hashed = _splitmix64(mixed)
-    return torch.from_numpy(hashed.view(np.int64).copy())
-
-
-def _first_occurrence(values: torch.Tensor) -> torch.Tensor:
-    """Mask of the positions where each distinct value appears first."""
-    unique, inverse = torch.unique(values, return_inverse=True)
-    positions = torch.arange(values.numel())
-    first = torch.full((unique.numel(),), values.numel(), dtype=torch.int64)
-    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
-    return first[inverse] == positions
-
-
-class _HashIndex:
-    """Which live slot holds a given key hash, without a per-item Python loop.
-
-    Entries are ``(hash, slot)`` pairs: a sorted *main* run (binary search) and
-    an unsorted *tail* of recent inserts (compared all against all). An entry
-    is valid while ``live[slot]`` and ``slot_hash[slot] == hash``, so
-    evictions and frees need no bookkeeping: stale entries just stop
-    matching. When the tail exceeds ``tail_limit`` entries, main and tail are
-    merged and stale entries dropped (one sort, amortised over the inserts).
-    Lookup of ``B`` hashes: ``O(B log N + B * tail_limit)``.
-    """
-
-    def __init__(self, tail_limit: int = 1024):
-        self.tail_limit = tail_limit
-        empty = torch.zeros(0, dtype=torch.int64)
-        self.main_hash, self.main_slot = empty, empty
-        self.tail_hash, self.tail_slot = empty, empty
-
-    @staticmethod
-    def _valid(hashes, slots, live, slot_hash):
-        return live[slots] & (slot_hash[slots] == hashes)
-
-    def contains(self, hashes: torch.Tensor, live: torch.Tensor,
-                 slot_hash: torch.Tensor) -> torch.Tensor:
-        found = torch.zeros(hashes.numel(), dtype=torch.bool)
-        if self.main_hash.numel():
-            position = torch.searchsorted(self.main_hash, hashes).clamp_(
-                max=self.main_hash.numel() - 1)
-            found |= self._valid(self.main_hash[position], self.main_slot[position], live,
-                                 slot_hash) & (self.main_hash[position] == hashes)
-        if self.tail_hash.numel():
-            valid = self._valid(self.tail_hash, self.tail_slot, live, slot_hash)
-            found |= ((hashes[:, None] == self.tail_hash[None, :]) & valid).any(1)
-        return found
-
-    def add(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
-            slot_hash: torch.Tensor) -> None:
-        self.tail_hash = torch.cat([self.tail_hash, hashes])
-        self.tail_slot = torch.cat([self.tail_slot, slots])
-        if self.tail_hash.numel() > self.tail_limit:
-            self.rebuild(torch.cat([self.main_hash, self.tail_hash]),
-                         torch.cat([self.main_slot, self.tail_slot]), live, slot_hash)
-
-    def rebuild(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
-                slot_hash: torch.Tensor) -> None:
-        valid = self._valid(hashes, slots, live, slot_hash)
-        hashes, order = torch.sort(hashes[valid])
-        slots = slots[valid][order]
-        # equal valid hashes can only be the same slot listed twice: keep one
-        first = torch.ones(hashes.numel(), dtype=torch.bool)
-        first[1:] = hashes[1:] != hashes[:-1]
-        self.main_hash, self.main_slot = hashes[first], slots[first]
-        self.tail_hash = self.tail_slot = torch.zeros(0, dtype=torch.int64)
-
-
 class DedupWriter(Writer):
     """Refuse items whose key is already stored; place the rest with ``inner``.
 
@@ -327,7 +224,7 @@ class DedupWriter(Writer):
     multi-word keys (probability about ``2**-64`` per pair). A key counts as
     stored if it was stored before this call, even if this call evicts it; a
     key whose item was consumed (FIFO) or evicted earlier may come back.
-    Membership uses a vectorised hash index (see ``_HashIndex``): binary
+    Membership uses a vectorised hash index (see ``HashIndex``): binary
     search plus a small all-against-all tail, no per-item Python loop.
     """
 
@@ -341,7 +238,7 @@ class DedupWriter(Writer):
         self.key = key
         self.inner = inner if inner is not None else RoundRobinWriter()
         self.slot_hash = torch.zeros(0, dtype=torch.int64)
-        self._index: _HashIndex | None = _HashIndex()
+        self._index: HashIndex | None = HashIndex()
 
     def keys(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if isinstance(self.key, str):
@@ -359,10 +256,10 @@ class DedupWriter(Writer):
         if hashes.numel() != size:
             raise ValueError(f"the dedup key gave {hashes.numel()} rows for a batch of {size}")
         if self._index is None:  # after load_state_dict
-            self._index = _HashIndex()
+            self._index = HashIndex()
             self._index.rebuild(self.slot_hash.clone(), torch.arange(storage.capacity),
                                 storage.live, self.slot_hash)
-        fresh = _first_occurrence(hashes) & ~self._index.contains(hashes, storage.live,
+        fresh = first_occurrence(hashes) & ~self._index.contains(hashes, storage.live,
                                                                    self.slot_hash)
         candidates = torch.nonzero(fresh).flatten()
         if candidates.numel() == size:
