@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
 
 import msgpack
@@ -282,3 +283,32 @@ def test_encode_is_deterministic():
     first = encode(MessageType.USER, body, sender=1, seq=2)
     second = encode(MessageType.USER, body, sender=1, seq=2)
     assert first.tobytes() == second.tobytes()
+
+
+def test_failed_encode_leaves_the_encoder_usable():
+    body = {"a": np.arange(4), "t": torch.ones(2)}
+    expected = encode(MessageType.USER, body, sender=0, seq=0).tobytes()
+    with pytest.raises(EncodeError, match="uint16") as info:
+        encode(MessageType.USER, {"x": np.ones(3), "bad": np.zeros(2, np.uint16)}, sender=0, seq=0)
+    assert "could not be packed" not in str(info.value)
+    with pytest.raises(EncodeError, match="outside"):
+        encode(MessageType.USER, {"x": np.ones(3), "big": 2**70}, sender=0, seq=0)
+    assert encode(MessageType.USER, body, sender=0, seq=0).tobytes() == expected
+
+
+def test_threads_encode_concurrently():
+    failures: list[str] = []
+
+    def work(rank: int) -> None:
+        for seq in range(200):
+            body = {"rank": rank, "a": np.full(rank + seq % 5 + 1, rank, dtype=np.int32), "t": torch.full((3,), seq)}
+            got = decode(encode(MessageType.TRAJECTORIES, body, sender=rank, seq=seq), sender=rank).body
+            if got["rank"] != rank or not np.array_equal(got["a"], body["a"]) or not torch.equal(got["t"], body["t"]):
+                failures.append(f"rank {rank} seq {seq}")
+
+    threads = [threading.Thread(target=work, args=(rank,)) for rank in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

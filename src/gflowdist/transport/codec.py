@@ -46,7 +46,7 @@ import torch
 
 from gflowdist.errors import ProtocolError
 from gflowdist.transport.dtypes import SUPPORTED_DTYPES
-from gflowdist.transport.frames import MAX_REF_BYTES, FrameReader, FrameWriter, align
+from gflowdist.transport.frames import MAX_REF_BYTES, Frame, FrameReader, FrameWriter, align, fill_message
 from gflowdist.transport.messages import MESSAGE_TYPES, Message, MessageType, build_message
 from gflowdist.transport.values import EncodeError, check_body, check_received_body
 
@@ -69,7 +69,6 @@ _MAX_HEADER_BYTES = (1 << 32) - 1
 _MAX_SEQ = (1 << 64) - 1
 _MAX_RANK = (1 << 31) - 1
 _UNPACK_ERRORS = (ValueError, TypeError, OverflowError, struct.error, msgpack.UnpackException)
-_local = threading.local()
 _UINT8 = np.dtype(np.uint8)
 
 
@@ -81,13 +80,37 @@ def _refuse_ext(ext_code: int, ref: bytes) -> Any:
     raise _FramesNotFlagged(ext_code)
 
 
-def _plain_packer() -> msgpack.Packer:
-    """This thread's packer for headers without arrays (a Packer is not safe to share across threads)."""
+class _ThreadPackers(threading.local):
+    """This thread's reusable packers (a Packer owns a buffer, so threads must not share one).
+
+    ``arrays`` sends arrays, tensors and numpy scalars to ``writer``, whose
+    frames are taken (and the writer emptied) after every pack; ``busy``
+    guards against re-entry (a hook that encodes gets a fresh writer).
+    """
+
+    def __init__(self) -> None:
+        self.plain = msgpack.Packer(use_bin_type=True)
+        self.writer = FrameWriter()
+        self.arrays = msgpack.Packer(use_bin_type=True, default=self.writer)
+        self.busy = False
+
+
+_packers = _ThreadPackers()
+
+
+def _pack_with_arrays(record: list[Any]) -> tuple[bytes, list[Frame], int]:
+    """Pack ``record``, turning its arrays into references: (header, frames, end of last frame)."""
+    packers = _packers
+    if packers.busy:
+        writer = FrameWriter()
+        return (msgpack.packb(record, default=writer, use_bin_type=True), *writer.take())
+    packers.busy = True
     try:
-        return _local.packer
-    except AttributeError:
-        _local.packer = msgpack.Packer(use_bin_type=True)
-        return _local.packer
+        header = packers.arrays.pack(record)
+    finally:
+        frames, end = packers.writer.take()  # also on failure: never keep the caller's arrays
+        packers.busy = False
+    return header, frames, end
 
 
 def _check_int(name: str, value: Any, high: int) -> None:
@@ -114,10 +137,11 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
     record = [member, sender, seq, body]  # an IntEnum member packs as its int
     try:
         if not has_arrays:
-            header = _plain_packer().pack(record)
+            header = _packers.plain.pack(record)
         else:
-            writer = FrameWriter()
-            header = msgpack.packb(record, default=writer, use_bin_type=True)
+            header, frames, frames_end = _pack_with_arrays(record)
+    except EncodeError:
+        raise
     except OverflowError as exc:
         raise EncodeError(f"body holds an int outside [-2**63, 2**64): {exc}") from exc
     except (ValueError, TypeError) as exc:
@@ -127,19 +151,16 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
         raise EncodeError(f"header of {header_len} bytes exceeds the {_MAX_HEADER_BYTES}-byte limit; "
                           "put bulk data in arrays")
     header_end = PREFIX_BYTES + header_len
-    if not has_arrays or not writer.frames:
+    if not has_arrays or not frames:  # numpy scalars only: no frames
         out = np.empty(header_end, np.uint8)
         _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, header_len, header_end)
         memoryview(out)[PREFIX_BYTES:] = header
         return out
     data_start = align(header_end)
-    total = data_start + writer.end
+    total = data_start + frames_end
     out = np.empty(total, np.uint8)
     _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, FLAG_FRAMES, header_len, total)
-    view = memoryview(out)
-    view[PREFIX_BYTES:header_end] = header
-    view[header_end:data_start] = bytes(data_start - header_end)
-    writer.write(out, data_start)
+    fill_message(out, header, PREFIX_BYTES, data_start, frames)
     return out
 
 

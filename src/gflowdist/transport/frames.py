@@ -37,7 +37,7 @@ from gflowdist.transport.values import EncodeError
 
 __all__ = [
     "FRAME_ALIGNMENT", "MAX_NDIM", "EXT_NUMPY", "EXT_TORCH", "MAX_REF_BYTES",
-    "align", "FrameWriter", "FrameReader",
+    "align", "Frame", "FrameWriter", "FrameReader", "fill_message",
 ]
 
 FRAME_ALIGNMENT = 64
@@ -69,15 +69,23 @@ def align(n: int) -> int:
 class FrameWriter:
     """The packer's ``default`` hook: turns arrays into references and remembers their sources.
 
-    ``frames`` lists ``(source, row, shape, offset, nbytes)`` in packing order;
-    :meth:`write` then copies every source exactly once into the message buffer.
+    ``frames`` lists ``(source, row, shape, offset, nbytes)`` in packing order
+    and ``end`` is where the last frame ends; :func:`fill_message` then copies
+    every source exactly once into the message buffer. :meth:`take` hands the
+    list over and empties the writer, so a reused writer holds no arrays.
     """
 
     __slots__ = ("frames", "end")
 
     def __init__(self) -> None:
-        self.frames: list[tuple[Any, WireDtype, tuple[int, ...], int, int]] = []
+        self.frames: list[Frame] = []
         self.end = 0
+
+    def take(self) -> tuple[list[Frame], int]:
+        """The frames collected so far and where they end; the writer starts empty again."""
+        frames, end = self.frames, self.end
+        self.frames, self.end = [], 0
+        return frames, end
 
     def __call__(self, value: Any) -> Any:
         if type(value) is np.ndarray:  # the common case first: a plain array of a native wire dtype
@@ -97,6 +105,8 @@ class FrameWriter:
             return self._tensor_reference(value)
         if isinstance(value, np.generic):
             return value.item()
+        if isinstance(value, int):  # msgpack asks its default hook about ints it cannot fit in 64 bits
+            raise EncodeError(f"body holds the int {value}, outside [-2**63, 2**64)")
         raise EncodeError(f"a {type(value).__qualname__} cannot travel")
 
     def _tensor_reference(self, tensor: torch.Tensor) -> msgpack.ExtType:
@@ -127,23 +137,36 @@ class FrameWriter:
         self.end = offset + nbytes
         return _new_ext(ext_code, _REFS[ndim].pack(row.code, ndim, offset, *shape))
 
-    def write(self, out: np.ndarray, data_start: int) -> None:
-        """Copy every frame into ``out`` (a uint8 buffer) at ``data_start + offset``; zero the padding."""
-        zero_fill = memoryview(out)
-        previous_end = data_start
-        for data, row, shape, offset, nbytes in self.frames:
-            start = data_start + offset
-            if start != previous_end:
-                zero_fill[previous_end:start] = _ZEROS[:start - previous_end]
-            target = np.ndarray(shape, row.storage, out, start)
-            if isinstance(data, np.ndarray):
-                np.copyto(target, data, casting="equiv")
-            else:
-                target_tensor = torch.from_numpy(target)
-                if row.numpy is None:
-                    target_tensor = target_tensor.view(row.torch)
-                target_tensor.copy_(data)
-            previous_end = start + nbytes
+
+Frame = tuple[Any, WireDtype, tuple[int, ...], int, int]
+
+
+def fill_message(out: np.ndarray, header: bytes, header_start: int, data_start: int, frames: list[Frame]) -> None:
+    """Fill ``out`` (a uint8 buffer whose prefix is already written) after the prefix.
+
+    The header goes to ``[header_start, header_start + len(header))``, every
+    frame ``(source, row, shape, offset, nbytes)`` to ``data_start + offset``
+    (one ``np.copyto``, or one ``Tensor.copy_`` for a tensor not on the CPU),
+    zeros to the padding in between.
+    """
+    fill = memoryview(out)
+    header_end = header_start + len(header)
+    fill[header_start:header_end] = header
+    fill[header_end:data_start] = _ZEROS[:data_start - header_end]
+    previous_end = data_start
+    for data, row, shape, offset, nbytes in frames:
+        start = data_start + offset
+        if start != previous_end:
+            fill[previous_end:start] = _ZEROS[:start - previous_end]
+        target = np.ndarray(shape, row.storage, out, start)
+        if isinstance(data, np.ndarray):
+            np.copyto(target, data, casting="equiv")
+        else:
+            target_tensor = torch.from_numpy(target)
+            if row.numpy is None:
+                target_tensor = target_tensor.view(row.torch)
+            target_tensor.copy_(data)
+        previous_end = start + nbytes
 
 
 class FrameReader:
