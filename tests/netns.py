@@ -597,7 +597,7 @@ def _manual_up(n: int) -> None:
     _restore_sigterm_handler()
     py = sys.executable
     env = " ".join(f"{k}={v}" for k, v in hs.mpi_env().items())
-    print(f"hosts: " + ", ".join(f"{h.name} {h.ip} (cut: ip link set {h.veth} down)" for h in hs.hosts))
+    print("hosts: " + ", ".join(f"{h.name} {h.ip} (cut: ip link set {h.veth} down)" for h in hs.hosts))
     print(f"bridge {hs.bridge} {hs.bridge_ip}/{hs.subnet.prefixlen}")
     print("\nMPI, 2 ranks per host:")
     print(f"  {env} {shlex.join([mpiexec_path(), *hs.mpiexec_options(2), '-n', str(2 * n)])} "
