@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import msgpack
 import numpy as np
@@ -146,6 +147,20 @@ def test_not_msgpack(header, what):
 ])
 def test_msgpack_bomb_huge_claimed_lengths(claim, what):
     refused(craft(b"\x94\x09\x05\x00" + claim + bytes(8)), what)
+
+
+def test_msgpack_bomb_nested_claims_do_not_allocate_what_they_claim():
+    claim, levels = 100_000, 1000
+    header = b"\x94\x09\x05\x00" + (b"\xdd" + claim.to_bytes(4, "big")) * levels
+    header += b"\xc0" * (claim - len(header))  # long enough that every claim is within msgpack's limits
+    trusted = levels * claim * 8  # bytes of list slots if every claimed length were allocated up front
+    tracemalloc.start()
+    try:
+        refused(craft(header), "incomplete input")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < trusted / 8
 
 
 def test_msgpack_bomb_deep_nesting():
