@@ -115,10 +115,16 @@ def send(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0)
     with their dtype and shape), None, bool, int, float, str, bytes, lists,
     tuples and dicts with str keys of these. Anything else raises
     :class:`~gflowdist.transport.EncodeError` before anything is sent.
-    Messages from one sender on one tag arrive in order.
+    Messages from one sender on one tag arrive in order. A send to this rank
+    itself returns at once: it could not complete before this same thread
+    receives it (a blocking MPI send to oneself never returns).
     """
     comm = _world_of(backend, "send")
-    comm.send(_encode(data, comm.rank, dst_rank), dst_rank, tag)
+    message = _encode(data, comm.rank, dst_rank)
+    if dst_rank == comm.rank:
+        comm.isend(message, dst_rank, tag)  # the communicator keeps the buffer until it is received
+    else:
+        comm.send(message, dst_rank, tag)
 
 
 def isend(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0) -> AsyncSendHandle:

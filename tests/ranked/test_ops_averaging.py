@@ -1,0 +1,192 @@
+"""Gradient and model averaging, DistributedOptimizer, at every world size.
+
+Rank r's gradients are (r + 1) * base, so their mean over n ranks is
+(n + 1) / 2 * base; a rank without a gradient contributes zeros.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gflowdist.ops import (DistributedOptimizer, GradientAverager, average_gradients, average_models,
+                           sync_params)
+
+
+def halves(size):
+    if size == 1:
+        return [[0]]
+    return [list(range(size // 2)), list(range(size // 2, size))]
+
+
+@pytest.fixture(scope="module")
+def half(comm):
+    sub = comm.split(halves(comm.size))
+    yield sub
+    sub.free()
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def bases(model):
+    return [torch.arange(p.numel(), dtype=p.dtype).reshape(p.shape) / 7 + i for i, p in enumerate(model.parameters())]
+
+
+def set_grads(model, rank):
+    for p, base in zip(model.parameters(), bases(model)):
+        p.grad = (rank + 1) * base
+
+
+def gathered_equal(comm, tensors) -> bool:
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    return all(torch.equal(other, flat) for other in comm.all_gather(flat))
+
+
+def test_average_gradients_closed_form(comm):
+    n = comm.size
+    model = make_model()
+    set_grads(model, comm.rank)
+    average_gradients(model)
+    for p, base in zip(model.parameters(), bases(model)):
+        assert torch.allclose(p.grad, (n + 1) / 2 * base)
+    assert gathered_equal(comm, [p.grad for p in model.parameters()])
+
+
+def test_repeated_calls_reuse_bucket_views(comm):
+    n = comm.size
+    model = make_model()
+    for step in range(3):
+        set_grads(model, comm.rank + step)  # fresh tensors: copied into the bucket
+        average_gradients(model)
+        for p, base in zip(model.parameters(), bases(model)):
+            assert torch.allclose(p.grad, ((n + 1) / 2 + step) * base)
+    if n > 1:  # the grads are now views of one flat buffer: in-place accumulation lands in it
+        pointers = [p.grad.data_ptr() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad.zero_()
+            p.grad.add_(torch.full_like(p, float(comm.rank)))
+        average_gradients(model)
+        assert [p.grad.data_ptr() for p in model.parameters()] == pointers
+        for p in model.parameters():
+            assert torch.allclose(p.grad, torch.full_like(p, (n - 1) / 2))
+
+
+def test_none_grads_skipped_consistently(comm):
+    """Rank 0 lacks the first weight's grad (others contribute theirs); no rank has the last bias's."""
+    n, r = comm.size, comm.rank
+    model = make_model()
+    set_grads(model, r)
+    params = list(model.parameters())
+    if r == 0:
+        params[0].grad = None
+    params[-1].grad = None
+    average_gradients(model)
+    base = bases(model)
+    if n == 1:
+        assert params[0].grad is None  # a world of one leaves everything as it is
+    else:
+        assert torch.allclose(params[0].grad, sum(k + 1 for k in range(1, n)) / n * base[0])
+    assert params[-1].grad is None
+    for p, b in zip(params[1:-1], base[1:-1]):
+        assert torch.allclose(p.grad, (n + 1) / 2 * b)
+
+
+def test_small_buckets_and_mixed_dtypes(comm):
+    n = comm.size
+    params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(3, dtype=torch.float64)),
+              torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    averager = GradientAverager(params, bucket_cap_bytes=20)
+    for k, p in enumerate(params):
+        p.grad = torch.full_like(p, float(comm.rank * (k + 1)))
+    averager()
+    for k, p in enumerate(params):
+        assert p.grad.dtype == p.dtype
+        assert torch.allclose(p.grad, torch.full_like(p, (n - 1) / 2 * (k + 1)))
+
+
+def test_subgroup_divides_by_its_own_size(comm, half):
+    members = next(g for g in halves(comm.size) if comm.rank in g)
+    model = make_model()
+    set_grads(model, comm.rank)
+    average_gradients(model, half)
+    mean_factor = sum(k + 1 for k in members) / len(members)
+    for p, base in zip(model.parameters(), bases(model)):
+        assert torch.allclose(p.grad, mean_factor * base)
+
+
+def test_layout_mismatch_raises_on_every_rank(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    model = torch.nn.Linear(3, 2 if comm.rank == 0 else 4)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match="differ between ranks"):
+        average_gradients(model)
+
+
+def test_average_models_and_sync_params(comm):
+    n, r = comm.size, comm.rank
+    model = make_model(seed=r)
+    with torch.no_grad():
+        for k, p in enumerate(model.parameters()):
+            p.fill_(float(r * (k + 1)))
+    average_models(model)
+    for k, p in enumerate(model.parameters()):
+        assert torch.allclose(p, torch.full_like(p, (n - 1) / 2 * (k + 1)))
+    model = make_model(seed=100 + r)
+    reference = [p.detach().clone() for p in make_model(seed=100 + n - 1).parameters()]
+    sync_params(model, src=n - 1)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference))
+    sync_params(model)  # from rank 0: unchanged here since every rank now holds rank n-1's
+    assert gathered_equal(comm, list(model.parameters()))
+
+
+def rank_batch(rank: int):
+    generator = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(6, 4, generator=generator), torch.randn(6, 3, generator=generator)
+
+
+def test_distributed_optimizer_matches_pooled_training(comm):
+    """Same-size batches: averaged gradients equal the gradient of the pooled batch's mean loss."""
+    n, r = comm.size, comm.rank
+    model = make_model(seed=r)  # differs per rank until the optimizer syncs it
+    opt = DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.05))
+    reference = make_model(seed=0)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    pooled_x = torch.cat([rank_batch(k)[0] for k in range(n)])
+    pooled_y = torch.cat([rank_batch(k)[1] for k in range(n)])
+    x, y = rank_batch(r)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(pooled_x), pooled_y).backward()
+        ref_opt.step()
+        for group in ref_opt.param_groups:
+            group["lr"] *= 0.5
+    assert gathered_equal(comm, list(model.parameters()))
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 / 8)
+
+
+def test_distributed_optimizer_with_closure(comm):
+    n, r = comm.size, comm.rank
+    weight = torch.nn.Parameter(torch.tensor([float(r)]))
+    opt = DistributedOptimizer(torch.optim.SGD([weight], lr=1.0))
+    assert float(weight.detach()) == 0.0  # synced from rank 0
+
+    def closure():
+        opt.zero_grad()
+        loss = (r + 1) * weight.sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert float(weight.detach()) == pytest.approx(-(n + 1) / 2)
