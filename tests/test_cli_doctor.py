@@ -168,3 +168,20 @@ def test_ping_output_is_read(output: str, status: str, words: str) -> None:
     assert check.status == status and words in check.detail
     assert check.fix == (None if status == OK else
                          "another mpiexec" if "world of 1" in words else "fix it")
+
+
+def test_configured_mpiexec_that_is_not_executable(tmp_path: Path) -> None:
+    plain = tmp_path / "mpiexec"
+    plain.write_text("not a program\n")
+    check, found = doctor_cmd._mpiexec_check(str(plain))
+    assert found is None and check.status == MISSING
+    assert check.detail == f"{plain} (launch.mpiexec) is not an executable file"
+    assert check.fix.startswith("fix launch.mpiexec")
+
+
+def test_a_timeout_of_zero_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from gflowdist.cli import main
+
+    assert main(["doctor", "--timeout", "0"]) == 2
+    assert capsys.readouterr().err == ("gflowdist doctor: config error: --timeout: must be > 0 "
+                                       "seconds, got 0\n")
