@@ -124,6 +124,11 @@ def test_mpiexec_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         assert doctor_cmd.resolve_mpiexec(None) == (str(beside), "next to this Python")
+    on_path = tmp_path / "mpirun"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert doctor_cmd.resolve_mpiexec("mpirun") == (str(on_path), "launch.mpiexec")
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     assert doctor_cmd.resolve_mpiexec(None) == (None, "PATH")

@@ -51,6 +51,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -313,16 +314,23 @@ def resolve_mpiexec(configured: str | None = None) -> tuple[str | None, str]:
     from gflowdist.errors import ConfigError
 
     if configured:
-        return configured, "launch.mpiexec"
+        return _on_path(configured), "launch.mpiexec"
     named = os.environ.get(MPIEXEC_VARIABLE)
     if named:
-        return named, MPIEXEC_VARIABLE
+        return _on_path(named), MPIEXEC_VARIABLE
     try:
         found = find_mpiexec(None)
     except ConfigError:
         return None, "PATH"
     beside = Path(found).parent == Path(sys.executable).parent
     return found, "next to this Python" if beside else "PATH"
+
+
+def _on_path(name: str) -> str:
+    """A bare command name (``mpirun``) as the file PATH gives, as ``Popen`` would find it."""
+    if os.sep in name:
+        return name
+    return shutil.which(name) or name
 
 
 def _mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
