@@ -114,7 +114,8 @@ def _pack_with_arrays(record: list[Any]) -> tuple[bytes, list[Frame], int]:
 
 
 def _check_int(name: str, value: Any, high: int) -> None:
-    if type(value) is not int and not (isinstance(value, int) and not isinstance(value, bool)):
+    """Raise EncodeError unless ``value`` is an int (not a bool) in ``[0, high]``."""
+    if not isinstance(value, int) or isinstance(value, bool):
         raise EncodeError(f"{name} must be an int, got {type(value).__name__}")
     if not 0 <= value <= high:
         raise EncodeError(f"{name} must be in [0, {high}], got {value}")
@@ -131,8 +132,10 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
     member = MESSAGE_TYPES.get(msg_type) if type(msg_type) is not bool else None
     if member is None:
         raise EncodeError(f"unknown message type {msg_type!r}; use a gflowdist.transport.MessageType")
-    _check_int("sender", sender, _MAX_RANK)
-    _check_int("seq", seq, _MAX_SEQ)
+    if type(sender) is not int or not 0 <= sender <= _MAX_RANK:
+        _check_int("sender", sender, _MAX_RANK)
+    if type(seq) is not int or not 0 <= seq <= _MAX_SEQ:
+        _check_int("seq", seq, _MAX_SEQ)
     has_arrays = check_body(body)
     record = [member, sender, seq, body]  # an IntEnum member packs as its int
     try:

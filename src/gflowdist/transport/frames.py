@@ -55,10 +55,11 @@ _ZEROS = bytes(FRAME_ALIGNMENT)
 _NUMPY_ROWS = {row.numpy: row for row in WIRE_DTYPES if row.numpy is not None}
 
 
-def _new_ext(code: int, data: bytes) -> msgpack.ExtType:
-    """``msgpack.ExtType(code, data)`` without its Python-level type checks (a third of a microsecond
-    per array); ExtType is a namedtuple and both fields are already an int and bytes here."""
-    return tuple.__new__(msgpack.ExtType, (code, data))
+# ``_new_tuple(ExtType, (code, data))`` is ``msgpack.ExtType(code, data)`` without its Python-level
+# type checks (a third of a microsecond per array): ExtType is a namedtuple and the fields are
+# already an int and bytes wherever this is used.
+_new_tuple = tuple.__new__
+_ExtType = msgpack.ExtType
 
 
 def align(n: int) -> int:
@@ -133,9 +134,11 @@ class FrameWriter:
         if ndim > MAX_NDIM:
             raise EncodeError(f"an array with {ndim} dimensions cannot travel (at most {MAX_NDIM})")
         offset = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.frames else 0
+        if nbytes and type(data) is np.ndarray and data.flags.c_contiguous and data.dtype == row.storage:
+            data = data.data.cast("B")  # already the frame's bytes: one memoryview assignment copies it
         self.frames.append((data, row, shape, offset, nbytes))
         self.end = offset + nbytes
-        return _new_ext(ext_code, _REFS[ndim].pack(row.code, ndim, offset, *shape))
+        return _new_tuple(_ExtType, (ext_code, _REFS[ndim].pack(row.code, ndim, offset, *shape)))
 
 
 Frame = tuple[Any, WireDtype, tuple[int, ...], int, int]
@@ -146,8 +149,9 @@ def fill_message(out: np.ndarray, header: bytes, header_start: int, data_start: 
 
     The header goes to ``[header_start, header_start + len(header))``, every
     frame ``(source, row, shape, offset, nbytes)`` to ``data_start + offset``
-    (one ``np.copyto``, or one ``Tensor.copy_`` for a tensor not on the CPU),
-    zeros to the padding in between.
+    with exactly one copy (a memoryview assignment for a contiguous source, an
+    ``np.copyto`` into a view for a strided or byte-swapped one, a
+    ``Tensor.copy_`` for a tensor not on the CPU), zeros to the padding.
     """
     fill = memoryview(out)
     header_end = header_start + len(header)
@@ -158,9 +162,13 @@ def fill_message(out: np.ndarray, header: bytes, header_start: int, data_start: 
         start = data_start + offset
         if start != previous_end:
             fill[previous_end:start] = _ZEROS[:start - previous_end]
+        if type(data) is memoryview:
+            fill[start:start + nbytes] = data
+            previous_end = start + nbytes
+            continue
         target = np.ndarray(shape, row.storage, out, start)
         if isinstance(data, np.ndarray):
-            np.copyto(target, data, casting="equiv")
+            np.copyto(target, data, casting="equiv")  # strided or byte-swapped source
         else:
             target_tensor = torch.from_numpy(target)
             if row.numpy is None:

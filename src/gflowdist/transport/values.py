@@ -71,10 +71,15 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
                               "(or the body contains a reference cycle)")
         special = False
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 raise EncodeError(f"{format_path(path)}: dict key {key!r} is a {type(key).__name__}; "
                                   "only str keys travel")
-            if type(item) not in _SCALARS:
+            kind = type(item)
+            if kind in _SCALARS:
+                continue
+            if kind is np.ndarray or kind is torch.Tensor:
+                special = True
+            else:
                 special = _check(item, depth + 1, path + (key,)) or special
         return special
     if isinstance(value, (list, tuple)):
@@ -83,7 +88,12 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
                               "(or the body contains a reference cycle)")
         special = False
         for index, item in enumerate(value):
-            if type(item) not in _SCALARS:
+            kind = type(item)
+            if kind in _SCALARS:
+                continue
+            if kind is np.ndarray or kind is torch.Tensor:
+                special = True
+            else:
                 special = _check(item, depth + 1, path + (index,)) or special
         return special
     if isinstance(value, (np.ndarray, torch.Tensor, _NUMPY_SCALARS)):
