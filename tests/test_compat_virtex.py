@@ -58,3 +58,16 @@ def test_gpu_mem_usage_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     assert virtex.gpu_mem_usage() == 0
+
+
+def test_launch_inside_a_job_of_another_size_raises(monkeypatch):
+    """Inside a running job launch() spawns nothing; the job's size must be the one asked for."""
+    from gflowdist.launch import spawn, torchrun
+
+    ran = []
+    monkeypatch.setattr(spawn, "existing_job", lambda: "mpi")
+    monkeypatch.setattr(torchrun, "ensure_process_group", lambda device="cpu": "mpi")
+    with pytest.raises(ConfigError, match="asked for 3 processes, but it runs inside a job of 1 ranks"):
+        virtex.launch(ran.append, num_gpus_per_machine=3, args=("x",))
+    virtex.launch(ran.append, num_gpus_per_machine=1, args=("x",))
+    assert ran == ["x"]

@@ -1,0 +1,126 @@
+"""mpi_fork and fork, for real: jobs in subprocesses, each in its own process group.
+
+Each script prints one line per rank; the tests count and parse them. A
+plain run starts with the launcher variables stripped (tests/launching.py
+base_env), so the launcher under test decides everything. VirTex's launch
+is tested in tests/test_compat_virtex_launch.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from launching import REPO, _kill_group, base_env, run_mpi, run_torch
+
+PY = sys.executable
+
+SPINUP_SCRIPT = """
+import sys
+from gflowdist.compat.spinup import mpi_fork, mpi_sum, num_procs, proc_id
+
+mpi_fork(int(sys.argv[1]))
+total = mpi_sum(1)
+print(f"RANK {proc_id()} SIZE {num_procs()} SUM {int(total)}", flush=True)
+if len(sys.argv) > 2 and proc_id() == 1:
+    sys.exit(int(sys.argv[2]))
+"""
+
+OMNISAFE_SCRIPT = """
+import os, sys
+from gflowdist.compat import omnisafe
+
+if omnisafe.fork(2, bind_to_core="--bind" in sys.argv):
+    print("PARENT DONE", flush=True)
+    sys.exit(0)
+rank = omnisafe.get_rank()
+cpus = len(os.sched_getaffinity(0))
+print(f"WORKER {rank} SIZE {omnisafe.world_size()} SUM {int(omnisafe.dist_sum(1))} CPUS {cpus}", flush=True)
+if "--fail" in sys.argv and rank == 1:
+    raise RuntimeError("worker boom")
+"""
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run_plain(argv: list[str], *, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """One process (it may launch more) in its own process group, killed after ``timeout``."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s:\n{out}")
+    finally:
+        _kill_group(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, out)
+
+
+def lines(output: str, word: str) -> list[str]:
+    """The reports starting with ``word`` (two ranks' lines may arrive glued together)."""
+    return [m.strip() for m in re.findall(rf"{word} .*?(?={word} |\n|$)", output)]
+
+
+# -- mpi_fork ----------------------------------------------------------------------
+
+
+def test_mpi_fork_never_nests_under_mpiexec_original_does(tmp_path):
+    """``mpiexec -n 2 python job.py`` calling mpi_fork(2): the original (IN_MPI only) starts 2 x 2 ranks."""
+    result = run_mpi(2, [PY, write(tmp_path, "job.py", SPINUP_SCRIPT), "2"]).check()
+    assert sorted(lines(result.output, "RANK")) == ["RANK 0 SIZE 2 SUM 2", "RANK 1 SIZE 2 SUM 2"]
+
+
+def test_mpi_fork_exits_with_the_failing_ranks_status(tmp_path):
+    result = run_plain([PY, write(tmp_path, "job.py", SPINUP_SCRIPT), "2", "3"])
+    assert result.returncode == 3, result.stdout
+
+
+def test_mpi_fork_keeps_module_mode_original_loses_it(tmp_path):
+    """Started as ``python -m pkgx.job``, the ranks run the module: its relative import works.
+    The original re-runs ``sys.argv`` (the file path), where the relative import fails."""
+    package = tmp_path / "pkgx"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("VALUE = 41\n")
+    (package / "job.py").write_text(textwrap.dedent("""
+        from .helper import VALUE
+        from gflowdist.compat.spinup import mpi_fork, num_procs, proc_id
+        mpi_fork(2)
+        print(f"RANK {proc_id()} SIZE {num_procs()} VALUE {VALUE + 1}", flush=True)
+    """))
+    result = run_plain([PY, "-m", "pkgx.job"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert sorted(lines(result.stdout, "RANK")) == ["RANK 0 SIZE 2 VALUE 42", "RANK 1 SIZE 2 VALUE 42"]
+
+
+# -- fork (OmniSafe) ---------------------------------------------------------------
+
+
+def test_fork_runs_workers_under_torchrun_bound_to_cores(tmp_path):
+    """Each worker is pinned to one CPU; the original hands ``-bind-to core`` to torchrun, which fails."""
+    result = run_plain([PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT), "--bind"], timeout=180)
+    assert result.returncode == 0, result.stdout
+    assert sorted(lines(result.stdout, "WORKER")) == ["WORKER 0 SIZE 2 SUM 2 CPUS 1", "WORKER 1 SIZE 2 SUM 2 CPUS 1"]
+    assert result.stdout.rstrip().endswith("PARENT DONE")
+
+
+def test_fork_failing_worker_fails_the_parent(tmp_path):
+    result = run_plain([PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT), "--fail"], timeout=180)
+    assert result.returncode != 0
+    assert "worker boom" in result.stdout and "workers failed" in result.stdout
+    assert "PARENT DONE" not in result.stdout
+
+
+def test_fork_inside_a_torch_job_starts_nothing(tmp_path):
+    result = run_torch(2, [PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT)], timeout=120).check()
+    assert sorted(w.rsplit(" CPUS", 1)[0] for w in lines(result.output, "WORKER")) == \
+        ["WORKER 0 SIZE 2 SUM 2", "WORKER 1 SIZE 2 SUM 2"]
+    assert "PARENT DONE" not in result.output
