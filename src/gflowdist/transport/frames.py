@@ -120,13 +120,10 @@ class FrameWriter:
                               "int16, int32, int64, float16, bfloat16, float32, float64")
         if tensor.requires_grad:
             tensor = tensor.detach()
-        shape = tuple(tensor.shape)
-        nbytes = tensor.numel() * row.itemsize
-        if not tensor.is_cpu:
-            return self._reference(EXT_TORCH, tensor, row, shape, nbytes)  # torch copies device -> message once
-        if row.numpy is None:
-            tensor = tensor.view(row.torch_storage)
-        return self._reference(EXT_TORCH, tensor.numpy(), row, shape, nbytes)
+        if not tensor.is_cpu:  # torch copies device -> message buffer, still once
+            return self._reference(EXT_TORCH, tensor, row, tuple(tensor.shape), tensor.numel() * row.itemsize)
+        array = (tensor if row.numpy is not None else tensor.view(row.torch_storage)).numpy()
+        return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
 
     def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...],
                    nbytes: int) -> msgpack.ExtType:
