@@ -66,43 +66,34 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
     if kind is np.ndarray or kind is torch.Tensor:
         return True
     if isinstance(value, dict):
-        if depth >= MAX_NESTING_DEPTH:
-            raise EncodeError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
-                              "(or the body contains a reference cycle)")
-        special = False
-        for key, item in value.items():
-            if type(key) is not str and not isinstance(key, str):
-                raise EncodeError(f"{format_path(path)}: dict key {key!r} is a {type(key).__name__}; "
-                                  "only str keys travel")
-            kind = type(item)
-            if kind in _SCALARS:
-                continue
-            if kind is np.ndarray or kind is torch.Tensor:
-                special = True
-            else:
-                special = _check(item, depth + 1, path + (key,)) or special
-        return special
-    if isinstance(value, (list, tuple)):
-        if depth >= MAX_NESTING_DEPTH:
-            raise EncodeError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
-                              "(or the body contains a reference cycle)")
-        special = False
-        for index, item in enumerate(value):
-            kind = type(item)
-            if kind in _SCALARS:
-                continue
-            if kind is np.ndarray or kind is torch.Tensor:
-                special = True
-            else:
-                special = _check(item, depth + 1, path + (index,)) or special
-        return special
-    if isinstance(value, (np.ndarray, torch.Tensor, _NUMPY_SCALARS)):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    elif isinstance(value, (np.ndarray, torch.Tensor, _NUMPY_SCALARS)):
         return True
-    if isinstance(value, (int, float, str, bytes)):
+    elif isinstance(value, (int, float, str, bytes)):
         return False
-    raise EncodeError(f"{format_path(path)}: a {type(value).__module__}.{type(value).__qualname__} "
-                      "cannot travel; allowed are None, bool, int, float, str, bytes, list, tuple, "
-                      "dict with str keys, numpy arrays and torch tensors")
+    else:
+        raise EncodeError(f"{format_path(path)}: a {type(value).__module__}.{type(value).__qualname__} "
+                          "cannot travel; allowed are None, bool, int, float, str, bytes, list, tuple, "
+                          "dict with str keys, numpy arrays and torch tensors")
+    if depth >= MAX_NESTING_DEPTH:
+        raise EncodeError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
+                          "(or the body contains a reference cycle)")
+    is_dict = type(items) is not enumerate
+    special = False
+    for key, item in items:
+        if is_dict and type(key) is not str and not isinstance(key, str):
+            raise EncodeError(f"{format_path(path)}: dict key {key!r} is a {type(key).__name__}; "
+                              "only str keys travel")
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind is np.ndarray or kind is torch.Tensor:
+            special = True
+        else:
+            special = _check(item, depth + 1, path + (key,)) or special
+    return special
 
 
 def check_received_body(body: Any, sender: int) -> None:
