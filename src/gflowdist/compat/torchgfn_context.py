@@ -37,7 +37,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, launcher_world_size, world_comm
 from gflowdist.comm.select import reset_world_comm
@@ -277,13 +277,8 @@ def _context_fields(core: CoreContext) -> dict[str, Any]:
 
 
 @dataclass
-class DistributedContextMPI4Py:
-    """torchgfn's ``DistributedContextMPI4Py``: this rank's role, peers and groups.
-
-    Same fields as torchgfn; the groups are gflowdist communicators (see the
-    module docstring). ``core`` is the :class:`gflowdist.context.DistributedContext`
-    that owns them (None for a context built by hand).
-    """
+class _RankFacts:
+    """The fields both torchgfn contexts start with, in torchgfn's order, and the role questions."""
 
     my_rank: int
     world_size: int
@@ -295,9 +290,9 @@ class DistributedContextMPI4Py:
     assigned_buffer: Optional[int] = None
     buffer_group: Optional[Any] = None
     assigned_training_ranks: Optional[list[int]] = None
-    buffer_rank_set: set[int] = field(default_factory=set)
-    coordinator_rank: Optional[int] = None
-    core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
+    if TYPE_CHECKING:  # fields of the subclasses, each at its place in torchgfn's order
+        buffer_rank_set: set[int]
+        coordinator_rank: Optional[int]
 
     def is_buffer_rank(self) -> bool:
         """True for a replay-buffer rank (never the coordinator)."""
@@ -311,6 +306,21 @@ class DistributedContextMPI4Py:
         """True for the coordinator (rank ``world_size - 1`` when there is one)."""
         return self.coordinator_rank is not None and self.my_rank == self.coordinator_rank
 
+
+@dataclass
+class DistributedContextMPI4Py(_RankFacts):
+    """torchgfn's ``DistributedContextMPI4Py``: this rank's role, peers and groups.
+
+    Same fields as torchgfn, in its order; the groups are gflowdist
+    communicators (see the module docstring). ``core`` is the
+    :class:`gflowdist.context.DistributedContext` that owns them (None for a
+    context built by hand).
+    """
+
+    buffer_rank_set: set[int] = field(default_factory=set)
+    coordinator_rank: Optional[int] = None
+    core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
+
     def cleanup(self) -> None:
         """Free this context's sub-communicators. Never raises; calling it again does nothing."""
         if self.core is not None:
@@ -318,34 +328,21 @@ class DistributedContextMPI4Py:
 
 
 @dataclass
-class DistributedContext:
+class DistributedContext(_RankFacts):
     """torchgfn's ``DistributedContext``: this rank's role, peers and groups.
 
-    Same fields as torchgfn. ``train_global_group``, ``agent_groups`` and
-    ``buffer_group`` are the groups of ``backend="torch"``; ``dc_mpi4py``
-    holds the MPI ones when an MPI launcher started the job. ``core`` is the
-    :class:`gflowdist.context.DistributedContext` that owns the torch groups.
+    Same fields as torchgfn, in its order. ``train_global_group``,
+    ``agent_groups`` and ``buffer_group`` are the groups of
+    ``backend="torch"``; ``dc_mpi4py`` holds the MPI ones when an MPI launcher
+    started the job. ``core`` is the :class:`gflowdist.context.DistributedContext`
+    that owns the torch groups.
     """
 
-    my_rank: int
-    world_size: int
-    num_training_ranks: int
-    agent_group_size: int
-    agent_groups: Optional[list[Any]] = None
-    agent_group_id: Optional[int] = None
-    train_global_group: Optional[Any] = None
-    assigned_buffer: Optional[int] = None
-    buffer_group: Optional[Any] = None
-    assigned_training_ranks: Optional[list[int]] = None
     dc_mpi4py: Optional[DistributedContextMPI4Py] = None
     coordinator_rank: Optional[int] = None
     buffer_rank_set: set[int] = field(default_factory=set)
     training_ranks: list[int] = field(default_factory=list)
     core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
-
-    is_buffer_rank = DistributedContextMPI4Py.is_buffer_rank
-    is_training_rank = DistributedContextMPI4Py.is_training_rank
-    is_coordinator_rank = DistributedContextMPI4Py.is_coordinator_rank
 
     def cleanup(self) -> None:
         """Free the sub-communicators, and the process group if initialize_distributed_compute made it.
