@@ -18,8 +18,8 @@ messages) and applies one to three seeded mutations per case:
 Half of the mutated messages then get their declared total length (bytes
 8..16) rewritten to the new size, so the checks behind the length check are
 exercised too. Prints a count per outcome (ok / ProtocolError / failure: any
-other exception) and per mutation, shows the first failures, and exits 1 if
-there was any failure.
+other exception) and per mutation, the most common refusal reasons, the first
+failures, and exits 1 if there was any failure.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import random
+import re
 import struct
 import sys
 import time
@@ -129,12 +130,23 @@ def _touch(value: Any) -> None:
         (value.view(torch.int16) if value.dtype == torch.bfloat16 else value).numpy().tobytes()
 
 
-def run(cases: int, seed: int) -> tuple[collections.Counter, collections.Counter, list[str]]:
-    """Fuzz ``cases`` mutated messages; returns (outcomes, outcomes per mutation, first failures)."""
+def _reason(error: ProtocolError) -> str:
+    """The refusal reason with numbers and quoted values blanked, to count kinds of refusal."""
+    text = str(error).split(": ", 1)[-1]
+    text = re.sub(r"b?'[^']*'|\[[^\]]*\]", "…", text)
+    return re.sub(r"-?\d+", "N", text)[:72]
+
+
+def run(cases: int, seed: int) -> tuple[collections.Counter, collections.Counter, collections.Counter, list[str]]:
+    """Fuzz ``cases`` mutated messages.
+
+    Returns (outcomes, (first mutation, outcome) counts, ProtocolError reasons, first failures).
+    """
     rng = random.Random(seed)
     seeds = corpus()
     outcomes: collections.Counter = collections.Counter()
     per_mutation: collections.Counter = collections.Counter()
+    reasons: collections.Counter = collections.Counter()
     failures: list[str] = []
     names = list(MUTATIONS)
     for _ in range(cases):
@@ -147,24 +159,26 @@ def run(cases: int, seed: int) -> tuple[collections.Counter, collections.Counter
         try:
             _touch(decode(data, sender=SENDER).body)
             outcome = "ok"
-        except ProtocolError:
+        except ProtocolError as error:
             outcome = "ProtocolError"
+            reasons[_reason(error)] += 1
         except Exception as exc:  # noqa: BLE001 - the fuzzer's job is to catch whatever escapes
             outcome = "failure"
             if len(failures) < 5:
                 failures.append(f"{type(exc).__name__}: {exc} after {'+'.join(applied)} on {bytes(data).hex()}")
         outcomes[outcome] += 1
         per_mutation[(applied[0], outcome)] += 1
-    return outcomes, per_mutation, failures
+    return outcomes, per_mutation, reasons, failures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", type=int, default=100_000, help="number of mutated messages (default 100000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--reasons", type=int, default=12, help="how many refusal reasons to list (default 12)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    outcomes, per_mutation, failures = run(args.cases, args.seed)
+    outcomes, per_mutation, reasons, failures = run(args.cases, args.seed)
     elapsed = time.perf_counter() - started
     print(f"fuzzed {args.cases} mutated messages (seed {args.seed}) in {elapsed:.1f} s")
     print(f"{'outcome':<16}{'count':>10}")
@@ -174,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in MUTATIONS:
         print(f"{name:<16}" + "".join(f"{per_mutation[(name, o)]:>{w}}"
                                       for o, w in (("ok", 10), ("ProtocolError", 15), ("failure", 10))))
+    print(f"\n{len(reasons)} kinds of ProtocolError; the most common:")
+    for reason, count in reasons.most_common(args.reasons):
+        print(f"{count:>10}  {reason}")
     for failure in failures:
         print("FAILURE", failure)
     return 1 if outcomes["failure"] else 0

@@ -26,12 +26,13 @@ def test_corpus_is_valid():
 
 
 def test_mutated_messages_only_decode_or_raise_protocol_error():
-    outcomes, per_mutation, failures = fuzz_codec.run(3000, seed=0)
+    outcomes, per_mutation, reasons, failures = fuzz_codec.run(3000, seed=0)
     assert failures == [] and outcomes["failure"] == 0
     assert sum(outcomes.values()) == 3000
     # The slice is only useful if it reaches both sides: some mutations stay valid, most are refused.
     assert outcomes["ok"] > 0 and outcomes["ProtocolError"] > outcomes["ok"]
     assert {name for name, _ in per_mutation} == set(fuzz_codec.MUTATIONS)
+    assert len(reasons) > 20  # many different checks were reached, not just the length check
 
 
 def test_fuzzer_reports_failures(monkeypatch):
@@ -40,6 +41,6 @@ def test_fuzzer_reports_failures(monkeypatch):
         raise IndexError("escaped")
 
     monkeypatch.setattr(fuzz_codec, "decode", broken_decode)
-    outcomes, _, failures = fuzz_codec.run(10, seed=1)
+    outcomes, _, _, failures = fuzz_codec.run(10, seed=1)
     assert outcomes["failure"] == 10 and failures[0].startswith("IndexError: escaped")
     assert fuzz_codec.main(["--cases", "5"]) == 1

@@ -103,7 +103,14 @@ class FrameWriter:
                                   "bool, uint8, int8, int16, int32, int64, float16, float32, float64")
             return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes)
         if isinstance(value, torch.Tensor):
-            return self._tensor_reference(value)
+            try:  # a plain CPU tensor of a numpy-compatible dtype: one call gives its bytes
+                array = value.numpy()
+            except (RuntimeError, TypeError):  # requires grad, not on the CPU, sparse, bfloat16, ...
+                return self._tensor_reference(value)
+            row = _NUMPY_ROWS.get(array.dtype)
+            if row is None:
+                return self._tensor_reference(value)
+            return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
         if isinstance(value, np.generic):
             return value.item()
         if isinstance(value, int):  # msgpack asks its default hook about ints it cannot fit in 64 bits
@@ -111,6 +118,7 @@ class FrameWriter:
         raise EncodeError(f"a {type(value).__qualname__} cannot travel")
 
     def _tensor_reference(self, tensor: torch.Tensor) -> msgpack.ExtType:
+        """The careful path for a tensor ``Tensor.numpy()`` refused or gave an unknown dtype."""
         if tensor.layout != torch.strided:
             raise EncodeError(f"a torch tensor with layout {tensor.layout} cannot travel; "
                               "convert it with .to_dense()")
