@@ -224,6 +224,7 @@ def test_tiny_message_is_small():
     ({"t": torch.zeros(2, dtype=torch.complex64)}, "torch.complex64"),
     ({"t": torch.zeros(2, 2).to_sparse()}, "sparse"),
     ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, "masked"),
+    ({"meta": torch.empty(3, device="meta")}, "meta tensor"),
     ({"a": np.zeros((1,) * (MAX_NDIM + 1))}, f"at most {MAX_NDIM}"),
     ({"big": 2**64}, "outside [-2**63, 2**64)"),
     ({"neg": -(2**63) - 1}, "outside [-2**63, 2**64)"),

@@ -128,6 +128,8 @@ class FrameWriter:
                               "int16, int32, int64, float16, bfloat16, float32, float64")
         if tensor.requires_grad:
             tensor = tensor.detach()
+        if tensor.is_meta:
+            raise EncodeError("a meta tensor has no data to send")
         if not tensor.is_cpu:  # torch copies device -> message buffer, still once
             return self._reference(EXT_TORCH, tensor, row, tuple(tensor.shape), tensor.numel() * row.itemsize)
         array = (tensor if row.numpy is not None else tensor.view(row.torch_storage)).numpy()
