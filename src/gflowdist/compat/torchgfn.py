@@ -37,7 +37,6 @@ Fixed behaviour (each has a test in tests/ranked/test_compat_torchgfn.py):
 from __future__ import annotations
 
 import itertools
-import logging
 from typing import Any
 
 import torch
@@ -81,7 +80,6 @@ __all__ = [
     "world_for",
 ]
 
-logger = logging.getLogger(__name__)
 
 default_backend = "mpi"
 #: What ``group`` may be: None, a gflowdist Communicator, torch's group.WORLD or MPI.COMM_WORLD.
