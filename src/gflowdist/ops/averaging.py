@@ -6,19 +6,19 @@
 1. puts every parameter's local gradient into its slot of the bucket (a
    missing gradient, ``None``, is written as zeros) and sets one *presence*
    slot per parameter at the end of the bucket to 1 or 0;
-2. runs **one** in-place ``all_reduce(SUM)`` per bucket: the gradient slots
-   become ``sum_r g_r`` and each presence slot the number of ranks that had
-   that gradient;
-3. divides the gradient slots by ``n``, the size of *this* group (never the
-   world's): ``g <- (1/n) sum_r g_r``, a missing gradient counting as zeros;
-4. makes each parameter's ``.grad`` a view of its slot, except parameters
+2. runs **one** in-place ``all_reduce(AVG)`` per bucket over the group of
+   size ``n`` (*this* group's size, never the world's): each gradient slot
+   becomes ``g <- (1/n) sum_r g_r``, a missing gradient counting as zeros,
+   and each presence slot ``c/n`` where ``c`` is the number of ranks that had
+   that gradient (so it is positive exactly when some rank had one);
+3. makes each parameter's ``.grad`` a view of its slot, except parameters
    that no rank had a gradient for: they keep ``grad = None`` on every rank.
 
 Because the presence flags travel inside the same reduction, ranks agree on
 which parameters have gradients without a second collective, and a rank
 with a ``None`` gradient cannot desynchronise the others.
 
-Step 4 is what makes the steady state cheap: after the first call the
+Step 3 is what makes the steady state cheap: after the first call the
 gradients *are* the bucket, so with ``optimizer.zero_grad(set_to_none=False)``
 backward accumulates straight into it and the next call copies nothing. With
 the default ``set_to_none=True`` backward makes fresh tensors, and step 1
@@ -108,10 +108,10 @@ class _GradBucket:
             _copy_all(targets, sources)
         return flags
 
-    def publish(self, counts: list[float]) -> None:
-        """Step 4: every parameter some rank had a gradient for gets its slot as ``.grad``."""
-        for p, view, pointer, count in zip(self.params, self.views, self.pointers, counts):
-            if count > 0:
+    def publish(self, shares: list[float]) -> None:
+        """Step 3: every parameter some rank had a gradient for gets its slot as ``.grad``."""
+        for p, view, pointer, share in zip(self.params, self.views, self.pointers, shares):
+            if share > 0:
                 grad = p.grad
                 if grad is None or grad.data_ptr() != pointer:
                     p.grad = view
@@ -164,8 +164,7 @@ class GradientAverager:
         for bucket in self._buckets:
             flags = bucket.fill()
             bucket.presence.copy_(torch.tensor(flags, dtype=bucket.flat.dtype))
-            comm.all_reduce(bucket.flat, ReduceOp.SUM)
-            bucket.data.div_(comm.size)
+            comm.all_reduce(bucket.flat, ReduceOp.AVG)
             bucket.publish(bucket.presence.tolist())
 
     average = __call__
