@@ -130,6 +130,11 @@ def test_non_contiguous_inputs_roundtrip():
         assert torch.equal(out[key], value) and out[key].dtype == value.dtype
 
 
+def test_negation_view_travels_as_its_values():
+    base = torch.arange(4.0)
+    assert torch.equal(roundtrip({"n": torch._neg_view(base)})["n"], -base)
+
+
 def test_big_endian_numpy_arrives_native_with_same_values():
     array = np.arange(6, dtype=">i4")
     out = roundtrip({"a": array})["a"]

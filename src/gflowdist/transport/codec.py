@@ -19,8 +19,9 @@ Arrays inside ``body`` are msgpack ExtType references (frames.py); every
 other body value is plain msgpack (values.py lists what may travel).
 
 Costs: :func:`encode` packs the header once, allocates the message once and
-copies each array exactly once into it (``np.copyto``, or ``Tensor.copy_``
-for a tensor not on the CPU). :func:`decode` copies nothing: arrays and
+copies each array exactly once into it (a memoryview assignment for a
+contiguous array, ``np.copyto`` for a strided one, ``Tensor.copy_`` for a
+tensor not on the CPU). :func:`decode` copies nothing: arrays and
 tensors are views of ``buf`` (so ``buf`` must not be reused while they live),
 except with ``copy=True``, and except a torch tensor decoded from a read-only
 buffer such as ``bytes``, which is copied because torch has no read-only

@@ -132,7 +132,13 @@ class FrameWriter:
             raise EncodeError("a meta tensor has no data to send")
         if not tensor.is_cpu:  # torch copies device -> message buffer, still once
             return self._reference(EXT_TORCH, tensor, row, tuple(tensor.shape), tensor.numel() * row.itemsize)
-        array = (tensor if row.numpy is not None else tensor.view(row.torch_storage)).numpy()
+        if tensor.is_neg():  # a lazy negation view (torch._neg_view) has no numpy form: materialise it
+            tensor = tensor.resolve_neg()
+        try:
+            array = (tensor if row.numpy is not None else tensor.view(row.torch_storage)).numpy()
+        except (RuntimeError, TypeError) as exc:
+            raise EncodeError(f"a {type(tensor).__qualname__} of {row.name} cannot be read as plain memory: "
+                              f"{exc}") from exc
         return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
 
     def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...],
