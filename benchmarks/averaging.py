@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from transport import _free_port, _parse  # the transport benchmark's port and result helpers
+
 
 def make_models():
     import torch
@@ -43,14 +45,25 @@ def make_models():
     return {"mlp-10": mlp, "deep-100": deep}
 
 
-def give_grads(model) -> list:
-    """Random gradients on every parameter; returns them (fresh, not bucket views)."""
+def grad_setters(model, comm):
+    """``(fresh, views)``: callables giving the model fresh random gradients, or views of its bucket."""
     import torch
 
-    grads = [torch.randn_like(p) for p in model.parameters()]
-    for p, g in zip(model.parameters(), grads):
+    from gflowdist.ops import average_gradients
+
+    fresh = [torch.randn_like(p) for p in model.parameters()]
+    for p, g in zip(model.parameters(), fresh):
         p.grad = g
-    return grads
+    average_gradients(model, comm)  # copies them into the bucket; the grads become its views
+    views = [p.grad for p in model.parameters()]
+
+    def setter(grads):
+        def set_grads() -> None:
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g
+        return set_grads
+
+    return setter(fresh), setter(views)
 
 
 def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
@@ -96,20 +109,7 @@ def mpi_worker(reps: int) -> None:
     for name, model in make_models().items():
         numel = sum(p.numel() for p in model.parameters())
         buf = np.ones(numel, dtype=np.float32)
-        fresh = give_grads(model)
-
-        def restore_fresh() -> None:
-            for p, g in zip(model.parameters(), fresh):
-                p.grad = g
-
-        views = [None]
-
-        def restore_views() -> None:
-            if views[0] is None:
-                average_gradients(model, comm)  # the grads become bucket views
-                views[0] = [p.grad for p in model.parameters()]
-            for p, g in zip(model.parameters(), views[0]):
-                p.grad = g
+        restore_fresh, restore_views = grad_setters(model, comm)
 
         row = {"tensors": len(list(model.parameters())), "params": numel}
         row.update(median_times({
@@ -144,20 +144,7 @@ def torch_worker(reps: int) -> None:
     for name, model in make_models().items():
         numel = sum(p.numel() for p in model.parameters())
         buf = torch.ones(numel)
-        fresh = give_grads(model)
-
-        def restore_fresh() -> None:
-            for p, g in zip(model.parameters(), fresh):
-                p.grad = g
-
-        views = [None]
-
-        def restore_views() -> None:
-            if views[0] is None:
-                average_gradients(model, comm)
-                views[0] = [p.grad for p in model.parameters()]
-            for p, g in zip(model.parameters(), views[0]):
-                p.grad = g
+        restore_fresh, restore_views = grad_setters(model, comm)
 
         row = {"tensors": len(list(model.parameters())), "params": numel}
         row.update(median_times({
@@ -173,24 +160,11 @@ def torch_worker(reps: int) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_")) and k not in ("IN_MPI", "RANK", "WORLD_SIZE")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
     return env
-
-
-def _parse(output: str) -> dict:
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"worker printed no result:\n{output}")
 
 
 def run_mpi(reps: int) -> dict:

@@ -15,19 +15,7 @@ import torch
 
 from gflowdist.compat import evorl, omnisafe, spinup, virtex
 from gflowdist.ops.axes import bind_axis, unbind_axis
-
-
-def halves(size):
-    if size == 1:
-        return [[0]]
-    return [list(range(size // 2)), list(range(size // 2, size))]
-
-
-@pytest.fixture(scope="module")
-def half(comm):
-    sub = comm.split(halves(comm.size))
-    yield sub
-    sub.free()
+from subgroups import half, my_half  # noqa: F401  (half is a fixture)
 
 
 # -- Spinning Up -------------------------------------------------------------------
@@ -220,7 +208,7 @@ def test_evorl_split_keys_identical_everywhere(comm):
 
 
 def test_evorl_bound_axes_follow_groups(comm, half):
-    members = next(g for g in halves(comm.size) if comm.rank in g)
+    members = my_half(comm.rank, comm.size)
     bind_axis(evorl.DP_AXIS_NAME, half)
     try:
         got = evorl.pmean(torch.tensor([float(comm.rank)]), evorl.DP_AXIS_NAME)

@@ -18,19 +18,7 @@ from gflowdist.comm import ReduceOp
 from gflowdist.ops import (all_gather, as_reduce_op, avg_tensor, barrier, broadcast, dist_avg, dist_max, dist_min,
                            dist_op, dist_sum, gather_distributed_data, rank_seed, rank_seeds, seed_rank,
                            statistics_scalar)
-
-
-def halves(size):
-    if size == 1:
-        return [[0]]
-    return [list(range(size // 2)), list(range(size // 2, size))]
-
-
-@pytest.fixture(scope="module")
-def half(comm):
-    sub = comm.split(halves(comm.size))
-    yield sub
-    sub.free()
+from subgroups import half, my_half  # noqa: F401  (half is a fixture)
 
 
 def samples_of(rank: int) -> np.ndarray:
@@ -94,7 +82,7 @@ def test_avg_tensor_in_place_zero_d_and_integers(comm):
 
 
 def test_subgroup_average_divides_by_subgroup_size(comm, half):
-    members = next(g for g in halves(comm.size) if comm.rank in g)
+    members = my_half(comm.rank, comm.size)
     got = float(dist_avg(comm.rank, half))
     assert got == pytest.approx(sum(members) / len(members))
     x = torch.tensor([float(comm.rank)])

@@ -11,19 +11,7 @@ import torch
 
 from gflowdist.ops import (DistributedOptimizer, GradientAverager, average_gradients, average_models,
                            sync_params)
-
-
-def halves(size):
-    if size == 1:
-        return [[0]]
-    return [list(range(size // 2)), list(range(size // 2, size))]
-
-
-@pytest.fixture(scope="module")
-def half(comm):
-    sub = comm.split(halves(comm.size))
-    yield sub
-    sub.free()
+from subgroups import half, my_half  # noqa: F401  (half is a fixture)
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -108,7 +96,7 @@ def test_small_buckets_and_mixed_dtypes(comm):
 
 
 def test_subgroup_divides_by_its_own_size(comm, half):
-    members = next(g for g in halves(comm.size) if comm.rank in g)
+    members = my_half(comm.rank, comm.size)
     model = make_model()
     set_grads(model, comm.rank)
     average_gradients(model, half)

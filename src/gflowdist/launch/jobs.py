@@ -20,24 +20,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gflowdist.comm.select import in_mpi_job, in_torch_job
+from gflowdist.comm.select import _detect  # the engine detection of world_comm(), shared
 from gflowdist.errors import GflowdistError
 
 __all__ = ["existing_job", "current_command", "find_mpiexec", "is_open_mpi"]
 
 
 def existing_job() -> str | None:
-    """``"torch"`` or ``"mpi"`` when this process is a rank of a running job, else None."""
-    if "torch.distributed" in sys.modules:
-        import torch.distributed as dist
+    """``"torch"`` or ``"mpi"`` when this process is a rank of a running job, else None.
 
-        if dist.is_available() and dist.is_initialized():
-            return "torch"
-    if in_mpi_job():
-        return "mpi"
-    if in_torch_job():
-        return "torch"
-    return None
+    The same detection that picks the world communicator's engine.
+    """
+    engine = _detect()
+    return None if engine == "local" else engine
 
 
 def current_command() -> list[str]:

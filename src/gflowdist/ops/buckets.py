@@ -11,7 +11,7 @@ concatenated copy and write the results back.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -54,33 +54,33 @@ def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         offset += n
 
 
+def _each_bucket(tensors: Sequence[torch.Tensor], cap_bytes: int, collective: Callable[[torch.Tensor], object]) -> None:
+    """Run ``collective`` in place on a flat copy of each bucket, then write the results back."""
+    for bucket in plan_buckets(tensors, cap_bytes):
+        members = [tensors[i] for i in bucket]
+        flat = _flatten(members)
+        collective(flat)
+        _write_back(flat, members)
+
+
 def reduce_tensors(tensors: Sequence[torch.Tensor], op: ReduceOp, group: Communicator,
                    cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
     """Reduce every tensor over ``group`` in place, one collective per bucket.
 
     ``ReduceOp.AVG`` refuses integer tensors with ``TypeError`` before any
-    communication. The bucket plan depends only on the tensors' dtypes, devices and sizes,
-    so it is the same on every rank whose tensors have the same layout.
+    communication. The bucket plan depends only on the tensors' dtypes,
+    devices and sizes, so it is the same on every rank whose tensors have the
+    same layout.
     """
     if op is ReduceOp.AVG:
         for tensor in tensors:  # refuse before any rank starts a collective
             require_float_for_avg(tensor)
-    if group.size == 1:
-        return
-    for bucket in plan_buckets(tensors, cap_bytes):
-        members = [tensors[i] for i in bucket]
-        flat = _flatten(members)
-        group.all_reduce(flat, op)
-        _write_back(flat, members)
+    if group.size > 1:
+        _each_bucket(tensors, cap_bytes, lambda flat: group.all_reduce(flat, op))
 
 
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: Communicator,
                       cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
     """Overwrite every tensor with rank ``src``'s, in place, one broadcast per bucket."""
-    if group.size == 1:
-        return
-    for bucket in plan_buckets(tensors, cap_bytes):
-        members = [tensors[i] for i in bucket]
-        flat = _flatten(members)
-        group.broadcast(flat, src)
-        _write_back(flat, members)
+    if group.size > 1:
+        _each_bucket(tensors, cap_bytes, lambda flat: group.broadcast(flat, src))
