@@ -177,26 +177,24 @@ def fill_message(out: np.ndarray, header: bytes, header_start: int, data_start: 
             fill[previous_end:start] = _ZEROS[:start - previous_end]
         if type(data) is memoryview:
             fill[start:start + nbytes] = data
-            previous_end = start + nbytes
-            continue
-        target = np.ndarray(shape, row.storage, out, start)
-        if isinstance(data, np.ndarray):
-            np.copyto(target, data, casting="equiv")  # strided or byte-swapped source
-        else:
-            target_tensor = torch.from_numpy(target)
-            if row.numpy is None:
-                target_tensor = target_tensor.view(row.torch)
-            target_tensor.copy_(data)
+        elif isinstance(data, np.ndarray):  # strided or byte-swapped source
+            np.copyto(np.ndarray(shape, row.storage, out, start), data, casting="equiv")
+        else:  # a tensor on another device
+            target = torch.from_numpy(np.ndarray(shape, row.storage, out, start))
+            target = target if row.numpy is not None else target.view(row.torch)
+            target.copy_(data)
         previous_end = start + nbytes
 
 
 class FrameReader:
     """The unpacker's ``ext_hook``: checks each array reference and returns a view of its frame.
 
-    ``data`` is the whole message as a uint8 memoryview, ``data_start`` the
+    ``buffer`` is the whole message as a uint8 memoryview, ``data_start`` the
     absolute offset of the data section and ``data_len`` its length
-    (``total - data_start``). After unpacking, :meth:`finish` checks that the
-    frames ended exactly at the end of the message.
+    (``total - data_start``); ``count`` frames have been read so far, the last
+    ending at ``end`` (relative to ``data_start``). After unpacking,
+    :meth:`finish` checks that the frames ended exactly at the end of the
+    message.
     """
 
     __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end")
