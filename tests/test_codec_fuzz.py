@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
+import types
 from pathlib import Path
 
 from gflowdist.transport import decode
@@ -10,14 +11,7 @@ from gflowdist.transport import decode
 FUZZER_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "fuzz_codec.py"
 
 
-def _load_fuzzer():
-    spec = importlib.util.spec_from_file_location("fuzz_codec", FUZZER_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz_codec = _load_fuzzer()
+fuzz_codec = types.SimpleNamespace(**runpy.run_path(str(FUZZER_PATH)))
 
 
 def test_corpus_is_valid():
@@ -40,7 +34,7 @@ def test_fuzzer_reports_failures(monkeypatch):
     def broken_decode(data, *, sender):
         raise IndexError("escaped")
 
-    monkeypatch.setattr(fuzz_codec, "decode", broken_decode)
+    monkeypatch.setitem(fuzz_codec.run.__globals__, "decode", broken_decode)
     outcomes, _, _, failures = fuzz_codec.run(10, seed=1)
     assert outcomes["failure"] == 10 and failures[0].startswith("IndexError: escaped")
     assert fuzz_codec.main(["--cases", "5"]) == 1
