@@ -92,7 +92,7 @@ class FrameWriter:
         if type(value) is np.ndarray:  # the common case first: a plain array of a native wire dtype
             row = _NUMPY_ROWS.get(value.dtype)
             if row is not None:
-                return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes)
+                return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes, True)
         if isinstance(value, np.ndarray):
             if isinstance(value, np.ma.MaskedArray):
                 raise EncodeError("a numpy masked array cannot travel (its mask would be lost); "
@@ -110,7 +110,7 @@ class FrameWriter:
             row = _NUMPY_ROWS.get(array.dtype)
             if row is None:
                 return self._tensor_reference(value)
-            return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
+            return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes, True)
         if isinstance(value, np.generic):
             return value.item()
         if isinstance(value, int):  # msgpack asks its default hook about ints it cannot fit in 64 bits
@@ -141,13 +141,15 @@ class FrameWriter:
                               f"{exc}") from exc
         return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
 
-    def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...],
-                   nbytes: int) -> msgpack.ExtType:
+    def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...], nbytes: int,
+                   native: bool = False) -> msgpack.ExtType:
+        """Record one frame and return its reference; ``native``: ``data`` is an ndarray of ``row.storage``."""
         ndim = len(shape)
         if ndim > MAX_NDIM:
             raise EncodeError(f"an array with {ndim} dimensions cannot travel (at most {MAX_NDIM})")
         offset = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.frames else 0
-        if nbytes and type(data) is np.ndarray and data.flags.c_contiguous and data.dtype == row.storage:
+        if nbytes and (native or (type(data) is np.ndarray and data.dtype == row.storage)) \
+                and data.flags.c_contiguous:
             data = data.data.cast("B")  # already the frame's bytes: one memoryview assignment copies it
         self.frames.append((data, row, shape, offset, nbytes))
         self.end = offset + nbytes
@@ -192,12 +194,14 @@ class FrameReader:
     ``buffer`` is the whole message as a uint8 memoryview, ``data_start`` the
     absolute offset of the data section and ``data_len`` its length
     (``total - data_start``); ``count`` frames have been read so far, the last
-    ending at ``end`` (relative to ``data_start``). After unpacking,
+    ending at ``end`` (relative to ``data_start``), so the next must start at
+    ``next``. After unpacking,
     :meth:`finish` checks that the frames ended exactly at the end of the
     message.
     """
 
-    __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end")
+    __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end",
+                 "next")
 
     def __init__(self, buffer: memoryview, data_start: int, data_len: int, sender: int, copy: bool,
                  writable: bool, max_bytes: int) -> None:
@@ -210,6 +214,7 @@ class FrameReader:
         self.max_bytes = max_bytes
         self.count = 0
         self.end = 0
+        self.next = 0  # canonical offset of the next frame: align(end) once a frame was read
 
     def _fail(self, what: str) -> ProtocolError:
         return ProtocolError(f"array frame {self.count}: {what}", sender=self.sender)
@@ -224,19 +229,15 @@ class FrameReader:
         except (IndexError, struct.error):
             raise self._bad_reference(ref) from None
         row = BY_CODE.get(fields[0])
-        if row is None:
-            raise self._fail(f"dtype code {fields[0]} is not a wire dtype (codes 1..{len(BY_CODE)})")
-        if ext_code == EXT_NUMPY and row.numpy is None:
-            raise self._fail(f"{row.name} can only travel as a torch tensor, not a numpy array")
+        if row is None or (row.numpy is None and ext_code == EXT_NUMPY):
+            raise self._bad_dtype(fields[0])
         offset = fields[2]
+        if offset != self.next:
+            relation = "overlaps the previous frame" if offset < self.next else "leaves a gap after the previous frame"
+            raise self._fail(f"offset {offset} {relation}; the canonical offset is {self.next}")
         shape = fields[3:]
-        nbytes = math.prod(shape) * row.itemsize
-        expected = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.count else 0
-        if offset != expected:
-            relation = "overlaps the previous frame" if offset < expected else "leaves a gap after the previous frame"
-            raise self._fail(f"offset {offset} {relation}; the canonical offset is {expected}")
-        end = offset + nbytes
-        if end > self.data_len or not nbytes:
+        end = offset + math.prod(shape) * row.itemsize
+        if end > self.data_len or end == offset:
             self._check_extent(row, shape, offset, end)
         start = self.data_start + offset
         if offset != self.end:
@@ -246,12 +247,19 @@ class FrameReader:
         view = np.ndarray(shape, row.storage, self.buffer, start)
         self.count += 1
         self.end = end
+        self.next = (end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
         if ext_code == EXT_NUMPY:
             return view.copy() if self.copy else view
         if self.copy or not self.writable:
             view = view.copy()  # torch has no read-only tensors: never alias an immutable buffer
         tensor = torch.from_numpy(view)
         return tensor if row.numpy is not None else tensor.view(row.torch)
+
+    def _bad_dtype(self, code: int) -> ProtocolError:
+        row = BY_CODE.get(code)
+        if row is None:
+            return self._fail(f"dtype code {code} is not a wire dtype (codes 1..{len(BY_CODE)})")
+        return self._fail(f"{row.name} can only travel as a torch tensor, not a numpy array")
 
     def _bad_reference(self, ref: bytes) -> ProtocolError:
         """Say why ext data did not unpack as ``<BBQ`` + ndim int64s."""
