@@ -20,31 +20,31 @@ import torch
 from gflowdist.compat import virtex
 from gflowdist.errors import PeerLostError
 
-PARENT = os.getpid()
-
 def job(tag):
     rank = virtex.get_rank()
     values = {"v": torch.tensor(float(rank))}
     virtex.average_across_processes(values)
     print(f"JOB {tag} RANK {rank} SIZE {virtex.get_world_size()} AVG {float(values['v'])} "
-          f"IN_PARENT {os.getpid() == PARENT}", flush=True)
+          f"IN_PARENT {os.getpid() == int(os.environ['TEST_PARENT_PID'])}", flush=True)
     if "--fail" in sys.argv and rank == 1:
         raise ValueError("boom from rank 1")
     virtex.synchronize()
 
-mode = sys.argv[1]
-try:
-    if mode == "local":
-        virtex.launch(job, num_gpus_per_machine=2, dist_url="auto", args=("local",))
-    elif mode == "machine":
-        virtex.launch(job, num_machines=2, num_gpus_per_machine=1, machine_rank=int(sys.argv[2]),
-                      dist_url=sys.argv[3], args=("machine",))
-    else:
-        virtex.launch(job, num_gpus_per_machine=int(sys.argv[2]), args=("injob",))
-except PeerLostError as exc:
-    print(f"RAISED rank={exc.rank}\\n{exc}", flush=True)
-    sys.exit(0)
-print("LAUNCH RETURNED", flush=True)
+if __name__ == "__main__":  # spawned workers import this file: only the parent launches
+    os.environ["TEST_PARENT_PID"] = str(os.getpid())  # spawned workers inherit it
+    mode = sys.argv[1]
+    try:
+        if mode == "local":
+            virtex.launch(job, num_gpus_per_machine=2, dist_url="auto", args=("local",))
+        elif mode == "machine":
+            virtex.launch(job, num_machines=2, num_gpus_per_machine=1, machine_rank=int(sys.argv[2]),
+                          dist_url=sys.argv[3], args=("machine",))
+        else:
+            virtex.launch(job, num_gpus_per_machine=int(sys.argv[2]), args=("injob",))
+    except PeerLostError as exc:
+        print(f"RAISED rank={exc.rank}\\n{exc}", flush=True)
+        sys.exit(0)
+    print("LAUNCH RETURNED", flush=True)
 """
 
 

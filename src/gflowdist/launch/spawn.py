@@ -26,10 +26,15 @@ port collides with any other job on the machine: pass ``"auto"`` (or a
 machines need a real ``tcp://<machine 0 address>:<port>`` that every
 machine passes identically, with its own ``machine_rank``.
 
-Workers are started with ``fork`` on CPU (``job_fn`` and ``args`` are
-inherited, nothing is serialised) and with ``spawn`` when CUDA is used
-(CUDA cannot survive a fork; ``job_fn`` must then be importable). A
-worker's traceback reaches the parent as UTF-8 text through a pipe.
+Workers are started with multiprocessing's ``spawn`` method, as VirTex's
+``torch.multiprocessing.spawn`` does: a forked child hangs in its first
+parallel torch operation once the parent has used OpenMP threads, and CUDA
+does not survive a fork either. So ``job_fn`` must be importable (a
+module-level function), ``job_fn`` and ``args`` are handed to the children
+by multiprocessing's own pickling (this machine only, parent to its own
+children; nothing else in gflowdist pickles), and the script needs the usual
+``if __name__ == "__main__":`` guard. A worker's traceback reaches the
+parent as UTF-8 text through a pipe.
 """
 
 from __future__ import annotations
@@ -110,7 +115,7 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(per_machine))
         dist.init_process_group(backend, init_method=dist_url, world_size=world, rank=rank)
-        reset_world_comm()  # a forked child must not keep the parent's world of one
+        reset_world_comm()  # whatever world this process saw before belongs to no job
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         world_comm("torch").barrier()
@@ -194,7 +199,7 @@ def launch(job_fn: Callable[..., Any], num_machines: int = 1, num_gpus_per_machi
                           "CUDA devices here", key="num_gpus_per_machine")
     backend = "nccl" if cuda else "gloo"
     url = resolve_dist_url(dist_url, num_machines)
-    context = multiprocessing.get_context("spawn" if cuda else "fork")
+    context = multiprocessing.get_context("spawn")
     processes, readers = [], []
     try:
         for local_rank in range(num_gpus_per_machine):
