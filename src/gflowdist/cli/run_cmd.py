@@ -27,15 +27,36 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run a job described by a YAML config",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", help="YAML config (omit with --resume to reuse the run's)")
-    parser.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. run.steps=200")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER,
+                        help="key.path=value overrides, e.g. run.steps=200 (options may come in between)")
+    _add_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--nprocs", type=int, help="number of ranks (default: launch.nprocs)")
     parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    parser.set_defaults(handler=run)
+
+
+def _split_options(args: argparse.Namespace) -> None:
+    """Options written among the overrides (``run cfg a=1 -n 5 b=2``) are parsed here."""
+    late = argparse.ArgumentParser(prog="gflowdist run", add_help=False)
+    _add_options(late)
+    found, rest = late.parse_known_args(args.overrides)
+    unknown = [token for token in rest if token.startswith("-")]
+    if unknown:
+        late.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for name in ("nprocs", "engine", "resume"):
+        if getattr(found, name) is not None:
+            setattr(args, name, getattr(found, name))
+    args.overrides = rest
 
 
 def _load(args):
     from gflowdist.config import Config
+
+    _split_options(args)
     from gflowdist.errors import ConfigError
 
     overrides = list(args.overrides)
@@ -82,18 +103,50 @@ def _run_here(config, resume) -> int:
 
 def _child_env() -> dict:
     env = dict(os.environ)
+    env[FAILURE_FILE_VARIABLE] = _failure_file()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
+#: same name as gflowdist.runtime.job.FAILURE_FILE_VARIABLE (not imported: the CLI stays light)
+FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
+_FAILURE_FILES: list[str] = []
+
+
+def _failure_file() -> str:
+    if not _FAILURE_FILES:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="gflowdist-failure-", suffix=".txt")
+        os.close(fd)
+        _FAILURE_FILES.append(path)
+    return _FAILURE_FILES[0]
+
+
+def _report_failure(code: int) -> None:
+    """Print the first rank failure (MPI's abort may have eaten the rank's own stderr)."""
+    for path in _FAILURE_FILES:
+        try:
+            with open(path) as f:
+                messages = [m.strip() for m in f.read().split("\0") if m.strip()]
+        finally:
+            os.unlink(path)
+        if code != 0 and messages:
+            sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{messages[0]}\n")
+            sys.stderr.flush()
+    _FAILURE_FILES.clear()
+
+
 def find_mpiexec(configured: str | None) -> str:
-    """``launch.mpiexec``, else the mpiexec next to this Python, else PATH."""
+    """``launch.mpiexec``, else ``$GFLOWDIST_MPIEXEC``, else the mpiexec next to this Python, else PATH."""
     from gflowdist.errors import ConfigError
 
     if configured:
         return configured
+    if os.environ.get("GFLOWDIST_MPIEXEC"):
+        return os.environ["GFLOWDIST_MPIEXEC"]
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)
@@ -104,9 +157,22 @@ def find_mpiexec(configured: str | None) -> str:
     return found
 
 
+def is_hydra(mpiexec: str) -> bool:
+    """True for MPICH's hydra launcher (it takes -disable-auto-cleanup)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in (out.stdout + out.stderr).upper()
+
+
 def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
-    cmd = [find_mpiexec(config.launch.mpiexec), "-n", str(nprocs), *config.launch.mpiexec_args,
-           sys.executable, *argv]
+    mpiexec = find_mpiexec(config.launch.mpiexec)
+    # Hydra kills every rank the moment one dies, before anyone can say which one
+    # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
+    # and host, and then aborts the job.
+    cleanup = ["-disable-auto-cleanup"] if is_hydra(mpiexec) else []
+    cmd = [mpiexec, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = _child_env()
     env["IN_MPI"] = "1"
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -163,5 +229,8 @@ def _supervise(procs: list[subprocess.Popen]) -> int:
     codes = [p.returncode for p in procs]
     failed = next((c for c in codes if c != 0), 0)
     if interrupted and failed in (0, -signal.SIGINT, -signal.SIGTERM):
-        return 130 if interrupted[0] == signal.SIGINT else 143
-    return failed if failed >= 0 else 128 - failed
+        failed = 130 if interrupted[0] == signal.SIGINT else 143
+    elif failed < 0:
+        failed = 128 - failed
+    _report_failure(failed)
+    return failed

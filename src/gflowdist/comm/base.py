@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import socket
 from abc import ABC, abstractmethod
-from typing import Any, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -121,6 +121,10 @@ class Communicator(ABC):
     rank: int
     size: int
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: Called now and then while a collective waits for the other ranks (the
+    #: runtime sends heartbeats from it, so a rank blocked on a dead peer is not
+    #: mistaken for the dead one). It may raise to abandon the wait.
+    wait_hook: Callable[[], None] | None = None
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -193,6 +197,26 @@ class Communicator(ABC):
         return poll_until(lambda: self.try_recv(src, tag), timeout=timeout,
                           what=f"receive on tag {tag} from {'any rank' if src is None else f'rank {src}'}",
                           peer=src, backoff=Backoff())
+
+    def _await(self, is_done: Callable[[], bool], what: str, nbytes: int = 0,
+               timeout: float | None = None) -> None:
+        """Wait for a nonblocking collective: spin about as long as it should take, then back off.
+
+        Calls :attr:`wait_hook` between checks once the spin phase is over.
+        """
+        if is_done():
+            return
+        hook = self.wait_hook
+        backoff = Backoff(spin_s=0.002 + nbytes / 1e9)
+
+        def check():
+            if is_done():
+                return True
+            if hook is not None and backoff.spinning_done():
+                hook()
+            return None
+
+        poll_until(check, timeout=timeout, what=what, backoff=backoff)
 
     # -- lifetime ---------------------------------------------------------------
     def free(self) -> None:

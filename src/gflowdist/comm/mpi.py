@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from gflowdist.comm.base import (AsyncSendHandle, Communicator, ReduceOp, check_groups,
+from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import ReceivePool, as_byte_array
 from gflowdist.comm.polling import Backoff, poll_until
@@ -98,7 +98,7 @@ class MPIComm(Communicator):
     # -- collectives ------------------------------------------------------------
     def barrier(self, timeout: float | None = None) -> None:
         request = self._comm.Ibarrier()
-        poll_until(lambda: True if request.Test() else None, timeout=timeout, what="barrier")
+        self._await(request.Test, "barrier", timeout=timeout)
 
     def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
         if op is ReduceOp.AVG:
@@ -108,7 +108,8 @@ class MPIComm(Communicator):
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
         if flat.size:
-            self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+            request = self._comm.Iallreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+            self._await(request.Test, "all_reduce", flat.nbytes)
             if op is ReduceOp.AVG:
                 flat /= self.size
         write_back()
@@ -117,14 +118,16 @@ class MPIComm(Communicator):
     def all_gather(self, x):
         array, _ = numpy_view(x)
         out = np.empty((self.size,) + array.shape, dtype=array.dtype)
-        self._comm.Allgather(array.reshape(-1), out.reshape(self.size, -1))
+        request = self._comm.Iallgather(array.reshape(-1), out.reshape(self.size, -1))
+        self._await(request.Test, "all_gather", out.nbytes)
         return [like(x, out[i]) for i in range(self.size)]
 
     def broadcast(self, x, src: int = 0):
         self._check_peer(src, "src")
         array, write_back = numpy_view(x)
         if array.size:
-            self._comm.Bcast(array.reshape(-1), root=src)
+            request = self._comm.Ibcast(array.reshape(-1), root=src)
+            self._await(request.Test, "broadcast", array.nbytes)
         write_back()
         return x
 
@@ -132,7 +135,8 @@ class MPIComm(Communicator):
         self._check_peer(dst, "dst")
         array, _ = numpy_view(x)
         out = np.empty((self.size,) + array.shape, dtype=array.dtype) if self.rank == dst else None
-        self._comm.Gather(array.reshape(-1), None if out is None else out.reshape(self.size, -1), root=dst)
+        request = self._comm.Igather(array.reshape(-1), None if out is None else out.reshape(self.size, -1), root=dst)
+        self._await(request.Test, "gather", array.nbytes * self.size)
         return None if out is None else [like(x, out[i]) for i in range(self.size)]
 
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
@@ -161,6 +165,10 @@ class MPIComm(Communicator):
         self._check_tag(tag)
         payload = as_byte_array(data)
         nbytes = payload.nbytes
+        if dst == self.rank:  # an MPI self-send completes only when received: loop back instead
+            with self._recv_lock:
+                self._inbox[tag].append((dst, torch.from_numpy(payload.copy())))
+            return CompletedSend(dst, tag, nbytes)
         wire = tag << 1
         if nbytes <= self.chunk_bytes:
             request = self._p2p.Isend([payload, MPI.BYTE], dst, wire)
@@ -184,7 +192,7 @@ class MPIComm(Communicator):
 
     def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
         payload = as_byte_array(data)
-        if payload.nbytes <= self.eager_bytes:
+        if payload.nbytes <= self.eager_bytes and dst != self.rank:
             self._check_peer(dst, "dst")
             self._check_tag(tag)
             self._p2p.Send([payload, MPI.BYTE], dst, tag << 1)

@@ -52,6 +52,10 @@ class Backoff:
         self._spin_until = time.monotonic() + self.spin_s
         self._sleep = self.first_sleep_s
 
+    def spinning_done(self) -> bool:
+        """True once the spin phase is over (the wait is a long one)."""
+        return time.monotonic() >= self._spin_until
+
     def pause(self, deadline: float | None = None) -> None:
         """Wait a little; never sleeps past ``deadline``."""
         now = time.monotonic()

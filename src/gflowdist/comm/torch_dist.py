@@ -28,14 +28,13 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from datetime import timedelta
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gflowdist.comm.base import (AsyncSendHandle, Communicator, ReduceOp, check_groups,
+from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import ReceivePool, as_byte_array, read_only_tensor
 from gflowdist.errors import DeadlineError, ProtocolError, TransportError
@@ -105,7 +104,11 @@ class TorchComm(Communicator):
             self.chunk_bytes = int(chunk_bytes)
         self.max_recv_bytes = max_recv_bytes
         self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self._arrived = threading.Condition()  # guards _inbox and _receive_error
+        self._inbox_bytes = 0
+        #: the receiver thread stops receiving while this much is waiting unread, so a slow
+        #: reader pushes back on its senders instead of buffering without bound
+        self.max_inbox_bytes = 64 << 20
+        self._arrived = threading.Condition()  # guards _inbox, _inbox_bytes and _receive_error
         self._receive_error: BaseException | None = None
         self._receiver: threading.Thread | None = None
         self._send_lock = threading.Lock()
@@ -113,6 +116,8 @@ class TorchComm(Communicator):
         self._completer: threading.Thread | None = None
         self._pool = ReceivePool()
         self._freed = False
+        # Receive from the start: a peer's send completes only once a receive is posted here.
+        self._start_receiver()
 
     @property
     def process_group(self) -> "dist.ProcessGroup | None":
@@ -127,11 +132,16 @@ class TorchComm(Communicator):
             raise ValueError("this communicator's backend is nccl: collectives need CUDA tensors")
         return x
 
+    def _finish(self, work, what: str, tensor: torch.Tensor, factor: int = 1,
+                timeout: float | None = None) -> None:
+        """Wait for an async collective by polling (hook between checks), then surface its errors."""
+        nbytes = tensor.numel() * tensor.element_size() * factor if tensor is not None else 0
+        self._await(work.is_completed, what, nbytes, timeout)
+        work.wait()
+
     def barrier(self, timeout: float | None = None) -> None:
-        if self.backend == "gloo" and timeout is not None:
-            dist.monitored_barrier(group=self._group, timeout=timedelta(seconds=timeout))
-        else:
-            dist.barrier(group=self._group)
+        work = dist.barrier(group=self._group, async_op=True)
+        self._finish(work, "barrier", None, timeout=timeout)
 
     def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
         if op is ReduceOp.AVG:
@@ -141,7 +151,8 @@ class TorchComm(Communicator):
             x = np.array(x, copy=True) if is_array else x.clone()
         tensor = torch.from_numpy(x) if is_array else x
         staged = tensor if tensor.is_contiguous() else tensor.contiguous()
-        dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group)
+        work = dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group, async_op=True)
+        self._finish(work, "all_reduce", staged)
         if op is ReduceOp.AVG:
             staged.div_(self.size)
         if staged is not tensor:
@@ -151,14 +162,16 @@ class TorchComm(Communicator):
     def all_gather(self, x):
         tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self.size)]
-        dist.all_gather(out, self._device_for(tensor), group=self._group)
+        work = dist.all_gather(out, self._device_for(tensor), group=self._group, async_op=True)
+        self._finish(work, "all_gather", tensor, factor=self.size)
         return [o.numpy() for o in out] if isinstance(x, np.ndarray) else out
 
     def broadcast(self, x, src: int = 0):
         self._check_peer(src, "src")
         tensor = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         staged = tensor if tensor.is_contiguous() else tensor.contiguous()
-        dist.broadcast(self._device_for(staged), group=self._group, group_src=src)
+        work = dist.broadcast(self._device_for(staged), group=self._group, group_src=src, async_op=True)
+        self._finish(work, "broadcast", staged)
         if staged is not tensor:
             tensor.copy_(staged)
         return x
@@ -167,7 +180,9 @@ class TorchComm(Communicator):
         self._check_peer(dst, "dst")
         tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == dst else None
-        dist.gather(self._device_for(tensor), gather_list=out, group=self._group, group_dst=dst)
+        work = dist.gather(self._device_for(tensor), gather_list=out, group=self._group, group_dst=dst,
+                           async_op=True)
+        self._finish(work, "gather", tensor, factor=self.size)
         if out is None:
             return None
         return [o.numpy() for o in out] if isinstance(x, np.ndarray) else out
@@ -206,6 +221,12 @@ class TorchComm(Communicator):
         self._check_tag(tag)
         payload = read_only_tensor(as_byte_array(data))
         nbytes = payload.numel()
+        if dst == self.rank:  # gloo has no connection to oneself: loop back through the inbox
+            with self._arrived:
+                self._inbox[tag].append((dst, payload.clone()))
+                self._inbox_bytes += nbytes
+                self._arrived.notify_all()
+            return CompletedSend(dst, tag, nbytes)
         header = torch.tensor([tag, nbytes, self.chunk_bytes], dtype=torch.int64)
         with self._send_lock:  # header and chunks of one message stay together
             works = [dist.isend(header, group=self._p2p, tag=HEADER_TAG, group_dst=dst)]
@@ -250,13 +271,19 @@ class TorchComm(Communicator):
         queue_ = self._inbox.get(tag)
         if not queue_:
             return None
+        found = None
         if src is None:
-            return queue_.popleft()
-        for index, (sender, payload) in enumerate(queue_):
-            if sender == src:
-                del queue_[index]
-                return sender, payload
-        return None
+            found = queue_.popleft()
+        else:
+            for index, (sender, payload) in enumerate(queue_):
+                if sender == src:
+                    del queue_[index]
+                    found = (sender, payload)
+                    break
+        if found is not None:
+            self._inbox_bytes -= found[1].numel()
+            self._arrived.notify_all()  # the receiver thread may be waiting for room
+        return found
 
     def _start_receiver(self) -> None:
         if self._receiver is None:
@@ -270,6 +297,8 @@ class TorchComm(Communicator):
         """Receiver thread: one whole message at a time, filed under its channel tag."""
         header = torch.empty(_HEADER_WORDS, dtype=torch.int64)
         while not self._freed:
+            with self._arrived:
+                self._arrived.wait_for(lambda: self._inbox_bytes < self.max_inbox_bytes or self._freed)
             work = dist.irecv(header, group=self._p2p, tag=HEADER_TAG)
             try:
                 work.wait()
@@ -285,6 +314,7 @@ class TorchComm(Communicator):
                 continue
             with self._arrived:
                 self._inbox[message[0]].append(message[1:])
+                self._inbox_bytes += message[2].numel()
                 self._arrived.notify_all()
 
     def _receive_payload(self, sender: int, header: torch.Tensor) -> tuple[int, int, torch.Tensor]:
@@ -324,3 +354,5 @@ class TorchComm(Communicator):
         self._freed = True
         if self._completer is not None:
             self._sends.put(None)
+        with self._arrived:
+            self._arrived.notify_all()

@@ -261,6 +261,9 @@ class FaultsConfig(_Section):
     peer_timeout_s: float = setting(10.0, FloatCheck(0.0, low_open=True),
                                     "A rank silent this long is declared lost; must exceed "
                                     "heartbeat_s.")
+    startup_timeout_s: float = setting(300.0, FloatCheck(0.0, low_open=True),
+                                       "Deadline for every rank to finish its role's setup() "
+                                       "(models, data) before the run starts.")
     checkpoint_every: int = setting(0, IntCheck(low=0),
                                     "Checkpoint every this many steps; 0 = only at the end.")
     max_message_bytes: int = setting(256 * MIB, IntCheck(low=1),

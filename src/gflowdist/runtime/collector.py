@@ -49,6 +49,7 @@ class Collector:
     def poll(self, budget: int = 64) -> bool:
         """Handle up to ``budget`` waiting messages; True if any arrived. Raises PeerLostError."""
         got = False
+        self.w.heartbeat(0)
         for _ in range(budget):
             try:
                 msg = self.w.control.try_recv()
@@ -71,6 +72,7 @@ class Collector:
             self.on_summary(msg.sender, body)
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
+            self.w.finished.add(msg.sender)
 
     def record_metrics(self, rank: int, body: dict) -> None:
         self.latest[rank] = body

@@ -20,9 +20,11 @@ lost, by rank, role and host, and the job aborts.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -34,7 +36,7 @@ import torch
 import yaml
 
 from gflowdist.comm import world_comm
-from gflowdist.context import DistributedContext
+from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import GflowdistError, LedgerError, PeerLostError
 from gflowdist.layout import Role
 from gflowdist.runtime import checkpoints, roles
@@ -64,8 +66,15 @@ def _agree_run_dir(ctx: DistributedContext, config, resume_dir: str | None) -> P
     return Path(ctx.world.all_gather_bytes(mine.encode())[0].decode())
 
 
+_STACK_FILES: list = []
+
+
 def _setup_logging(run_dir: Path, rank: int) -> None:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    # `kill -USR1 <pid>` appends every thread's Python stack to logs/rank-N.stacks (debugging hangs).
+    stacks = open(run_dir / "logs" / f"rank-{rank}.stacks", "a")
+    _STACK_FILES.append(stacks)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("gflowdist")
@@ -99,7 +108,7 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
         run_dir.mkdir(parents=True, exist_ok=True)
     world.barrier(timeout=60)
     _setup_logging(run_dir, world.rank)
-    log.info("rank %d role %s host %s", world.rank, ctx.role.value, ctx.host)
+    log.info("rank %d role %s host %s pid %d", world.rank, ctx.role.value, ctx.host, os.getpid())
     seed = rank_seed(config.run.seed, world.rank)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -117,10 +126,19 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
     return None
 
 
+#: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the
+#: launcher can print it even when MPI's abort kills the ranks before their stderr is forwarded.
+FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
+
+
 def _die(world, message: str, *, code: int) -> None:
     log.error(message)
     sys.stderr.write(message.rstrip() + "\n")
     sys.stderr.flush()
+    failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
+    if failure_file:
+        with open(failure_file, "a") as f:
+            f.write(message.rstrip() + "\n\0")
     if world.size > 1:
         world.abort(code)
     raise SystemExit(code)
@@ -132,6 +150,7 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     role = _make_role(ctx, config, generator)
     state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
     generation = 0
+    saved: dict[str, Any] = {}
     if resume_dir is not None:
         found = checkpoints.latest_complete(run_dir)
         if found is None:
@@ -147,6 +166,10 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
         torch.set_rng_state(saved["torch_rng"])
         generator.set_state(saved["generator"])
         generation += 1
+    # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
+    world.barrier(timeout=config.faults.startup_timeout_s)
+    w.reset_liveness()
+    _keep_alive_while_waiting(ctx, w)
     metrics_file = None
     collector = None
     if is_collector:
@@ -167,7 +190,7 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
         run_actor(role, w, state)
     elif ctx.role is Role.BUFFER:
         replay = role.make_buffer()
-        if resume_dir is not None and "replay" in saved:
+        if "replay" in saved:
             replay.load_state_dict(saved["replay"])
         state["replay"] = replay
         run_buffer(role, w, state)
@@ -180,8 +203,10 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
         payload["replay"] = replay.state_dict()
     checkpoints.save_rank(run_dir, generation, world.rank, payload)
     staleness = {str(k): v for k, v in state.get("staleness", Counter()).items()}
-    final = send_final(w, ctx.role.value, {"staleness": staleness, "step": state.get("step", 0),
-                                           "summary": role.summary()})
+    extra = {"staleness": staleness, "step": state.get("step", 0), "summary": role.summary(), "pid": os.getpid()}
+    if replay is not None:
+        extra["replay"] = replay.stats()
+    final = send_final(w, ctx.role.value, extra)
     if not is_collector:
         log.info("finished: %s", json.dumps(w.ledger.to_dict()))
         return None
@@ -191,6 +216,22 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     collector.finish_line()
     metrics_file.close()
     return _conclude(ctx, config, run_dir, generation, finals, collector, stop_reason=w.stop.reason, out=out)
+
+
+def _keep_alive_while_waiting(ctx: DistributedContext, w: Wiring) -> None:
+    """While a collective waits (e.g. on a dead agent-group peer), keep heartbeating and listening.
+
+    Without this a rank blocked on a dead peer falls silent too, and could be
+    reported as the lost one.
+    """
+    def hook() -> None:
+        w.heartbeat(-1)
+        w.check_control()
+
+    for name in COMM_NAMES:
+        comm = ctx.comm(name)
+        if comm is not None:
+            comm.wait_hook = hook
 
 
 def _coordinate(coordinator, w: Wiring, collector: Collector) -> None:

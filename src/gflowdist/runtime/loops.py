@@ -47,18 +47,6 @@ def _finish_client(w: Wiring, buffer: int | None) -> None:
     w.data.drain()
 
 
-def _stop_requested(w: Wiring) -> bool:
-    """Check the CONTROL channel for the coordinator's stop (non-collector ranks)."""
-    if w.rank == w.collector:
-        return bool(w.stop)
-    msg = w.control.try_recv(w.collector)
-    while msg is not None:
-        if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "stop":
-            w.stop.set(msg.body.get("reason", "coordinator"))
-        msg = w.control.try_recv(w.collector)
-    return bool(w.stop)
-
-
 def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     """The trainer loop; ``state`` holds step, version, seq (and is returned updated)."""
     from gflowdist.ops.averaging import average_gradients, average_models
@@ -73,7 +61,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     awaiting_reply = False
     step = state["step"]
     timeout = cfg.faults.peer_timeout_s
-    while step < cfg.run.steps and not _stop_requested(w):
+    while step < cfg.run.steps and not w.check_control():
         with timer.phase("rollout"):
             fresh = trainer.rollout(version)
         if buffer is not None:
@@ -139,7 +127,7 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
     trainer, buffer = placement.trainer, placement.buffer
     version, seq = state["version"], state["seq"]
     stopped = False
-    while not stopped and not _stop_requested(w):
+    while not stopped and not w.check_control():
         latest = None
         msg = w.weights.try_recv(trainer)
         while msg is not None:
@@ -183,12 +171,13 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
         except ProtocolError:
             ledger.drop("malformed_messages", 1)
             continue
+        w.heartbeat(ledger.received, stored=len(replay))
         if msg is None:
             now = time.monotonic()
             if now - last_summary > max(cfg.faults.heartbeat_s, 0.5):
                 last_summary = now
                 w.report(MessageType.USER, manager.summary())
-            w.heartbeat(ledger.received, stored=len(replay))
+                w.check_control()
             with timer.phase("idle"):
                 backoff.pause()
             continue

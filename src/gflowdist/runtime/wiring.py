@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gflowdist.comm import Communicator
+from gflowdist.errors import PeerLostError
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.timing import StepTimer
 from gflowdist.transport import MessageType
@@ -73,6 +74,8 @@ class Wiring:
     ledger: Ledger = field(default_factory=Ledger)
     timer: StepTimer = field(default_factory=StepTimer)
     _last_beat: float = 0.0
+    _collector_seen: float = field(default_factory=time.monotonic)
+    finished: set = field(default_factory=set)  # ranks whose final report arrived (collector)
 
     @classmethod
     def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
@@ -94,12 +97,50 @@ class Wiring:
         return self.comm.rank
 
     def heartbeat(self, step: int, **extra: Any) -> None:
-        """Tell the collector I am alive (at most once per ``faults.heartbeat_s``)."""
+        """Say I am alive, at most once per ``faults.heartbeat_s``.
+
+        Ranks tell the collector; the collector tells every rank still running,
+        so a lost collector is noticed too (:meth:`check_control`).
+        """
         now = time.monotonic()
-        if self.rank == self.collector or now - self._last_beat < self.config.faults.heartbeat_s:
+        if now - self._last_beat < self.config.faults.heartbeat_s:
             return
         self._last_beat = now
-        self.control.isend(MessageType.HEARTBEAT, {"step": step, **extra}, self.collector)
+        if self.rank != self.collector:
+            self.control.isend(MessageType.HEARTBEAT, {"step": step, **extra}, self.collector)
+            return
+        for rank in range(self.comm.size):
+            if rank != self.rank and rank not in self.finished:
+                self.control.isend(MessageType.HEARTBEAT, {"step": step}, rank)
+
+    def reset_liveness(self) -> None:
+        """Start the liveness clocks now (after every rank finished its setup)."""
+        self._collector_seen = time.monotonic()
+        self._last_beat = 0.0
+
+    def check_control(self) -> bool:
+        """Read what the collector sent me (beats, ``stop``); True once the run should stop.
+
+        Raises :class:`~gflowdist.errors.PeerLostError` naming the collector when
+        it has been silent for longer than ``faults.peer_timeout_s``.
+        """
+        if self.rank == self.collector:
+            return bool(self.stop)
+        now = time.monotonic()
+        msg = self.control.try_recv(self.collector)
+        while msg is not None:
+            self._collector_seen = now
+            if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "stop":
+                self.stop.set(msg.body.get("reason", "coordinator"))
+            msg = self.control.try_recv(self.collector)
+        silent = now - self._collector_seen
+        if silent > self.config.faults.peer_timeout_s:
+            layout = self.context.layout
+            raise PeerLostError(self.collector, role=layout.role_of(self.collector).value,
+                                host=layout.host_of(self.collector),
+                                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
+                                       f"{self.config.faults.peer_timeout_s:g})")
+        return bool(self.stop)
 
     def report(self, msg_type: MessageType, body: Any) -> None:
         """Send something to the collector (or keep it, if I am the collector)."""

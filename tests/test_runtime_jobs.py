@@ -1,0 +1,206 @@
+"""The runtime end to end, through the real CLI, under mpiexec (and once under gloo).
+
+Every job runs in its own session with a deadline; each test checks that no
+process of the job is left when the launcher has returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launching import REPO, base_env
+
+TOY = REPO / "tests" / "jobs" / "toy.yaml"
+
+
+class Job:
+    """``gflowdist run`` in its own session; output captured to a file."""
+
+    def __init__(self, tmp_path: Path, *args: str, config: Path = TOY):
+        self.out_dir = tmp_path / "runs"
+        self.log = open(tmp_path / "launcher.log", "w+")
+        cmd = [sys.executable, "-m", "gflowdist", "run", str(config), f"run.out_dir={self.out_dir}", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=base_env(),
+                                     cwd=tmp_path, start_new_session=True)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job did not end within {timeout} s:\n{self.output}")
+
+    @property
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def run_dir(self) -> Path:
+        dirs = sorted(self.out_dir.glob("*"))
+        assert len(dirs) == 1, f"expected one run directory, found {dirs}\n{self.output}"
+        return dirs[0]
+
+    def wait_for_metrics(self, lines: int, timeout: float = 60) -> Path:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = list(self.out_dir.glob("*/metrics.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= lines:
+                return found[0].parent
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job ended early ({self.proc.returncode}):\n{self.output}")
+            time.sleep(0.1)
+        raise AssertionError(f"no metrics after {timeout} s:\n{self.output}")
+
+    def group_is_empty(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs = []
+
+    def start(*args, **kw):
+        folder = tmp_path / f"job{len(jobs)}"
+        folder.mkdir()
+        job = Job(folder, *args, **kw)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+        job.log.close()
+
+
+def pid_of_rank(run_dir: Path, rank: int) -> int:
+    text = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+    return int(text.split(" pid ")[1].split()[0])
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+def test_normal_run_balances_and_writes_the_run_directory(job_factory):
+    job = job_factory()
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    for name in ("config.yaml", "layout.txt", "metrics.jsonl", "ledger.json", "finals.json", "report.txt",
+                 "report.json", "logs/rank-0.log", "checkpoints/gen-0000/MANIFEST.json"):
+        assert (run / name).exists(), name
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and ledger["totals"]["produced"] == 30 * 8 * 2  # steps x n x trainers
+    assert ledger["totals"]["produced"] == ledger["totals"]["admitted"]
+    finals = read_json(run / "finals.json")
+    assert finals["2"]["replay"]["admitted"] == 480 and finals["2"]["replay"]["sampled"] > 0
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [m["w_error"] for m in metrics if m["rank"] == 0]
+    assert trained[-1] < trained[0] / 2  # the toy model learned
+    assert "ledger balanced" in job.output and "Load imbalance" in (run / "report.txt").read_text()
+    assert job.group_is_empty()
+
+
+def test_actors_receive_weights_and_staleness_is_reported(job_factory):
+    job = job_factory("layout.trainers=1", "layout.actors=2", "-n", "5", "run.steps=40")
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    finals = read_json(run / "finals.json")
+    roles = {r: f["role"] for r, f in finals.items()}
+    actors = [r for r, role in roles.items() if role == "actor"]
+    assert len(actors) == 2
+    assert all(finals[a]["ledger"]["produced"] > 0 for a in actors)
+    assert all(finals[a]["summary"]["weight_updates"] > 0 for a in actors)
+    trainer = next(r for r, role in roles.items() if role == "trainer")
+    staleness = {int(k): v for k, v in finals[trainer]["staleness"].items()}
+    assert sum(staleness.values()) > 0 and max(staleness) > 0  # replayed actor data is older than the learner
+    assert read_json(run / "ledger.json")["balanced"]
+    assert job.group_is_empty()
+
+
+def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
+    job = job_factory("params.fail_in_buffer_after=40", "run.steps=100000")
+    code = job.wait(60)
+    assert code != 0
+    out = job.output
+    assert "rank 2 (buffer on" in out and "toy buffer failure on purpose" in out and "Traceback" in out
+    assert job.group_is_empty()
+
+
+def test_resume_continues_steps_ledger_and_buffer(job_factory):
+    first = job_factory("run.steps=10")
+    assert first.wait(120) == 0, first.output
+    run = first.run_dir()
+    before = read_json(run / "finals.json")
+    second = job_factory("run.steps=20", "--resume", str(run))
+    second.out_dir = run.parent
+    assert second.wait(120) == 0, second.output
+    after = read_json(run / "finals.json")
+    assert after["0"]["step"] == 20 and before["0"]["step"] == 10
+    assert read_json(run / "ledger.json")["totals"]["produced"] == 20 * 8 * 2
+    assert after["2"]["replay"]["admitted"] == 2 * before["2"]["replay"]["admitted"]
+    assert after["2"]["replay"]["size"] == 20 * 8 * 2  # trajectories admitted before the checkpoint are kept
+    steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 19 and steps.index(max(steps)) > steps.index(9)
+    assert (run / "checkpoints" / "gen-0001" / "MANIFEST.json").exists()
+
+
+def test_sigint_stops_every_rank_and_writes_checkpoint_and_report(job_factory):
+    job = job_factory("run.steps=100000", "params.delay_s=0.01")
+    run = job.wait_for_metrics(6)
+    job.proc.send_signal(signal.SIGINT)
+    code = job.wait(60)
+    assert code == 130, job.output
+    assert read_json(run / "ledger.json")["balanced"]
+    assert (run / "checkpoints" / "gen-0000" / "MANIFEST.json").exists() and (run / "report.txt").exists()
+    assert "signal SIGINT" in job.output
+    assert job.group_is_empty()
+
+
+@pytest.mark.parametrize("victim,role", [(1, "trainer"), (2, "buffer"), (3, "coordinator")])
+def test_kill9_of_a_rank_ends_the_job_naming_it(job_factory, victim, role):
+    timeout = 3.0
+    job = job_factory("run.steps=100000", "params.delay_s=0.005", f"faults.peer_timeout_s={timeout}",
+                      "faults.heartbeat_s=0.2")
+    run = job.wait_for_metrics(4)
+    os.kill(pid_of_rank(run, victim), signal.SIGKILL)
+    killed = time.monotonic()
+    code = job.wait(60)
+    elapsed = time.monotonic() - killed
+    assert code != 0
+    assert f"lost rank {victim} ({role} on" in job.output, job.output
+    assert elapsed < timeout + 10, f"took {elapsed:.1f} s to notice"
+    assert job.group_is_empty()
+
+
+def test_torch_engine_runs_the_same_job(job_factory):
+    job = job_factory("--engine", "torch")
+    assert job.wait(120) == 0, job.output
+    ledger = read_json(job.run_dir() / "ledger.json")
+    assert ledger["balanced"] and ledger["totals"]["produced"] == 480
+    assert job.group_is_empty()
+
+
+def test_bad_config_exits_2_with_one_line(job_factory):
+    job = job_factory("layout.bufers=2")
+    assert job.wait(30) == 2
+    out = job.output.strip()
+    assert "layout.bufers" in out and "did you mean 'buffers'" in out and "Traceback" not in out
