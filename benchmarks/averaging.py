@@ -19,6 +19,10 @@ tensors. Per call, median over many repetitions, on rank 0:
   parameter through numpy (MPI only);
 - ``torch per-param``: ``dist.all_reduce(p.grad)`` then ``/= n`` per
   parameter (gloo only).
+
+The table gives medians in ms, then ratios of medians with the ratios of
+the minimum times (the calls least disturbed by other processes on a busy
+machine) in parentheses.
 """
 
 from __future__ import annotations
@@ -45,8 +49,17 @@ def make_models():
     return {"mlp-10": mlp, "deep-100": deep}
 
 
+def warm(tensors) -> None:
+    """Read every tensor once, so a timed call starts with its data in cache, as right after backward."""
+    for t in tensors:
+        t.sum()
+
+
 def grad_setters(model, comm):
-    """``(fresh, views)``: callables giving the model fresh random gradients, or views of its bucket."""
+    """``(fresh, views)``: callables giving the model fresh random gradients, or views of its bucket.
+
+    Each also warms the gradients it installs (see :func:`warm`).
+    """
     import torch
 
     from gflowdist.ops import average_gradients
@@ -61,15 +74,19 @@ def grad_setters(model, comm):
         def set_grads() -> None:
             for p, g in zip(model.parameters(), grads):
                 p.grad = g
+            warm(grads)
         return set_grads
 
     return setter(fresh), setter(views)
 
 
 def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
-    """Median seconds per call of each case; cases take turns every repetition (load noise hits all alike).
+    """Median and minimum seconds per call of each case (``name`` and ``name + "_min"``).
 
-    ``cases`` maps a name to ``(fn, before)``; ``before`` (or None) runs untimed before each call.
+    Cases take turns every repetition, so load noise hits all alike (each
+    case's ``before`` warms its own data, so none profits from another's cache); the
+    minimum is the call least disturbed by other processes. ``cases`` maps a
+    name to ``(fn, before)``; ``before`` (or None) runs untimed before each call.
     """
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for rep in range(reps + 5):
@@ -81,7 +98,9 @@ def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
             fn()
             if rep >= 5:  # the first rounds warm up
                 samples[name].append(time.perf_counter() - t0)
-    return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+    out = {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+    out.update({name + "_min": min(values) for name, values in samples.items()})
+    return out
 
 
 def mpi_worker(reps: int) -> None:
@@ -113,7 +132,7 @@ def mpi_worker(reps: int) -> None:
 
         row = {"tensors": len(list(model.parameters())), "params": numel}
         row.update(median_times({
-            "raw": (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), None),
+            "raw": (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), lambda: warm([torch.from_numpy(buf)])),
             "views": (lambda: average_gradients(model, comm), restore_views),
             "fresh": (lambda: average_gradients(model, comm), restore_fresh),
             "spinup": (lambda: spinup_avg_grads(model), restore_fresh),
@@ -121,7 +140,6 @@ def mpi_worker(reps: int) -> None:
         results[name] = row
     if world.Get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
-    del torch
 
 
 def torch_worker(reps: int) -> None:
@@ -148,7 +166,7 @@ def torch_worker(reps: int) -> None:
 
         row = {"tensors": len(list(model.parameters())), "params": numel}
         row.update(median_times({
-            "raw": (lambda: dist.all_reduce(buf), None),
+            "raw": (lambda: dist.all_reduce(buf), lambda: warm([buf])),
             "views": (lambda: average_gradients(model, comm), restore_views),
             "fresh": (lambda: average_gradients(model, comm), restore_fresh),
             "per_param": (lambda: per_param(model), restore_fresh),
@@ -189,16 +207,19 @@ def run_torch(reps: int) -> dict:
     return _parse(outs[0])
 
 
-def table(title: str, results: dict, baseline: str, baseline_label: str) -> str:
-    lines = [f"\n{title}",
-             f"{'model':>9} | {'tensors':>7} | {'raw ms':>7} | {'views ms':>8} | {'fresh ms':>8} | "
-             f"{baseline_label + ' ms':>15} | {'views/raw':>9} | {'fresh/raw':>9} | "
-             f"{baseline_label + '/fresh':>18}",
-             "-" * 122]
+def table(title: str, results: dict, baseline: str, label: str) -> str:
+    """Median ms per call, then ratios of medians with ratios of minimums in parentheses."""
+    def ratio(a: str, b: str, r: dict) -> str:
+        return f"{r[a] / r[b]:.2f} ({r[a + '_min'] / r[b + '_min']:.2f})"
+
+    head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | {label + ' ms':>12} | "
+            f"{'views/raw':>11} | {'fresh/raw':>11} | {label + '/views':>15} | {label + '/fresh':>15}")
+    lines = [f"\n{title}", head, "-" * len(head)]
     for name, r in results.items():
-        lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:7.2f} | {r['views'] * 1e3:8.2f} | "
-                     f"{r['fresh'] * 1e3:8.2f} | {r[baseline] * 1e3:15.2f} | {r['views'] / r['raw']:9.2f} | "
-                     f"{r['fresh'] / r['raw']:9.2f} | {r[baseline] / r['fresh']:18.2f}")
+        lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
+                     f"{r['fresh'] * 1e3:8.2f} | {r[baseline] * 1e3:{len(label) + 3}.2f} | "
+                     f"{ratio('views', 'raw', r):>11} | {ratio('fresh', 'raw', r):>11} | "
+                     f"{ratio(baseline, 'views', r):>15} | {ratio(baseline, 'fresh', r):>15}")
     return "\n".join(lines)
 
 
