@@ -81,8 +81,12 @@ class _GradBucket:
             offset += p.numel()
         self.pointers = [v.data_ptr() for v in self.views]
 
-    def fill(self) -> list[float]:
-        """Step 1: local gradients into the slots; returns the presence flags."""
+    def fill(self) -> bool:
+        """Step 1: local gradients into the slots, presence flags set; True when nothing was outside.
+
+        "Nothing outside" means every gradient is present and already its
+        slot's view: the steady state, where step 3 has nothing to do.
+        """
         flags: list[float] = []
         outside: list[int] = []
         for index, (p, pointer) in enumerate(zip(self.params, self.pointers)):
@@ -96,6 +100,9 @@ class _GradBucket:
             flags.append(1.0)
             if grad.data_ptr() != pointer:
                 outside.append(index)
+        if not outside:
+            self.presence.fill_(1.0)
+            return True
         sources, targets = [], []
         for index in outside:
             grad = self.params[index].grad
@@ -106,11 +113,12 @@ class _GradBucket:
                 targets.append(self.views[index])
         if sources:
             _copy_all(targets, sources)
-        return flags
+        self.presence.copy_(torch.tensor(flags, dtype=self.flat.dtype))
+        return False
 
-    def publish(self, shares: list[float]) -> None:
+    def publish(self) -> None:
         """Step 3: every parameter some rank had a gradient for gets its slot as ``.grad``."""
-        for p, view, pointer, share in zip(self.params, self.views, self.pointers, shares):
+        for p, view, pointer, share in zip(self.params, self.views, self.pointers, self.presence.tolist()):
             if share > 0:
                 grad = p.grad
                 if grad is None or grad.data_ptr() != pointer:
@@ -162,10 +170,10 @@ class GradientAverager:
             plan = plan_buckets(self.params, self.bucket_cap_bytes)
             self._buckets = [_GradBucket([self.params[i] for i in bucket]) for bucket in plan]
         for bucket in self._buckets:
-            flags = bucket.fill()
-            bucket.presence.copy_(torch.tensor(flags, dtype=bucket.flat.dtype))
+            steady = bucket.fill()
             comm.all_reduce(bucket.flat, ReduceOp.AVG)
-            bucket.publish(bucket.presence.tolist())
+            if not steady:
+                bucket.publish()
 
     average = __call__
 
