@@ -46,10 +46,46 @@ class JobResult:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the job's process group and every process carrying its marker (hydra moves ranks
+    into sessions of their own, out of reach of the group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    marker = getattr(proc, "gflowdist_marker", None)
+    if marker:
+        for pid in processes_with_marker(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+MARKER_VARIABLE = "GFLOWDIST_TEST_JOB"
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """Live processes whose environment holds ``GFLOWDIST_TEST_JOB=marker``."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{entry}/stat") as st:
+                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":  # zombies are already dead
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def new_marker() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -70,8 +106,11 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | N
     ``env`` holds extra variables on top of :func:`base_env`.
     """
     cmd = [mpiexec_path(), "-n", str(nprocs)] + argv
+    marker = new_marker()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=base_env(**(env or {})), cwd=cwd, start_new_session=True)
+                            env=base_env(**(env or {}), **{MARKER_VARIABLE: marker}), cwd=cwd,
+                            start_new_session=True)
+    proc.gflowdist_marker = marker
     try:
         out, _ = proc.communicate(timeout=timeout)
         return JobResult(proc.returncode, out, False)
@@ -91,6 +130,7 @@ def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict |
     wait in a collective until gloo's timeout).
     """
     port = str(free_port())
+    marker = new_marker()
     procs, logs = [], []
     try:
         for rank in range(nprocs):
@@ -98,9 +138,10 @@ def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict |
             logs.append(log)
             rank_env = base_env(**(env or {}))
             rank_env.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **{MARKER_VARIABLE: marker})
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True,
                                           env=rank_env, cwd=cwd, start_new_session=True))
+            procs[-1].gflowdist_marker = marker
         deadline = time.monotonic() + timeout
         timed_out = False
         while any(p.poll() is None for p in procs):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, base_env
+from launching import MARKER_VARIABLE, REPO, base_env, new_marker, processes_with_marker
 
 TOY = REPO / "tests" / "jobs" / "toy.yaml"
 
@@ -28,8 +28,10 @@ class Job:
         self.out_dir = tmp_path / "runs"
         self.log = open(tmp_path / "launcher.log", "w+")
         cmd = [sys.executable, "-m", "gflowdist", "run", str(config), f"run.out_dir={self.out_dir}", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=base_env(),
-                                     cwd=tmp_path, start_new_session=True)
+        self.marker = new_marker()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=base_env(**{MARKER_VARIABLE: self.marker}), cwd=tmp_path,
+                                     start_new_session=True)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -59,18 +61,20 @@ class Job:
             time.sleep(0.1)
         raise AssertionError(f"no metrics after {timeout} s:\n{self.output}")
 
-    def group_is_empty(self) -> bool:
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
+    def no_process_left(self) -> bool:
+        """No process of this job (launcher, mpiexec, proxies, ranks) is alive: checked in /proc."""
+        return processes_with_marker(self.marker) == []
 
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for pid in processes_with_marker(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait()
 
 
@@ -116,7 +120,7 @@ def test_normal_run_balances_and_writes_the_run_directory(job_factory):
     trained = [m["w_error"] for m in metrics if m["rank"] == 0]
     assert trained[-1] < trained[0] / 2  # the toy model learned
     assert "ledger balanced" in job.output and "Load imbalance" in (run / "report.txt").read_text()
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 def test_actors_receive_weights_and_staleness_is_reported(job_factory):
@@ -133,7 +137,7 @@ def test_actors_receive_weights_and_staleness_is_reported(job_factory):
     staleness = {int(k): v for k, v in finals[trainer]["staleness"].items()}
     assert sum(staleness.values()) > 0 and max(staleness) > 0  # replayed actor data is older than the learner
     assert read_json(run / "ledger.json")["balanced"]
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
@@ -142,7 +146,7 @@ def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
     assert code != 0
     out = job.output
     assert "rank 2 (buffer on" in out and "toy buffer failure on purpose" in out and "Traceback" in out
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 def test_resume_continues_steps_ledger_and_buffer(job_factory):
@@ -172,7 +176,7 @@ def test_sigint_stops_every_rank_and_writes_checkpoint_and_report(job_factory):
     assert read_json(run / "ledger.json")["balanced"]
     assert (run / "checkpoints" / "gen-0000" / "MANIFEST.json").exists() and (run / "report.txt").exists()
     assert "signal SIGINT" in job.output
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 @pytest.mark.parametrize("victim,role", [(1, "trainer"), (2, "buffer"), (3, "coordinator")])
@@ -188,7 +192,7 @@ def test_kill9_of_a_rank_ends_the_job_naming_it(job_factory, victim, role):
     assert code != 0
     assert f"lost rank {victim} ({role} on" in job.output, job.output
     assert elapsed < timeout + 10, f"took {elapsed:.1f} s to notice"
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 def test_torch_engine_runs_the_same_job(job_factory):
@@ -196,7 +200,7 @@ def test_torch_engine_runs_the_same_job(job_factory):
     assert job.wait(120) == 0, job.output
     ledger = read_json(job.run_dir() / "ledger.json")
     assert ledger["balanced"] and ledger["totals"]["produced"] == 480
-    assert job.group_is_empty()
+    assert job.no_process_left()
 
 
 def test_bad_config_exits_2_with_one_line(job_factory):

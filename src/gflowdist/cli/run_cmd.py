@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from gflowdist.process_tree import become_subreaper
+
 __all__ = ["add_parser"]
 
 
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if nprocs == 1 and config.launch.engine != "torch":
         return _run_here(config, args.resume)
     if config.launch.engine == "torch":
-        return _spawn_torch(nprocs, argv)
+        return _spawn_torch(nprocs, argv, report_grace_s=config.faults.peer_timeout_s + 5.0)
     return _launch_mpi(nprocs, argv, config)
 
 
@@ -166,6 +168,31 @@ def is_hydra(mpiexec: str) -> bool:
     return "HYDRA" in (out.stdout + out.stderr).upper()
 
 
+def _wait_for_orphans(grace_s: float) -> None:
+    """Let ranks that outlived their launcher finish reporting (reaping them as they exit)."""
+    from gflowdist.process_tree import descendants
+
+    deadline = time.monotonic() + grace_s
+    while descendants(os.getpid()) and time.monotonic() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap adopted orphans as they exit
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+
+
+def _reap_leftovers() -> None:
+    """Kill and reap every descendant still alive (orphaned ranks were re-parented to us)."""
+    from gflowdist.process_tree import kill_tree
+
+    for pid in kill_tree(os.getpid()):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # not our direct child (its own parent reaps it)
+            pass
+
+
 def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
     mpiexec = find_mpiexec(config.launch.mpiexec)
     # Hydra kills every rank the moment one dies, before anyone can say which one
@@ -175,8 +202,9 @@ def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
     cmd = [mpiexec, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = _child_env()
     env["IN_MPI"] = "1"
+    become_subreaper()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    return _supervise([proc])
+    return _supervise([proc], report_grace_s=config.faults.peer_timeout_s + 5.0)
 
 
 def _free_port() -> int:
@@ -185,20 +213,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_torch(nprocs: int, argv: list[str]) -> int:
+def _spawn_torch(nprocs: int, argv: list[str], *, report_grace_s: float) -> int:
     env = _child_env()
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nprocs))
+    become_subreaper()
     procs = []
     for rank in range(nprocs):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
         stdout = None if rank == 0 else subprocess.DEVNULL
         procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=stdout,
                                       start_new_session=True))
-    return _supervise(procs)
+    return _supervise(procs, report_grace_s=report_grace_s)
 
 
-def _supervise(procs: list[subprocess.Popen]) -> int:
-    """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest."""
+def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -> int:
+    """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest.
+
+    Whatever happens, no process of the job outlives this call: the launcher is a
+    child subreaper and kills its whole process tree at the end (hydra moves
+    every rank into a session of its own, out of reach of a process-group kill).
+
+    When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
+    and exits at once; the surviving ranks, now re-parented to us, get
+    ``report_grace_s`` to notice the loss and say which rank it was.
+    """
     interrupted = []
 
     def forward(signum, _frame):
@@ -213,17 +251,20 @@ def _supervise(procs: list[subprocess.Popen]) -> int:
         while any(p.poll() is None for p in procs):
             failed = [p for p in procs if p.poll() not in (None, 0)]
             if failed and grace_until is None:
-                grace_until = time.monotonic() + 5.0
+                grace_until = time.monotonic() + report_grace_s
             if interrupted and grace_until is None:
                 grace_until = time.monotonic() + 60.0
             if grace_until is not None and time.monotonic() > grace_until:
                 break
             time.sleep(0.05)
+        if not interrupted and any(p.returncode not in (None, 0) for p in procs):
+            _wait_for_orphans(report_grace_s)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        _reap_leftovers()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     codes = [p.returncode for p in procs]

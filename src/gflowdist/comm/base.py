@@ -190,16 +190,25 @@ class Communicator(ABC):
              timeout: float | None = None) -> tuple[int, torch.Tensor]:
         """Receive one message: ``(source rank, uint8 tensor)``.
 
-        Polls with back-off; raises :class:`DeadlineError` after ``timeout``
-        seconds without losing any message (a later call receives it).
+        Polls with back-off (calling :attr:`wait_hook` during long waits);
+        raises :class:`DeadlineError` after ``timeout`` seconds without losing
+        any message (a later call receives it).
         """
         self._check_peer(src, "src", allow_none=True)
-        return poll_until(lambda: self.try_recv(src, tag), timeout=timeout,
-                          what=f"receive on tag {tag} from {'any rank' if src is None else f'rank {src}'}",
-                          peer=src, backoff=Backoff())
+        who = "any rank" if src is None else f"rank {src}"
+        found: list = []
+
+        def arrived() -> bool:
+            message = self.try_recv(src, tag)
+            if message is not None:
+                found.append(message)
+            return message is not None
+
+        self._await(arrived, f"receive on tag {tag} from {who}", timeout=timeout, peer=src)
+        return found[0]
 
     def _await(self, is_done: Callable[[], bool], what: str, nbytes: int = 0,
-               timeout: float | None = None) -> None:
+               timeout: float | None = None, peer: int | None = None) -> None:
         """Wait for a nonblocking collective: spin about as long as it should take, then back off.
 
         Calls :attr:`wait_hook` between checks once the spin phase is over.
@@ -216,7 +225,7 @@ class Communicator(ABC):
                 hook()
             return None
 
-        poll_until(check, timeout=timeout, what=what, backoff=backoff)
+        poll_until(check, timeout=timeout, what=what, peer=peer, backoff=backoff)
 
     # -- lifetime ---------------------------------------------------------------
     def free(self) -> None:

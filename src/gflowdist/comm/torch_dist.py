@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -257,10 +258,22 @@ class TorchComm(Communicator):
             found = self._take_queued(src, tag)
             return found is not None
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._arrived:
-            if not self._arrived.wait_for(ready, timeout):
-                who = "any rank" if src is None else f"rank {src}"
-                raise DeadlineError(f"receive on tag {tag} from {who}: nothing within {timeout:g} s", peer=src)
+            while not ready():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    who = "any rank" if src is None else f"rank {src}"
+                    raise DeadlineError(f"receive on tag {tag} from {who}: nothing within {timeout:g} s",
+                                        peer=src)
+                # wake up now and then to run the keep-alive hook (outside the lock)
+                slice_s = 0.25 if remaining is None else min(remaining, 0.25)
+                if not self._arrived.wait(slice_s) and self.wait_hook is not None:
+                    self._arrived.release()
+                    try:
+                        self.wait_hook()
+                    finally:
+                        self._arrived.acquire()
         return found
 
     def _take_queued(self, src: int | None, tag: int):

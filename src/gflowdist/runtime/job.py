@@ -75,6 +75,7 @@ def _setup_logging(run_dir: Path, rank: int) -> None:
     stacks = open(run_dir / "logs" / f"rank-{rank}.stacks", "a")
     _STACK_FILES.append(stacks)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    faulthandler.enable(file=stacks, all_threads=True)  # a native crash leaves its Python stack here
     handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("gflowdist")
@@ -132,13 +133,17 @@ FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
 
 
 def _die(world, message: str, *, code: int) -> None:
-    log.error(message)
-    sys.stderr.write(message.rstrip() + "\n")
-    sys.stderr.flush()
+    # The failure file first: if mpiexec is already gone, writing to stderr may fail.
     failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
     if failure_file:
         with open(failure_file, "a") as f:
             f.write(message.rstrip() + "\n\0")
+    log.error(message)
+    try:
+        sys.stderr.write(message.rstrip() + "\n")
+        sys.stderr.flush()
+    except OSError:  # nobody is reading our stderr any more
+        pass
     if world.size > 1:
         world.abort(code)
     raise SystemExit(code)

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from gflowdist.comm.polling import Backoff
-from gflowdist.errors import GflowdistError, ProtocolError
+from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError, ProtocolError
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import MessageType
 
@@ -47,6 +47,16 @@ def _finish_client(w: Wiring, buffer: int | None) -> None:
     w.data.drain()
 
 
+def _reply_from(w: Wiring, buffer: int, timeout: float):
+    """My buffer's answer to a sample request; a buffer that never answers is reported lost."""
+    try:
+        return w.data.recv(buffer, timeout=timeout)
+    except DeadlineError as err:
+        layout = w.context.layout
+        raise PeerLostError(buffer, role=layout.role_of(buffer).value, host=layout.host_of(buffer),
+                            reason=f"no reply to a sample request within {timeout:g} s") from err
+
+
 def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     """The trainer loop; ``state`` holds step, version, seq (and is returned updated)."""
     from gflowdist.ops.averaging import average_gradients, average_models
@@ -76,7 +86,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
         if replay_n:
             if awaiting_reply:
                 with timer.phase("wait_replay"), timer.wait_on(buffer, "replay"):
-                    reply = w.data.recv(buffer, timeout=timeout)
+                    reply = _reply_from(w, buffer, timeout)
                 if reply.body.get("batch") is not None:
                     replay = reply.body["batch"]
                     staleness.update((version - reply.body["versions"]).tolist())
@@ -112,7 +122,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             collector.poll()
             collector.progress()
     if awaiting_reply:  # the last prefetched reply is read, not left on the wire
-        w.data.recv(buffer, timeout=timeout)
+        _reply_from(w, buffer, timeout)
     for actor in actors:
         w.weights.isend(MessageType.CONTROL, {"cmd": "stop"}, actor)
     w.weights.drain()

@@ -1,0 +1,73 @@
+"""Finding and ending every process a launcher started, whatever session it moved to.
+
+MPICH's hydra starts each proxy and each rank in a session of its own, so
+killing the launcher's process group does not reach the ranks. The launcher
+therefore becomes a *child subreaper* (Linux ``PR_SET_CHILD_SUBREAPER``):
+descendants whose parent dies are re-parented to it instead of to init, and
+:func:`kill_tree` finds them all by walking ``/proc``. Pure standard library:
+the CLI imports this without loading torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+__all__ = ["become_subreaper", "descendants", "kill_tree"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux); False where the OS has no such feature."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # the process ended while we looked
+            continue
+        # the command name (2nd field) may contain spaces: parse after its closing parenthesis
+        fields = stat[stat.rfind(")") + 2:].split()
+        parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first)."""
+    if not os.path.isdir("/proc"):
+        return []
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL, *, include_root: bool = False) -> list[int]:
+    """Send ``sig`` to every descendant of ``pid`` (and ``pid`` itself if asked); returns the pids."""
+    targets = descendants(pid) + ([pid] if include_root else [])
+    for target in targets:
+        try:
+            os.kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return targets
