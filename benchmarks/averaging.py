@@ -212,12 +212,13 @@ def table(title: str, results: dict, baseline: str, label: str) -> str:
     def ratio(a: str, b: str, r: dict) -> str:
         return f"{r[a] / r[b]:.2f} ({r[a + '_min'] / r[b + '_min']:.2f})"
 
-    head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | {label + ' ms':>12} | "
+    head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | "
+            f"{label + ' ms':>12} | "
             f"{'views/raw':>11} | {'fresh/raw':>11} | {label + '/views':>15} | {label + '/fresh':>15}")
     lines = [f"\n{title}", head, "-" * len(head)]
     for name, r in results.items():
         lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
-                     f"{r['fresh'] * 1e3:8.2f} | {r[baseline] * 1e3:{len(label) + 3}.2f} | "
+                     f"{r['fresh'] * 1e3:8.2f} | {r[baseline] * 1e3:12.2f} | "
                      f"{ratio('views', 'raw', r):>11} | {ratio('fresh', 'raw', r):>11} | "
                      f"{ratio(baseline, 'views', r):>15} | {ratio(baseline, 'fresh', r):>15}")
     return "\n".join(lines)

@@ -197,7 +197,8 @@ def train(args: Args) -> ActorCritic:
         ep_len_mean = mpi_avg(float(np.mean(ep_lens)) if ep_lens else 0.0)
         if proc_id() == 0:
             print(f"epoch {epoch:3d}  EpRet {ret_mean:7.3f} +- {ret_std:5.3f} [{ret_min:6.2f}, {ret_max:5.2f}]  "
-                  f"EpLen {ep_len_mean:5.1f}  LossPi {float(loss_pi.detach()):7.4f}  {time.time() - start:5.1f} s", flush=True)
+                  f"EpLen {ep_len_mean:5.1f}  LossPi {float(loss_pi.detach()):7.4f}  {time.time() - start:5.1f} s",
+                  flush=True)
     return ac
 
 

@@ -182,7 +182,7 @@ def _supervise(processes: list, readers: list, first_rank: int) -> None:
 
 def launch(job_fn: Callable[..., Any], num_machines: int = 1, num_gpus_per_machine: int = 1, machine_rank: int = 0,
            dist_url: str = DEFAULT_DIST_URL, args: Sequence[Any] = ()) -> None:
-    """Run ``job_fn(*args)`` on every process of a ``num_machines x num_gpus_per_machine`` world (see module docstring)."""
+    """Run ``job_fn(*args)`` on each process of a ``num_machines x num_gpus_per_machine`` world (module docstring)."""
     _check_counts(num_machines, num_gpus_per_machine, machine_rank)
     world = num_machines * num_gpus_per_machine
     if existing_job() is not None:
