@@ -61,7 +61,7 @@ layout: {trainers: 4, actors: rest, buffers: 2, coordinator: true, agent_groups:
 roles: {trainer: my_roles.py:GridTrainer, buffer: "pkg.mod:Buf"}
 replay: {capacity: 500, sampler: prioritized, writer: dedup, batch_size: 32,
          min_size_to_sample: 10, samples_per_insert: 2, tolerance: 8.5, replay_fraction: 0.25,
-         max_staleness: 4, max_in_flight: 3, prefetch: 0}
+         max_staleness: 4, max_in_flight: 3, prefetch: 0, dedup_key: terminal}
 sync: {mode: models, every: 5, weights_to_actors_every: 2}
 faults: {heartbeat_s: 0.5, peer_timeout_s: 3, checkpoint_every: 20, max_message_bytes: 1024}
 params: {ndim: 2, height: 8, lr: 1e-3, nested: {a: [1, 2]}}
@@ -214,6 +214,9 @@ MALFORMED = [
     ("replay: {samples_per_insert: 0}", "replay.samples_per_insert",
      ["null or a finite number > 0.0", "int 0"]),
     ("replay: {tolerance: 2.0}", "replay.tolerance", ["only applies when replay.samples_per_insert"]),
+    ("replay: {samples_per_insert: 4, tolerance: 2}", "replay.tolerance", [">= max(1, samples_per_insert)",
+                                                                          "block inserts and samples forever"]),
+    ("replay: {writer: dedup}", "replay.dedup_key", ["required by writer 'dedup'"]),
     ("replay: {capacity: 10, min_size_to_sample: 11}", "replay.min_size_to_sample",
      ["<= replay.capacity (10)", "never start"]),
     ("replay: {max_in_flight: 0}", "replay.max_in_flight", ["expected an integer >= 1"]),

@@ -86,3 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{where}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gflowdist report RUN --json | head`: the reader left
+        sys.stderr.close()
+        return 0

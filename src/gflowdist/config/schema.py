@@ -203,15 +203,24 @@ class ReplayConfig(_Section):
     writer: str = setting("round_robin", ChoiceCheck("round_robin", "keep_highest", "dedup"),
                           "Which slot a new item takes, or whether it is admitted.")
     batch_size: int = setting(16, IntCheck(low=1),
-                              "Trajectories per trainer batch.")
+                              "Replayed trajectories per trainer step = round(batch_size x "
+                              "replay_fraction), added to the fresh rollout.")
     min_size_to_sample: int = setting(0, IntCheck(low=0),
                                       "Sampling waits until a buffer holds this many items.")
     samples_per_insert: float | None = setting(None, OptionalCheck(FloatCheck(0.0, low_open=True)),
                                                "Target ratio of samples to inserts; null = no "
                                                "rate limit.")
     tolerance: float = setting(0.0, FloatCheck(0.0),
-                               "Allowed deviation (in samples) from `samples_per_insert`; "
-                               "0 = none.")
+                               "Allowed deviation (in samples) from `samples_per_insert` "
+                               "(Reverb's error_buffer); must be >= max(1, samples_per_insert) "
+                               "when a ratio is set.")
+    dedup_key: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
+                                    "Trajectory field identifying duplicates for writer `dedup` "
+                                    "(e.g. `terminal`).")
+    priority_alpha: float = setting(0.6, FloatCheck(0.0),
+                                    "Prioritized sampler: P(i) proportional to priority^alpha.")
+    priority_beta: float = setting(0.4, FloatCheck(0.0),
+                                   "Prioritized sampler: importance weight exponent.")
     replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0),
                                      "Fraction of a trainer's batch drawn from replay; the rest "
                                      "is freshly sampled.")
@@ -221,7 +230,8 @@ class ReplayConfig(_Section):
     max_in_flight: int = setting(8, IntCheck(low=1),
                                  "Unacknowledged sends a client may have outstanding.")
     prefetch: int = setting(1, IntCheck(low=0),
-                            "Batches a trainer requests ahead of use.")
+                            "Replay batches a trainer keeps requested ahead of use; 0 = request "
+                            "and wait each step.")
 
     def check_together(self) -> None:
         if self.min_size_to_sample > self.capacity:
@@ -232,6 +242,13 @@ class ReplayConfig(_Section):
             raise self.fail("tolerance",
                             f"only applies when replay.samples_per_insert is set, found "
                             f"tolerance {self.tolerance} with samples_per_insert null")
+        if self.samples_per_insert is not None and self.tolerance < max(1.0, self.samples_per_insert):
+            raise self.fail("tolerance",
+                            f"must be >= max(1, samples_per_insert) = {max(1.0, self.samples_per_insert):g}, "
+                            f"found {self.tolerance}: a smaller window could block inserts and samples forever")
+        if self.writer == "dedup" and self.dedup_key is None:
+            raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, "
+                                         "e.g. terminal)")
 
 
 @dataclass(frozen=True)

@@ -283,20 +283,24 @@ def _conclude(ctx, config, run_dir: Path, generation: int, finals: dict[int, dic
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
         metrics=metrics_rows)
     report.save(run_dir)
+    per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
     try:
         totals = check_ledgers(ledgers)
-        balance = "balanced"
     except LedgerError as err:
-        (run_dir / "ledger.json").write_text(json.dumps({"balanced": False, "error": str(err)}, indent=1))
+        line = f"gflowdist: FAILED: {err}; run directory {run_dir}"
+        (run_dir / "ledger.json").write_text(json.dumps({"balanced": False, "error": str(err), "final_line": line,
+                                                         "per_rank": per_rank}, indent=1))
         raise
-    (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "per_rank": {
-        str(r): l.to_dict() for r, l in ledgers.items()}}, indent=1))
+    malformed = totals["malformed_messages"]
+    line = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
+            f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
+            f"{totals['dropped']} dropped, ledger balanced"
+            f"{f'; {malformed} malformed messages rejected' if malformed else ''}; run directory {run_dir}")
+    (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "final_line": line,
+                                                     "per_rank": per_rank}, indent=1))
     out.write(report.to_text() + "\n")
     last = {r: m for r, m in collector.latest.items()}
-    summary = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
-               f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
-               f"{totals['dropped']} dropped, ledger {balance}; run directory {run_dir}")
-    out.write(summary + "\n")
+    out.write(line + "\n")
     out.flush()
     return JobResult(run_dir=str(run_dir), totals=totals, last_metrics=last, generation=generation,
                      summaries={r: f.get("summary", {}) for r, f in finals.items()})

@@ -6,9 +6,11 @@ Each rank counts, per trajectory (not per message):
   (consumed without a buffer), ``in_flight`` (sent but not yet known to be
   delivered; zero after the shutdown drain);
 - buffers: ``received`` (per producer), ``admitted`` and ``dropped`` by
-  reason (``duplicate``, ``low_score``, ``staleness``, ``rate_limit``,
-  ``malformed``); ``evicted`` (admitted items later overwritten for capacity:
-  delivered, then dropped; reported, not part of the balance).
+  reason (``duplicate``, ``low_score``, ``staleness``,
+  ``rate_limit``); ``evicted`` (admitted items later overwritten for capacity:
+  delivered, then dropped; reported, not part of the balance); and
+  ``malformed`` messages per sender (rejected before anything in them could be
+  counted as a trajectory; reported, not part of the balance).
 
 At shutdown the collector checks, for the whole job::
 
@@ -41,6 +43,7 @@ class Ledger:
     evicted: int = 0
     dropped: Counter = field(default_factory=Counter)
     received_from: Counter = field(default_factory=Counter)
+    malformed: Counter = field(default_factory=Counter)  # sender rank -> malformed messages
 
     def drop(self, reason: str, n: int) -> None:
         if n:
@@ -50,7 +53,8 @@ class Ledger:
         return {"produced": self.produced, "sent": self.sent, "used_locally": self.used_locally,
                 "in_flight": self.in_flight, "received": self.received, "admitted": self.admitted,
                 "evicted": self.evicted, "dropped": dict(self.dropped),
-                "received_from": {str(k): v for k, v in self.received_from.items()}}
+                "received_from": {str(k): v for k, v in self.received_from.items()},
+                "malformed": {str(k): v for k, v in self.malformed.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Ledger":
@@ -58,7 +62,8 @@ class Ledger:
                    used_locally=data.get("used_locally", 0), in_flight=data.get("in_flight", 0),
                    received=data.get("received", 0), admitted=data.get("admitted", 0),
                    evicted=data.get("evicted", 0), dropped=Counter(data.get("dropped", {})),
-                   received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}))
+                   received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}),
+                   malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}))
 
 
 def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
@@ -83,6 +88,7 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
         "dropped": sum(sum(l.dropped.values()) for l in ledgers.values()),
         "in_flight": sum(l.in_flight for l in ledgers.values()),
         "evicted": sum(l.evicted for l in ledgers.values()),
+        "malformed_messages": sum(sum(l.malformed.values()) for l in ledgers.values()),
     }
     if problems:
         raise LedgerError("the ledger does not balance: " + "; ".join(problems))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import Counter
 from typing import Any, Mapping
@@ -16,6 +18,19 @@ from gflowdist.transport import MessageType
 __all__ = ["batch_size", "concat_batches", "run_trainer", "run_actor", "run_buffer", "send_final"]
 
 DONE = {"cmd": "done"}
+log = logging.getLogger("gflowdist.runtime")
+
+#: Test hook: ``GFLOWDIST_INJECT_GARBAGE=<rank>:<every>`` makes that producer send raw garbage
+#: bytes on the data tag to its buffer after every ``every``-th batch (fault-injection tests).
+INJECT_GARBAGE_VARIABLE = "GFLOWDIST_INJECT_GARBAGE"
+
+
+def _garbage_plan(rank: int) -> int:
+    spec = os.environ.get(INJECT_GARBAGE_VARIABLE, "")
+    if not spec:
+        return 0
+    target, _, every = spec.partition(":")
+    return int(every or 1) if int(target) == rank else 0
 
 
 def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
@@ -37,6 +52,9 @@ def _send_trajectories(w: Wiring, batch: dict, seq: int, version: int, buffer: i
     w.ledger.produced += n
     w.data.isend(MessageType.TRAJECTORIES, {"batch": batch, "seq": seq, "version": version, "n": n}, buffer)
     w.ledger.sent += n
+    every = _garbage_plan(w.rank)
+    if every and (w.ledger.sent // n) % every == 0:
+        w.comm.isend(b"\x00not a gflowdist message" * 3, buffer, w.data.tag)
     return n
 
 
@@ -68,7 +86,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     replay_n = round(cfg.replay.batch_size * cfg.replay.replay_fraction) if buffer is not None else 0
     staleness: Counter = state.setdefault("staleness", Counter())
     version, seq = state["version"], state["seq"]
-    awaiting_reply = False
+    requested = 0  # sample requests sent and not yet answered (replies arrive in order)
     step = state["step"]
     timeout = cfg.faults.peer_timeout_s
     while step < cfg.run.steps and not w.check_control():
@@ -84,14 +102,19 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             seq += n
         replay = None
         if replay_n:
-            if awaiting_reply:
+            if requested == 0 and cfg.replay.prefetch == 0:
+                w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
+                requested = 1
+            if requested:
                 with timer.phase("wait_replay"), timer.wait_on(buffer, "replay"):
                     reply = _reply_from(w, buffer, timeout)
+                requested -= 1
                 if reply.body.get("batch") is not None:
                     replay = reply.body["batch"]
                     staleness.update((version - reply.body["versions"]).tolist())
-            w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
-            awaiting_reply = True
+            while requested < cfg.replay.prefetch:  # keep `prefetch` requests ahead of use
+                w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
+                requested += 1
         batch = concat_batches(fresh, replay)
         with timer.phase("loss"):
             trainer.optimizer.zero_grad(set_to_none=True)
@@ -121,7 +144,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
         if collector is not None:
             collector.poll()
             collector.progress()
-    if awaiting_reply:  # the last prefetched reply is read, not left on the wire
+    for _ in range(requested):  # prefetched replies are read, not left on the wire
         _reply_from(w, buffer, timeout)
     for actor in actors:
         w.weights.isend(MessageType.CONTROL, {"cmd": "stop"}, actor)
@@ -178,8 +201,9 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
     while done != clients:
         try:
             msg = w.data.try_recv()
-        except ProtocolError:
-            ledger.drop("malformed_messages", 1)
+        except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
+            ledger.malformed[err.sender] += 1
+            log.warning("%s", err)
             continue
         w.heartbeat(ledger.received, stored=len(replay))
         if msg is None:
