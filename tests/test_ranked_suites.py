@@ -1,28 +1,32 @@
-"""Run every file of tests/ranked/ under real ranks: mpiexec -n 1, 2, 4 and 2-3 gloo processes."""
+"""Run tests/ranked/ under real ranks: mpiexec -n 1, 2, 4 and 2-3 gloo processes.
+
+One launch per configuration runs every ranked file (a launch costs seconds of
+interpreter and torch start-up per rank); the inner pytest output, printed on
+failure, names the failing test and rank. The same files also run plainly in
+the normal suite, as a world of one.
+"""
 
 from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from launching import run_mpi, run_torch
 
-RANKED = sorted(p.name for p in (Path(__file__).parent / "ranked").glob("test_*.py"))
-CONFIGS = [("mpi", 1), ("mpi", 2), ("mpi", 4), ("torch", 2), ("torch", 3)]
-#: suites that also run at these extra sizes (the context needs a coordinator and two groups)
-EXTRA = {"test_context.py": [("mpi", 5), ("torch", 4)]}
-CASES = [(e, n, s) for s in RANKED for e, n in CONFIGS + EXTRA.get(s, [])]
+CONFIGS = [("mpi", 1, None), ("mpi", 2, None), ("mpi", 4, None), ("torch", 2, None), ("torch", 3, None),
+           # the context suite also at sizes with a coordinator and two agent groups
+           ("mpi", 5, "test_context.py"), ("torch", 4, "test_context.py")]
 
 
-@pytest.mark.parametrize("engine,nprocs,suite", CASES, ids=[f"{s[:-3]}-{e}-{n}" for e, n, s in CASES])
-def test_ranked_suite(engine, nprocs, suite):
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=90",
-            f"tests/ranked/{suite}"]
+@pytest.mark.parametrize("engine,nprocs,only", CONFIGS,
+                         ids=[f"{e}-{n}" + (f"-{o[:-3]}" if o else "") for e, n, o in CONFIGS])
+def test_ranked_suites(engine, nprocs, only):
+    target = f"tests/ranked/{only}" if only else "tests/ranked"
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120", target]
     runner = run_mpi if engine == "mpi" else run_torch
-    result = runner(nprocs, argv, timeout=240, env={"GFLOWDIST_TEST_ENGINE": engine})
+    result = runner(nprocs, argv, timeout=480, env={"GFLOWDIST_TEST_ENGINE": engine})
     result.check()
     # mpiexec may glue two ranks' last lines together: count the summaries, not the lines
     summaries = re.findall(r"\d+ passed[^\n]*? in [\d.]+s", result.output)
