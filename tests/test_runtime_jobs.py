@@ -109,7 +109,7 @@ def test_normal_run_balances_and_writes_the_run_directory(job_factory):
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     for name in ("config.yaml", "layout.txt", "metrics.jsonl", "ledger.json", "finals.json", "report.txt",
-                 "report.json", "logs/rank-0.log", "checkpoints/gen-0000/MANIFEST.json"):
+                 "report.json", "logs/rank-0.log", "checkpoints/gen-0000-final/MANIFEST.json"):
         assert (run / name).exists(), name
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and ledger["totals"]["produced"] == 30 * 8 * 2  # steps x n x trainers
@@ -164,7 +164,7 @@ def test_resume_continues_steps_ledger_and_buffer(job_factory):
     assert after["2"]["replay"]["size"] == 20 * 8 * 2  # trajectories admitted before the checkpoint are kept
     steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 19 and steps.index(max(steps)) > steps.index(9)
-    assert (run / "checkpoints" / "gen-0001" / "MANIFEST.json").exists()
+    assert (run / "checkpoints" / "gen-0001-final" / "MANIFEST.json").exists()
 
 
 def test_sigint_stops_every_rank_and_writes_checkpoint_and_report(job_factory):
@@ -174,7 +174,7 @@ def test_sigint_stops_every_rank_and_writes_checkpoint_and_report(job_factory):
     code = job.wait(60)
     assert code == 130, job.output
     assert read_json(run / "ledger.json")["balanced"]
-    assert (run / "checkpoints" / "gen-0000" / "MANIFEST.json").exists() and (run / "report.txt").exists()
+    assert (run / "checkpoints" / "gen-0000-final" / "MANIFEST.json").exists() and (run / "report.txt").exists()
     assert "signal SIGINT" in job.output
     assert job.no_process_left()
 
@@ -208,3 +208,32 @@ def test_bad_config_exits_2_with_one_line(job_factory):
     assert job.wait(30) == 2
     out = job.output.strip()
     assert "layout.bufers" in out and "did you mean 'buffers'" in out and "Traceback" not in out
+
+
+def test_periodic_checkpoint_survives_a_crash_and_resumes(job_factory):
+    """checkpoint_every: a consistent cut (trainer, actor, buffer, coordinator) that a killed run resumes from."""
+    layout = ("layout.actors=1", "-n", "5", "faults.checkpoint_every=5", "faults.peer_timeout_s=4")
+    first = job_factory("run.steps=100000", "params.delay_s=0.01", *layout)
+    run = first.wait_for_metrics(2)
+    deadline = time.monotonic() + 60
+    while not list(run.glob("checkpoints/gen-0000-step-*/MANIFEST.json")):
+        assert time.monotonic() < deadline, f"no periodic checkpoint:\n{first.output}"
+        time.sleep(0.2)
+    os.kill(pid_of_rank(run, 0), signal.SIGKILL)
+    assert first.wait(60) != 0
+    assert first.no_process_left()
+    done = sorted(run.glob("checkpoints/gen-0000-step-*/MANIFEST.json"))
+    step = int(done[-1].parent.name.rsplit("-", 1)[1])
+    saved = {p.name for p in done[-1].parent.glob("rank-*.pt")}
+    assert saved == {f"rank-{r:05d}.pt" for r in range(5)}
+    second = job_factory(f"run.steps={step + 10}", "--resume", str(run), *layout)
+    second.out_dir = run.parent
+    assert second.wait(120) == 0, second.output
+    finals = read_json(run / "finals.json")
+    trainers = [f for f in finals.values() if f["role"] == "trainer"]
+    assert all(f["step"] == step + 10 for f in trainers)
+    assert read_json(run / "ledger.json")["balanced"]
+    buffer = next(f for f in finals.values() if f["role"] == "buffer")
+    assert buffer["replay"]["admitted"] >= step * 8 * 2  # what the trainers produced before the cut is kept
+    assert (run / "checkpoints" / "gen-0001-final" / "MANIFEST.json").exists()
+    assert second.no_process_left()

@@ -1,17 +1,28 @@
 """Checkpoints without pickle: ``torch.save`` of tensors and plain values, loaded with ``weights_only=True``.
 
-Layout of a run directory's checkpoints::
+A run directory's checkpoints::
 
-    checkpoints/gen-0003/rank-00002.pt    one file per rank, written to a temp name then renamed
-    checkpoints/gen-0003/MANIFEST.json    written by the collector once every rank's file exists
+    checkpoints/gen-0000-step-000000050/rank-00002.pt   periodic (faults.checkpoint_every)
+    checkpoints/gen-0000-final/rank-00002.pt            at the end of the run (also after Ctrl-C)
+    checkpoints/<name>/MANIFEST.json                    written last, once every rank's file exists
 
-A generation without a manifest is incomplete and never resumed from.
+``gen`` counts resumptions (a resumed run writes gen + 1). Files are written
+to a temporary name and renamed; a checkpoint without a manifest is
+incomplete and never resumed from.
+
+Periodic checkpoints are a consistent cut: at step k every trainer settles its
+outstanding sample requests, tells its actors, sends a marker to its buffer
+after its last trajectory and waits for the buffer's acknowledgement; the
+buffer saves once every live client's marker has arrived (so it holds exactly
+the trajectories produced up to the cut), then everyone saves and reports to
+the collector, which writes the manifest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +30,22 @@ import torch
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["generation_dir", "save_rank", "write_manifest", "latest_complete", "load_rank"]
+__all__ = ["checkpoint_name", "checkpoint_dir", "save_rank", "write_manifest", "latest_complete", "load_rank"]
+
+_NAME = re.compile(r"^gen-(\d{4})-(?:step-(\d{9})|final)$")
 
 
-def generation_dir(run_dir: Path, generation: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"gen-{generation:04d}"
+def checkpoint_name(generation: int, step: int | None = None) -> str:
+    """``gen-0003-step-000000050`` (periodic) or ``gen-0003-final``."""
+    return f"gen-{generation:04d}-final" if step is None else f"gen-{generation:04d}-step-{step:09d}"
 
 
-def save_rank(run_dir: Path, generation: int, rank: int, payload: dict[str, Any]) -> Path:
-    folder = generation_dir(run_dir, generation)
+def checkpoint_dir(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / "checkpoints" / name
+
+
+def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> Path:
+    folder = checkpoint_dir(run_dir, name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"rank-{rank:05d}.pt"
     tmp = path.with_suffix(".tmp")
@@ -36,8 +54,8 @@ def save_rank(run_dir: Path, generation: int, rank: int, payload: dict[str, Any]
     return path
 
 
-def write_manifest(run_dir: Path, generation: int, manifest: dict[str, Any]) -> None:
-    folder = generation_dir(run_dir, generation)
+def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any]) -> None:
+    folder = checkpoint_dir(run_dir, name)
     missing = [r for r in range(manifest["world_size"]) if not (folder / f"rank-{r:05d}.pt").exists()]
     if missing:
         raise FileNotFoundError(f"checkpoint {folder} lacks the files of ranks {missing}")
@@ -46,17 +64,29 @@ def write_manifest(run_dir: Path, generation: int, manifest: dict[str, Any]) -> 
     os.replace(tmp, folder / "MANIFEST.json")
 
 
-def latest_complete(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
-    """``(generation, manifest)`` of the newest complete checkpoint, or None."""
-    root = Path(run_dir) / "checkpoints"
+def _order(name: str) -> tuple[int, int, int] | None:
+    match = _NAME.match(name)
+    if match is None:
+        return None
+    generation, step = match.groups()
+    return int(generation), 1 if step is None else 0, int(step or 0)
+
+
+def latest_complete(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """``(name, manifest)`` of the newest complete checkpoint, or None."""
     found = []
-    for manifest in root.glob("gen-*/MANIFEST.json"):
-        found.append((int(manifest.parent.name[4:]), json.loads(manifest.read_text())))
-    return max(found, key=lambda item: item[0]) if found else None
+    for manifest in (Path(run_dir) / "checkpoints").glob("*/MANIFEST.json"):
+        order = _order(manifest.parent.name)
+        if order is not None:
+            found.append((order, manifest.parent.name, json.loads(manifest.read_text())))
+    if not found:
+        return None
+    _, name, manifest = max(found, key=lambda item: item[0])
+    return name, manifest
 
 
-def load_rank(run_dir: Path, generation: int, rank: int) -> dict[str, Any]:
-    path = generation_dir(run_dir, generation) / f"rank-{rank:05d}.pt"
+def load_rank(run_dir: Path, name: str, rank: int) -> dict[str, Any]:
+    path = checkpoint_dir(run_dir, name) / f"rank-{rank:05d}.pt"
     if not path.exists():
         raise ConfigError(f"checkpoint file {path} is missing", key="--resume")
     return torch.load(path, weights_only=True)

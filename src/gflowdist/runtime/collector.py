@@ -10,6 +10,7 @@ rank, role and host.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from typing import Any, Callable, TextIO
@@ -21,9 +22,11 @@ from gflowdist.transport import MessageType
 
 __all__ = ["Collector"]
 
+log = logging.getLogger("gflowdist.runtime")
+
 
 class Collector:
-    def __init__(self, w: Wiring, *, metrics_file: TextIO | None, on_metrics: Callable | None = None,
+    def __init__(self, w: Wiring, *, metrics_file: TextIO | None, run_dir=None, on_metrics: Callable | None = None,
                  on_summary: Callable | None = None, extra_fields: Callable[[], dict] | None = None,
                  out: TextIO = sys.stdout):
         self.w = w
@@ -44,6 +47,8 @@ class Collector:
         self._tty = out.isatty()
         self.protocol_errors = 0
         self.started = time.monotonic()
+        self.run_dir = run_dir
+        self.saved: dict[str, set[int]] = {}  # periodic checkpoint name -> ranks that saved their part
 
     # -- one poll ---------------------------------------------------------------
     def poll(self, budget: int = 64) -> bool:
@@ -73,6 +78,23 @@ class Collector:
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
             self.w.finished.add(msg.sender)
+        elif msg.type is MessageType.CONTROL and body.get("cmd") == "saved":
+            self.note_saved(body["name"], msg.sender)
+
+    def note_saved(self, name: str, rank: int) -> None:
+        """A rank saved its part of periodic checkpoint ``name``; the last one completes it."""
+        from gflowdist.runtime.checkpoints import write_manifest
+
+        ranks = self.saved.setdefault(name, set())
+        if not ranks and self.w.context.role.value == "coordinator":
+            self.w.save_checkpoint(name)  # the coordinator's own part (its state is not on the cut)
+            ranks.add(self.w.rank)
+        ranks.add(rank)
+        if len(ranks) == self.w.comm.size and self.run_dir is not None:
+            write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,
+                                                "complete": True})
+            log.info("checkpoint %s complete", name)
+            del self.saved[name]
 
     def record_metrics(self, rank: int, body: dict) -> None:
         self.latest[rank] = body

@@ -153,24 +153,22 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     world = ctx.world
     is_collector = world.rank == w.collector
     role = _make_role(ctx, config, generator)
+    replay = role.make_buffer() if ctx.role is Role.BUFFER else None
     state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
-    generation = 0
-    saved: dict[str, Any] = {}
     if resume_dir is not None:
-        found = checkpoints.latest_complete(run_dir)
-        if found is None:
-            raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-        generation, manifest = found
-        if manifest["world_size"] != world.size:
-            raise GflowdistError(f"--resume {run_dir}: the checkpoint was written by {manifest['world_size']} "
-                                 f"ranks, this job has {world.size}")
-        saved = checkpoints.load_rank(run_dir, generation, world.rank)
-        role.load_state_dict(saved["role"])
-        state.update(saved["runtime"])
-        w.ledger = Ledger.from_dict(saved["ledger"])
-        torch.set_rng_state(saved["torch_rng"])
-        generator.set_state(saved["generator"])
-        generation += 1
+        _resume(run_dir, world, role, replay, state, w, generator)
+
+    def save_checkpoint(name: str) -> None:
+        payload = {"role": role.state_dict(),
+                   "runtime": {k: v for k, v in state.items() if k not in ("staleness", "replay")},
+                   "ledger": w.ledger.to_dict(), "torch_rng": torch.get_rng_state(),
+                   "generator": generator.get_state()}
+        if replay is not None:
+            payload["replay"] = replay.state_dict()
+        checkpoints.save_rank(run_dir, name, world.rank, payload)
+        log.info("saved my part of checkpoint %s", name)
+
+    w.save_checkpoint = save_checkpoint
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=config.faults.startup_timeout_s)
     w.reset_liveness()
@@ -182,31 +180,25 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
         (run_dir / "layout.txt").write_text(ctx.layout.describe() + "\n")
         metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
         coordinator = role if ctx.role is Role.COORDINATOR else None
-        collector = Collector(w, metrics_file=metrics_file, out=out,
+        collector = Collector(w, metrics_file=metrics_file, out=out, run_dir=run_dir,
                               on_metrics=coordinator.on_metrics if coordinator else None,
                               on_summary=coordinator.on_summary if coordinator else None,
                               extra_fields=coordinator.progress_fields if coordinator else None)
+        w.on_saved_here = collector.note_saved
         out.write(f"gflowdist: {ctx.layout.summary()}\ngflowdist: run directory {run_dir}\n")
         out.flush()
-    replay = None
     if ctx.role is Role.TRAINER:
         run_trainer(role, w, state, collector)
     elif ctx.role is Role.ACTOR:
         run_actor(role, w, state)
     elif ctx.role is Role.BUFFER:
-        replay = role.make_buffer()
-        if "replay" in saved:
-            replay.load_state_dict(saved["replay"])
         state["replay"] = replay
         run_buffer(role, w, state)
         state.pop("replay")
     else:
         _coordinate(role, w, collector)
-    payload = {"role": role.state_dict(), "runtime": {k: v for k, v in state.items() if k != "staleness"},
-               "ledger": w.ledger.to_dict(), "torch_rng": torch.get_rng_state(), "generator": generator.get_state()}
-    if replay is not None:
-        payload["replay"] = replay.state_dict()
-    checkpoints.save_rank(run_dir, generation, world.rank, payload)
+    final_name = checkpoints.checkpoint_name(w.generation)
+    save_checkpoint(final_name)
     staleness = {str(k): v for k, v in state.get("staleness", Counter()).items()}
     extra = {"staleness": staleness, "step": state.get("step", 0), "summary": role.summary(), "pid": os.getpid()}
     if replay is not None:
@@ -220,7 +212,28 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     collector.progress(force=True)
     collector.finish_line()
     metrics_file.close()
-    return _conclude(ctx, config, run_dir, generation, finals, collector, stop_reason=w.stop.reason, out=out)
+    return _conclude(ctx, config, run_dir, final_name, finals, collector, stop_reason=w.stop.reason, out=out)
+
+
+def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generator) -> None:
+    """Load this rank's part of the newest complete checkpoint of ``run_dir``."""
+    found = checkpoints.latest_complete(run_dir)
+    if found is None:
+        raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+    name, manifest = found
+    if manifest["world_size"] != world.size:
+        raise GflowdistError(f"--resume {run_dir}: checkpoint {name} was written by {manifest['world_size']} "
+                             f"ranks, this job has {world.size}")
+    saved = checkpoints.load_rank(run_dir, name, world.rank)
+    role.load_state_dict(saved["role"])
+    state.update(saved["runtime"])
+    w.ledger = Ledger.from_dict(saved["ledger"])
+    torch.set_rng_state(saved["torch_rng"])
+    generator.set_state(saved["generator"])
+    if replay is not None and "replay" in saved:
+        replay.load_state_dict(saved["replay"])
+    w.generation = manifest["generation"] + 1
+    log.info("resumed from checkpoint %s at step %s", name, state.get("step"))
 
 
 def _keep_alive_while_waiting(ctx: DistributedContext, w: Wiring) -> None:
@@ -260,13 +273,13 @@ def _coordinate(coordinator, w: Wiring, collector: Collector) -> None:
             backoff.pause()
 
 
-def _conclude(ctx, config, run_dir: Path, generation: int, finals: dict[int, dict], collector: Collector,
+def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dict], collector: Collector,
               *, stop_reason: str, out: TextIO) -> JobResult:
     from gflowdist.timing import build_report
 
     layout = ctx.layout
-    checkpoints.write_manifest(run_dir, generation, {
-        "world_size": layout.world_size, "generation": generation, "complete": True,
+    checkpoints.write_manifest(run_dir, final_name, {
+        "world_size": layout.world_size, "generation": collector.w.generation, "complete": True,
         "steps": {str(r): f.get("step", 0) for r, f in finals.items()}})
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
@@ -302,5 +315,5 @@ def _conclude(ctx, config, run_dir: Path, generation: int, finals: dict[int, dic
     last = {r: m for r, m in collector.latest.items()}
     out.write(line + "\n")
     out.flush()
-    return JobResult(run_dir=str(run_dir), totals=totals, last_metrics=last, generation=generation,
+    return JobResult(run_dir=str(run_dir), totals=totals, last_metrics=last, checkpoint=final_name,
                      summaries={r: f.get("summary", {}) for r, f in finals.items()})

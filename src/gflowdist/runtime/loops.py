@@ -12,6 +12,7 @@ import torch
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError, ProtocolError
+from gflowdist.runtime.checkpoints import checkpoint_name
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import MessageType
 
@@ -140,6 +141,13 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             else:
                 w.report(MessageType.METRICS, metrics)
         step += 1
+        every = cfg.faults.checkpoint_every
+        if every and step % every == 0 and step < cfg.run.steps:
+            for _ in range(requested):  # no sample replies may be in flight across the cut
+                _reply_from(w, buffer, timeout)
+            requested = 0
+            state.update(step=step, version=version, seq=seq)
+            _checkpoint_cut(w, buffer, actors, checkpoint_name(w.generation, step), timeout)
         w.heartbeat(step)
         if collector is not None:
             collector.poll()
@@ -154,6 +162,21 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     return state
 
 
+def _checkpoint_cut(w: Wiring, buffer: int | None, actors, name: str, timeout: float) -> None:
+    """A client's side of a periodic checkpoint: marker after my last trajectory, wait, save."""
+    for actor in actors:
+        w.weights.isend(MessageType.CONTROL, {"cmd": "checkpoint", "name": name}, actor)
+    if buffer is not None:
+        w.data.send(MessageType.CONTROL, {"cmd": "checkpoint", "name": name}, buffer)
+        with w.timer.phase("checkpoint"), w.timer.wait_on(buffer, "checkpoint"):
+            ack = _reply_from(w, buffer, timeout)
+        if ack.type is not MessageType.CONTROL or ack.body.get("name") != name:
+            raise GflowdistError(f"expected the acknowledgement of checkpoint {name} from buffer rank "
+                                 f"{buffer}, got a {ack.type.name} message")
+    with w.timer.phase("checkpoint"):
+        w.checkpoint(name)
+
+
 def run_actor(actor, w: Wiring, state: dict) -> dict:
     """The actor loop: apply new weights, roll out, send; until my trainer says stop."""
     placement = w.context.placement
@@ -162,9 +185,12 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
     stopped = False
     while not stopped and not w.check_control():
         latest = None
+        cuts = []
         msg = w.weights.try_recv(trainer)
         while msg is not None:
-            if msg.type is MessageType.CONTROL:
+            if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "checkpoint":
+                cuts.append(msg.body["name"])
+            elif msg.type is MessageType.CONTROL:
                 stopped = True
             else:
                 latest = msg
@@ -173,6 +199,9 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
             with w.timer.phase("load_weights"):
                 actor.load_weights(latest.body["state"], latest.body["version"])
             version = latest.body["version"]
+        for name in cuts:
+            state.update(version=version, seq=seq)
+            _checkpoint_cut(w, buffer, (), name, w.config.faults.peer_timeout_s)
         if stopped:
             break
         with w.timer.phase("rollout"):
@@ -182,7 +211,7 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
         w.heartbeat(seq)
     if not stopped:  # stopped by the coordinator: wait for my trainer's stop so no weights stay on the wire
         msg = None
-        while msg is None or msg.type is not MessageType.CONTROL:
+        while msg is None or msg.type is not MessageType.CONTROL or msg.body.get("cmd") != "stop":
             msg = w.weights.recv(trainer, timeout=w.config.faults.peer_timeout_s)
     _finish_client(w, buffer)
     state.update(version=version, seq=seq)
@@ -195,6 +224,7 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
     replay = state["replay"]
     clients = set(w.context.placement.clients)
     done: set[int] = set()
+    marked: dict[str, set[int]] = {}  # periodic checkpoint name -> clients whose marker arrived
     latest_version = state.get("latest_version", 0)
     backoff = Backoff()
     last_summary = 0.0
@@ -230,8 +260,16 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
                 else:
                     body = {"batch": None}
                 w.data.isend(MessageType.SAMPLE_REPLY, body, msg.sender)
+        elif msg.type is MessageType.CONTROL and msg.body.get("cmd") == "checkpoint":
+            marked.setdefault(msg.body["name"], set()).add(msg.sender)
         elif msg.type is MessageType.CONTROL and msg.body.get("cmd") == "done":
             done.add(msg.sender)
+        for name in [n for n, senders in marked.items() if senders | done >= clients]:
+            state["latest_version"] = latest_version
+            with timer.phase("checkpoint"):
+                w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
+            for client in sorted(marked.pop(name)):
+                w.data.isend(MessageType.CONTROL, {"cmd": "checkpointed", "name": name}, client)
     w.data.drain()
     w.report(MessageType.USER, manager.summary())
     state["latest_version"] = latest_version

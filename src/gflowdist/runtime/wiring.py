@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gflowdist.comm import Communicator
 from gflowdist.errors import PeerLostError
@@ -76,6 +76,10 @@ class Wiring:
     _last_beat: float = 0.0
     _collector_seen: float = field(default_factory=time.monotonic)
     finished: set = field(default_factory=set)  # ranks whose final report arrived (collector)
+    #: saves this rank's part of checkpoint ``name`` (set by the job runner)
+    save_checkpoint: Callable[[str], None] | None = None
+    on_saved_here: Callable[[str, int], None] = lambda name, rank: None  # the collector's bookkeeping
+    generation: int = 0  # resumptions so far: names this run's checkpoints
 
     @classmethod
     def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
@@ -141,6 +145,16 @@ class Wiring:
                                 reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
                                        f"{self.config.faults.peer_timeout_s:g})")
         return bool(self.stop)
+
+    def checkpoint(self, name: str) -> None:
+        """Save my part of periodic checkpoint ``name`` and tell the collector (who may be me)."""
+        if self.save_checkpoint is None:
+            return
+        self.save_checkpoint(name)
+        if self.rank == self.collector:
+            self.on_saved_here(name, self.rank)
+        else:
+            self.control.isend(MessageType.CONTROL, {"cmd": "saved", "name": name}, self.collector)
 
     def report(self, msg_type: MessageType, body: Any) -> None:
         """Send something to the collector (or keep it, if I am the collector)."""
