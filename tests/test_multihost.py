@@ -1,0 +1,150 @@
+"""The HyperGrid example on two namespace "hosts", with MPI and with the torch engine.
+
+Six ranks (3 trainers averaging gradients, 2 buffers, 1 coordinator) are
+interleaved over the hosts, rank ``r`` on host ``r % 2``, and
+``layout.placement=node-local`` must give each host its own buffer serving
+only the trainers on that host (block placement would pair trainer 1 on host
+1 with buffer 2 on host 0). The run must look like a one-host run: every
+rank reports, the ledger balances with the trajectory count the config
+implies, the trainers log the example's metrics, and the gradient averages
+really cross the bridge (each host's veth receives at least one float32
+gradient per step). See docs/multi-host-testing.md for the flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import time
+
+import pytest
+
+from jobs.job import (HYPERGRID, HostRanksJob, job_factory, layout_rows, listening_sockets,  # noqa: F401
+                      namespace_processes, read_json)
+from launching import REPO
+from netns import netns_hosts, netns_unavailable  # noqa: F401 (fixture)
+
+UNAVAILABLE = netns_unavailable()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")
+
+STEPS = 60
+RANKS = 6
+#: host index of each rank: hydra deals a hostfile of one slot per host round-robin
+PLACEMENT = [rank % 2 for rank in range(RANKS)]
+ARGS = ["-n", str(RANKS), f"run.steps={STEPS}", "run.log_every=10", "layout.buffers=2",
+        "layout.placement=node-local"]
+
+
+def _hypergrid_config():
+    from gflowdist.config import Config
+
+    return Config.from_yaml(HYPERGRID, overrides=ARGS[2:])
+
+
+def _gradient_bytes(config) -> int:
+    """Bytes of one trainer's float32 gradient: what each host must receive per averaged step."""
+    path = REPO / "examples" / "hypergrid" / "hypergrid_gfn.py"
+    spec = importlib.util.spec_from_file_location("hypergrid_gfn_for_multihost", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    p = config.params
+    env = module.HyperGrid(ndim=int(p["ndim"]), height=int(p["height"]))
+    model = module.HyperGridPolicy(env, hidden=int(p["hidden"]), n_layers=int(p["layers"]))
+    return 4 * sum(t.numel() for t in model.parameters())
+
+
+def check_hypergrid_run(run, host_names: list[str]) -> None:
+    """What a one-host HyperGrid run shows, plus node-local placement on these hosts."""
+    config = _hypergrid_config()
+    rows = layout_rows(run)
+    finals = read_json(run / "finals.json")
+    assert sorted(rows) == list(range(RANKS)) and sorted(map(int, finals)) == list(range(RANKS))
+    for rank, row in rows.items():
+        assert row["host"] == host_names[PLACEMENT[rank]], f"rank {rank} on {row['host']}"
+        assert finals[str(rank)]["host"] == row["host"] and finals[str(rank)]["role"] == row["role"]
+    roles = [rows[r]["role"] for r in range(RANKS)]
+    assert roles.count("trainer") == 3 and roles.count("buffer") == 2 and roles[-1] == "coordinator"
+    buffers = [r for r in range(RANKS) if roles[r] == "buffer"]
+    assert {rows[b]["host"] for b in buffers} == set(host_names)  # one buffer on each host
+    trainers = [r for r in range(RANKS) if roles[r] == "trainer"]
+    for t in trainers:  # node-local: a trainer's buffer is on its own host
+        assert rows[int(rows[t]["buffer"])]["host"] == rows[t]["host"], rows
+    ledger = read_json(run / "ledger.json")
+    produced = STEPS * int(config.params["trajectories_per_step"]) * len(trainers)
+    assert ledger["balanced"], ledger
+    # writer round_robin admits everything and capacity exceeds the run: nothing is dropped
+    assert ledger["totals"]["produced"] == ledger["totals"]["admitted"] == produced
+    assert ledger["totals"]["in_flight"] == 0 and ledger["totals"]["dropped"] == 0
+    assert sum(finals[str(b)]["replay"]["admitted"] for b in buffers) == produced
+    for b in buffers:  # each buffer heard only from its own clients
+        clients = {str(t) for t in trainers if int(rows[t]["buffer"]) == b}
+        assert set(finals[str(b)]["ledger"]["received_from"]) == clients
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for t in trainers:
+        mine = [m for m in metrics if m["rank"] == t]
+        assert mine and mine[-1]["step"] == STEPS - 1, f"trainer {t} metrics: {mine[-1:]}"
+        for m in mine:
+            for key in ("loss", "l1", "log_z"):
+                assert math.isfinite(m[key]), m
+    assert "Load imbalance" in (run / "report.txt").read_text()
+    assert ledger["final_line"].startswith("gflowdist: done") and "ledger balanced" in ledger["final_line"]
+
+
+def check_bridge_traffic(hs, before, after) -> None:
+    """Both hosts hold trainers of the one agent group: each must receive a gradient per step."""
+    need = STEPS * _gradient_bytes(_hypergrid_config())
+    for host, (rx0, _), (rx1, _) in zip(hs.hosts, before, after):
+        assert rx1 - rx0 >= need, f"{host.name} received {rx1 - rx0} bytes over its veth, expected >= {need}"
+
+
+def test_hypergrid_on_two_hosts_with_mpi(netns_hosts, job_factory):
+    hs = netns_hosts
+    before = [hs.link_bytes(h) for h in hs.hosts]
+    # one slot per host in the hostfile: hydra deals ranks 0, 2, 4 to host 0 and 1, 3, 5 to host 1
+    job = job_factory(*ARGS, f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(1))}",
+                      config=HYPERGRID, env=hs.mpi_env())
+    assert job.wait(240) == 0, job.output
+    after = [hs.link_bytes(h) for h in hs.hosts]
+    run = job.run_dir()
+    check_hypergrid_run(run, [h.name for h in hs.hosts])
+    check_bridge_traffic(hs, before, after)
+    assert read_json(run / "ledger.json")["final_line"] in job.output
+    assert job.no_process_left()
+    assert namespace_processes(hs) == {h.name: [] for h in hs.hosts}
+
+
+def test_hypergrid_on_two_hosts_with_torch(netns_hosts, tmp_path):
+    hs = netns_hosts
+    before = [hs.link_bytes(h) for h in hs.hosts]
+    job = HostRanksJob(tmp_path, hs, PLACEMENT, *ARGS[2:], config=HYPERGRID)
+    try:
+        # while it runs: what rank 0 (the rendezvous host) listens on (docs/security.md)
+        listening: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 120
+        while job.procs[0].poll() is None and time.monotonic() < deadline:
+            try:
+                listening = listening_sockets(job.procs[0].pid)
+            except OSError:  # rank 0 is exiting
+                break
+            if any(port == job.port for _, port in listening) and len(listening) > 1:
+                break
+            time.sleep(0.05)
+        codes = job.wait(240)
+        assert codes == [0] * RANKS, job.output
+        after = [hs.link_bytes(h) for h in hs.hosts]
+        run = job.run_dir()
+        check_hypergrid_run(run, [h.name for h in hs.hosts])
+        check_bridge_traffic(hs, before, after)
+        assert job.processes_left() == []
+        assert namespace_processes(hs) == {h.name: [] for h in hs.hosts}
+    finally:
+        job.close()
+    # The TCPStore (MASTER_PORT) listens on every address of host 0, not only MASTER_ADDR;
+    # gloo's own sockets listen on the GLOO_SOCKET_IFNAME address only.
+    store = [addr for addr, port in listening if port == job.port]
+    assert store and all(addr in ("0.0.0.0", "::") for addr in store), listening
+    others = [addr for addr, port in listening if port != job.port]
+    assert others and set(others) == {hs.hosts[0].ip}, listening
