@@ -121,9 +121,12 @@ class Communicator(ABC):
     rank: int
     size: int
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    #: Called now and then while a collective waits for the other ranks (the
-    #: runtime sends heartbeats from it, so a rank blocked on a dead peer is not
-    #: mistaken for the dead one). It may raise to abandon the wait.
+    #: Called now and then while a collective or receive waits for other ranks
+    #: (the runtime sends heartbeats from it, so a rank blocked on a dead peer is
+    #: not mistaken for the dead one). It may raise to abandon the wait. With a
+    #: hook, collectives run as nonblocking operations polled with back-off
+    #: (idle waiting sleeps); without one (and without a timeout) they use the
+    #: engine's blocking call, the fastest path for large reductions.
     wait_hook: Callable[[], None] | None = None
 
     # -- identity ---------------------------------------------------------------

@@ -107,7 +107,9 @@ class MPIComm(Communicator):
             x = x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
-        if flat.size:
+        if flat.size and self.wait_hook is None:
+            self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+        elif flat.size:
             request = self._comm.Iallreduce(MPI.IN_PLACE, flat, op=_OPS[op])
             self._await(request.Test, "all_reduce", flat.nbytes)
             if op is ReduceOp.AVG:
@@ -118,14 +120,19 @@ class MPIComm(Communicator):
     def all_gather(self, x):
         array, _ = numpy_view(x)
         out = np.empty((self.size,) + array.shape, dtype=array.dtype)
-        request = self._comm.Iallgather(array.reshape(-1), out.reshape(self.size, -1))
-        self._await(request.Test, "all_gather", out.nbytes)
+        if self.wait_hook is None:
+            self._comm.Allgather(array.reshape(-1), out.reshape(self.size, -1))
+        else:
+            request = self._comm.Iallgather(array.reshape(-1), out.reshape(self.size, -1))
+            self._await(request.Test, "all_gather", out.nbytes)
         return [like(x, out[i]) for i in range(self.size)]
 
     def broadcast(self, x, src: int = 0):
         self._check_peer(src, "src")
         array, write_back = numpy_view(x)
-        if array.size:
+        if array.size and self.wait_hook is None:
+            self._comm.Bcast(array.reshape(-1), root=src)
+        elif array.size:
             request = self._comm.Ibcast(array.reshape(-1), root=src)
             self._await(request.Test, "broadcast", array.nbytes)
         write_back()

@@ -16,7 +16,7 @@ from gflowdist.comm.base import Communicator
 from gflowdist.errors import ConfigError
 
 __all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "reset_world_comm",
-           "describe_environment"]
+           "describe_environment", "detect_engine"]
 
 #: Environment variables by which MPI launchers announce the world size.
 MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
@@ -70,7 +70,7 @@ def world_comm(engine: str = "auto") -> Communicator:
         raise ConfigError(f"unknown engine {engine!r}; expected auto, mpi, torch or local",
                           key="launch.engine")
     if engine == "auto":
-        engine = _detect()
+        engine = detect_engine()
     if engine == "torch":
         import torch.distributed as dist
 
@@ -99,7 +99,8 @@ def reset_world_comm() -> None:
     _WORLD = None
 
 
-def _detect() -> str:
+def detect_engine() -> str:
+    """The engine :func:`world_comm` picks for ``"auto"`` (see the module docstring)."""
     import sys
 
     if "torch.distributed" in sys.modules:

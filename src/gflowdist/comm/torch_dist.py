@@ -136,8 +136,9 @@ class TorchComm(Communicator):
     def _finish(self, work, what: str, tensor: torch.Tensor, factor: int = 1,
                 timeout: float | None = None) -> None:
         """Wait for an async collective by polling (hook between checks), then surface its errors."""
-        nbytes = tensor.numel() * tensor.element_size() * factor if tensor is not None else 0
-        self._await(work.is_completed, what, nbytes, timeout)
+        if self.wait_hook is not None or timeout is not None:
+            nbytes = tensor.numel() * tensor.element_size() * factor if tensor is not None else 0
+            self._await(work.is_completed, what, nbytes, timeout)
         work.wait()
 
     def barrier(self, timeout: float | None = None) -> None:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gflowdist.comm.select import _detect  # the engine detection of world_comm(), shared
+from gflowdist.comm.select import detect_engine
 from gflowdist.errors import GflowdistError
 
 __all__ = ["existing_job", "current_command", "find_mpiexec", "is_open_mpi"]
@@ -31,7 +31,7 @@ def existing_job() -> str | None:
 
     The same detection that picks the world communicator's engine.
     """
-    engine = _detect()
+    engine = detect_engine()
     return None if engine == "local" else engine
 
 
