@@ -34,6 +34,13 @@ _COMPAT_EXPORTS = {
     **{name: "gflowdist.compat.virtex" for name in _COMPAT_VIRTEX},
     **{name: "gflowdist.compat.evorl" for name in _COMPAT_EVORL},
     "DistributedOptimizer": "gflowdist.ops.optimizer",
+    # the core, for `from gflowdist import Trainer, BufferManager`
+    **{name: "gflowdist.runtime.roles" for name in ("Actor", "Trainer", "BufferManager", "Coordinator")},
+    "DistributedContext": "gflowdist.context",
+    "Config": "gflowdist.config",
+    "ReplayBuffer": "gflowdist.replay",
+    "world_comm": "gflowdist.comm",
+    "ReduceOp": "gflowdist.comm",
 }
 
 

@@ -4,6 +4,7 @@
 - :mod:`gflowdist.compat.omnisafe` — OmniSafe ``omnisafe.utils.distributed`` (v0.3)
 - :mod:`gflowdist.compat.virtex`   — VirTex ``virtex.utils.distributed``
 - :mod:`gflowdist.compat.evorl`    — a torch analogue of EvoRL ``evorl.distributed``
+- :mod:`gflowdist.compat.torchgfn` — torchgfn ``gfn.utils.distributed`` (docs/migration-torchgfn.md)
 
 Each module is thin: a line or two per function over :mod:`gflowdist.ops`
 and :mod:`gflowdist.launch`. Moving code over means changing an import;
