@@ -2,6 +2,7 @@
 
     gflowdist run examples/hypergrid/config.yaml            # 4 ranks: 2 trainers, 1 buffer, 1 coordinator
     gflowdist run examples/hypergrid/config.yaml run.steps=2000 params.height=16
+    gflowdist run examples/hypergrid/config.yaml layout.trainers=1 layout.actors=2 -n 5   # with actors
 
 Trainers sample trajectories with their policy, send them to their buffer,
 and learn by trajectory balance on fresh + replayed trajectories, averaging
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gflowdist.runtime import BufferManager, Coordinator, Trainer
+from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hypergrid_gfn import (HyperGrid, HyperGridPolicy, l1_distance, modes_mask,  # noqa: E402
@@ -57,6 +58,21 @@ class HyperGridTrainer(Trainer):
         seen = self.recent[self.recent >= 0]
         counts = torch.bincount(seen, minlength=self.env.n_states).double()
         return {"l1": float(l1_distance(counts, self.env)), "log_z": float(self.model.log_z.detach())}
+
+
+class HyperGridActor(Actor):
+    """Samples with the weights its trainer last sent; never learns."""
+
+    def setup(self):
+        p = self.params
+        self.env = make_env(p)
+        self.model = HyperGridPolicy(self.env, hidden=int(p.get("hidden", 64)), n_layers=int(p.get("layers", 2)))
+        self.n = int(p.get("trajectories_per_step", 16))
+        self.epsilon = float(p.get("epsilon", 0.0))
+
+    def rollout(self, policy_version):
+        with torch.no_grad():
+            return sample_trajectories(self.model, self.env, self.n, self.generator, self.epsilon)
 
 
 class HyperGridBuffer(BufferManager):
