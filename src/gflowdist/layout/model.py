@@ -148,9 +148,12 @@ class Layout:
         coordinator = "no coordinator" if self.coordinator is None else \
             f"coordinator {self.coordinator}"
         groups = len(self.agent_groups)
-        return (f"world of {self.world_size} rank{'s' if self.world_size != 1 else ''}: "
-                f"{len(self.trainers)} trainers, {len(self.actors)} actors, "
-                f"{len(self.buffers)} buffers, {coordinator}; "
+        def count(n: int, noun: str) -> str:
+            return f"{n} {noun}{'s' if n != 1 else ''}"
+
+        return (f"world of {count(self.world_size, 'rank')}: "
+                f"{count(len(self.trainers), 'trainer')}, {count(len(self.actors), 'actor')}, "
+                f"{count(len(self.buffers), 'buffer')}, {coordinator}; "
                 f"{groups} agent group{'s' if groups != 1 else ''}; placement {self.placement}")
 
     def _links(self, rank: int) -> str:
