@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from transport import _free_port, _parse  # the transport benchmark's port and result helpers
+from harness import run_mpi_workers, run_torch_workers
 
 
 def make_models():
@@ -178,33 +178,12 @@ def torch_worker(reps: int) -> None:
     dist.destroy_process_group()
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_")) and k not in ("IN_MPI", "RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
-    return env
-
-
 def run_mpi(reps: int) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, __file__,
-           "--worker", "mpi", "--reps", str(reps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
-    return _parse(out.stdout + out.stderr)
+    return run_mpi_workers(__file__, ["--reps", str(reps)])
 
 
 def run_torch(reps: int) -> dict:
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--reps", str(reps)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, RANK=str(r)), start_new_session=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return _parse(outs[0])
+    return run_torch_workers(__file__, ["--reps", str(reps)])
 
 
 def table(title: str, results: dict, baseline: str, label: str) -> str:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+from harness import fmt_size, run_mpi_workers, run_torch_workers
 
 SIZES = [8, 1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK = [8, 1024, 1 << 20]
@@ -128,52 +127,12 @@ def torch_worker(sizes) -> None:
     comm.free()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _parse(output: str):
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"worker printed no result:\n{output}")
-
-
 def run_mpi(sizes):
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, __file__,
-           "--worker", "mpi", "--sizes", ",".join(map(str, sizes))]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
-    return _parse(out.stdout + out.stderr)
+    return run_mpi_workers(__file__, ["--sizes", ",".join(map(str, sizes))])
 
 
 def run_torch(sizes):
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "torch", "--sizes", ",".join(map(str, sizes))],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, RANK=str(r)), start_new_session=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return _parse(outs[0])
-
-
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def _fmt_size(n: int) -> str:
-    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            return f"{n // div} {unit}"
-    return f"{n} B"
+    return run_torch_workers(__file__, ["--sizes", ",".join(map(str, sizes))])
 
 
 def table(name: str, rows) -> str:
@@ -182,7 +141,7 @@ def table(name: str, rows) -> str:
     for r in rows:
         bw_raw = 2 * r["size"] / r["raw"] / 1e6
         bw_ours = 2 * r["size"] / r["ours"] / 1e6
-        lines.append(f"{_fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | {r['ours'] * 1e6:11.1f} | "
+        lines.append(f"{fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | {r['ours'] * 1e6:11.1f} | "
                      f"{r['ours'] / r['raw']:9.2f} | {bw_raw:9.0f} | {bw_ours:9.0f} | {100 * bw_ours / bw_raw:7.0f}%")
     return "\n".join(lines)
 
