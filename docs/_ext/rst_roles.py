@@ -41,8 +41,10 @@ log = logging.getLogger("mkdocs.plugins.gflowdist.rst_roles")
 class RstRoles(griffe.Extension):
     """Rewrite the roles of every docstring of the loaded package (see the module docstring)."""
 
+    package = PACKAGE
+
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
-        if pkg.path != PACKAGE:
+        if pkg.path != self.package:
             return
         objects = list(_walk(pkg))
         paths = {obj.path: obj.path for obj in objects}
@@ -51,7 +53,7 @@ class RstRoles(griffe.Extension):
                 paths.setdefault(alias.path, alias.target_path)
         for obj in objects:
             if obj.docstring is not None:
-                obj.docstring.value = rewrite(obj, obj.docstring.value, paths)
+                obj.docstring.value = rewrite(obj, obj.docstring.value, paths, package=self.package)
 
 
 def _walk(obj: griffe.Object):
@@ -108,7 +110,7 @@ def exists_at_run_time(obj: griffe.Object, target: str) -> bool:
     return False
 
 
-def rewrite(obj: griffe.Object, text: str, paths: dict[str, str]) -> str:
+def rewrite(obj: griffe.Object, text: str, paths: dict[str, str], *, package: str = PACKAGE) -> str:
     """``text`` with its roles turned into cross-references and ``::`` into ``:``."""
 
     def replace(match: re.Match) -> str:
@@ -117,11 +119,11 @@ def rewrite(obj: griffe.Object, text: str, paths: dict[str, str]) -> str:
         full = resolve(obj, target, paths)
         if full is not None:
             return f"[`{label}`][{full}]"
-        if target.split(".")[0] != PACKAGE and "." in target:
+        if target.split(".")[0] != package and "." in target:
             return f"`{label}`"  # outside gflowdist: no page of ours to link to
         if exists_at_run_time(obj, target):
             return f"`{label}`"  # real, but invisible to static analysis: no anchor to link to
-        log.warning("docstring of %s: %s names nothing in %s", obj.path, match.group(0), PACKAGE)
+        log.warning("docstring of %s: %s names nothing in %s", obj.path, match.group(0), package)
         return f"`{label}`"
 
     text = ROLE.sub(replace, text)
