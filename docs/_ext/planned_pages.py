@@ -1,27 +1,50 @@
-"""A MkDocs hook: nav entries for pages other people are still writing appear once the page exists.
+"""A MkDocs hook: pages other people are still writing are linked once they exist.
 
-``extra.planned_pages`` in mkdocs.yml lists such pages. Before the build, every nav entry that
-names a planned page missing from ``docs/`` is dropped (logged at INFO), so the strict build
-stays green meanwhile; any other nav entry naming a missing page still fails it. Once the
-page exists it is simply in the nav, and it can leave the list.
+``extra.planned_pages`` in mkdocs.yml lists such pages. While a planned page is missing from
+``docs/``, its nav entry is dropped and a Markdown link to it (``[text](page.md)``) is shown
+as its plain text, both logged at INFO, so the strict build stays green meanwhile. Any other
+missing page, nav entry or link still fails the strict build. Once the page exists, nothing
+is changed, and it can leave the list.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
+import re
 from pathlib import Path
 
 log = logging.getLogger("mkdocs.hooks.planned_pages")
 
 
+LINK = re.compile(r"\[([^\]]*)\]\(([^)#\s]+\.md)(#[^)\s]*)?\)")
+_MISSING: set[str] = set()
+
+
 def on_config(config, **kwargs):
     planned = set(config.extra.get("planned_pages", []))
     docs_dir = Path(config.docs_dir)
-    missing = {page for page in planned if not (docs_dir / page).exists()}
-    if missing:
-        log.info("planned pages not written yet, left out of the nav: %s", ", ".join(sorted(missing)))
-        config.nav = _without(config.nav, missing)
+    _MISSING.clear()
+    _MISSING.update(page for page in planned if not (docs_dir / page).exists())
+    if _MISSING:
+        log.info("planned pages not written yet, left out of the nav: %s", ", ".join(sorted(_MISSING)))
+        config.nav = _without(config.nav, _MISSING)
     return config
+
+
+def on_page_markdown(markdown: str, *, page, **kwargs) -> str:
+    if not _MISSING:
+        return markdown
+    here = posixpath.dirname(page.file.src_uri)
+
+    def unlink(match: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(here, match.group(2)))
+        if target not in _MISSING:
+            return match.group(0)
+        log.info("%s: link to %s (not written yet) shown as text", page.file.src_uri, target)
+        return match.group(1)
+
+    return LINK.sub(unlink, markdown)
 
 
 def _without(nav, missing: set[str]):
