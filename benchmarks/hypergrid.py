@@ -1,0 +1,422 @@
+"""HyperGrid under gflowdist's runtime vs the bare single-process loop: throughput, time to L1, waits.
+
+    python benchmarks/hypergrid.py            # 4 setups x 2 repeats + a round-trip run, ~4-5 minutes
+    python benchmarks/hypergrid.py --quick    # bare and 1T, 20 steps, once: a smoke run, seconds
+    python benchmarks/hypergrid.py --profile  # also cProfile every rank (pstats in the run directories)
+
+The problem (every setup): HyperGrid D=2, H=8, 16 trajectories per trainer
+per step, P_F and P_B MLPs of 2 hidden layers of 64, Adam (lr 1e-3, log Z
+1e-1), seed 0, one torch thread per process. Setups:
+
+- ``bare``: ``examples/hypergrid/bare.py``'s ``train(args)`` in one process,
+  no framework (no replay, no MPI);
+- ``1T``: ``gflowdist run examples/hypergrid/config.yaml -n 3``: 1 trainer, 1
+  buffer, 1 coordinator;
+- ``2T``: ``-n 4``: 2 trainers averaging gradients, 1 buffer, 1 coordinator;
+- ``3T``: ``-n 5``: 3 trainers, 1 buffer, 1 coordinator (torchgfn's layout);
+- ``3T rtt`` (full run only): ``3T`` with ``replay.prefetch=0``, so each step
+  requests its replay batch and waits for it: its ``wait_replay`` per step is
+  the buffer round trip that the default prefetch of 1 hides.
+
+Trainers train on their 16 fresh trajectories plus ``round(16 x 0.25) = 4``
+replayed ones (the example config's replay section); bare trains on the 16
+fresh ones.
+
+Definitions (medians over ``--repeats`` runs, runs interleaved so load drift
+hits every setup alike):
+
+- **traj/s**: trajectories sampled by all trainers / training wall time. For
+  gflowdist the training time is the ``time`` field of the last line of
+  ``metrics.jsonl`` (seconds since the collector started, which is right
+  after the startup barrier, to the end of the last step); for bare it is
+  ``train()``'s own ``seconds``. Startup and shutdown are excluded (the
+  ``startup s`` column and ``benchmarks/startup.py`` measure them).
+- **window L1** of a trainer at a logged step (every 10 steps): the L1
+  distance ``sum_x |p_emp(x) - R(x)/Z|`` over the 64 states, where ``p_emp``
+  is the empirical distribution of the last ``W = 2000`` terminal states that
+  trainer sampled (``hypergrid_gfn.l1_distance``; in [0, 2]; torchgfn's
+  ``l1_dist`` is this divided by 64). **time to L1**: the training time of the
+  first logged step at which *every* trainer's window L1 is <= 0.5 (the
+  latest trainer's time for that step); ``steps`` is that step number.
+- **step ms**: training time / steps (wall time per step of the slowest
+  trainer). **fwd ms** (framework overhead) compares 1T with bare:
+  ``traj/s(bare) / traj/s(1T) - 1``.
+- **wait %**: a trainer's ``wait_replay`` phase (time blocked on its
+  buffer's sample reply) / its step time, mean over trainers; **wait ms**:
+  ``wait_replay`` per step. In the ``rtt`` row that wait is the whole round
+  trip (request sent, served, reply received).
+- **startup s**: from starting ``gflowdist run`` to the end of the first
+  training step: wall-clock mtime of the run's ``config.yaml`` (written by the
+  collector just before it starts) + the first metrics line's ``time``.
+
+The 2-core machine is oversubscribed from 3 ranks on: the coordinator and the
+buffer mostly sleep, but 3 trainers plus 2 idle loops on 2 cores, plus other
+users' jobs (the load average is printed), share the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gflowdist.timing.text_table import table_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "hypergrid"
+CONFIG = EXAMPLE / "config.yaml"
+L1_TARGET = 0.5
+LOG_EVERY = 10
+WINDOW = 2000
+#: setup name -> (trainers, extra overrides); ranks = trainers + buffer + coordinator
+SETUPS = {"1T": (1, []), "2T": (2, []), "3T": (3, []), "3T rtt": (3, ["replay.prefetch=0"])}
+#: references from the issue (torchgfn 2.4.1 multinode HyperGrid, 3 trainers + 1 buffer, this machine size)
+TORCHGFN_TRAJ_PER_S = (340, 590)
+TORCHGFN_BUFFER_RTT_MS = 19.0
+INSTRUMENT_VARIABLE = "GFLOWDIST_BENCH_INSTRUMENT"  # directory for per-rank JSON (and pstats)
+PROFILE_VARIABLE = "GFLOWDIST_BENCH_PROFILE"  # "1": also cProfile every rank
+#: Put on the ranks' PYTHONPATH as sitecustomize.py: inside an MPI rank (PMI_RANK set) it wraps the
+#: role loops that gflowdist.runtime.job calls, recording their CPU and wall seconds, optionally
+#: runs cProfile, and at exit writes rank-<pid>.json (and pid-<pid>.prof). Nothing else changes.
+SITECUSTOMIZE = f'''"""Written by benchmarks/hypergrid.py: time the role loop of this rank (see there)."""
+import atexit, json, os, resource, time
+
+_out = os.environ.get("{INSTRUMENT_VARIABLE}")
+if _out and os.environ.get("PMI_RANK") is not None:
+    _record = {{"pid": os.getpid(), "rank": int(os.environ["PMI_RANK"])}}
+    _profile = None
+    if os.environ.get("{PROFILE_VARIABLE}") == "1":
+        import cProfile
+        _profile = cProfile.Profile()
+        _profile.enable()
+    import gflowdist.runtime.job as _job
+
+    def _timed(name, fn):
+        def wrapper(*args, **kwargs):
+            cpu, wall = time.process_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _record["loop"] = name
+                _record["loop_cpu_s"] = time.process_time() - cpu
+                _record["loop_wall_s"] = time.perf_counter() - wall
+        return wrapper
+
+    for _name in ("run_trainer", "run_buffer", "run_actor", "_coordinate"):
+        setattr(_job, _name, _timed(_name, getattr(_job, _name)))
+
+    def _dump():
+        if _profile is not None:
+            _profile.disable()
+            _profile.dump_stats(os.path.join(_out, f"pid-{{os.getpid()}}.prof"))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _record["process_cpu_s"] = usage.ru_utime + usage.ru_stime
+        with open(os.path.join(_out, f"rank-{{os.getpid()}}.json"), "w") as f:
+            json.dump(_record, f)
+
+    atexit.register(_dump)
+'''
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment without an enclosing MPI job's variables, one thread per process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
+    return env
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def parse_result(output: str) -> dict:
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"the worker printed no RESULT line:\n{output[-3000:]}")
+
+
+# -- bare ----------------------------------------------------------------------------------------
+
+def bare_worker(steps: int) -> None:
+    """Run bare.train in this process; print RESULT with the time of every progress row."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(EXAMPLE))
+    import bare
+
+    marks: dict[str, float] = {}
+    rows: list[float] = []
+    sample = bare.sample_trajectories
+
+    def timed_sample(model, env, n, *args, **kwargs):
+        if n != WINDOW and "start" not in marks:  # the first training step (the probe draws WINDOW)
+            marks["start"], marks["cpu"] = time.perf_counter(), time.process_time()
+        return sample(model, env, n, *args, **kwargs)
+
+    def timed_print(*args, **kwargs) -> None:  # bare prints one line per history row
+        rows.append(time.perf_counter())
+
+    bare.sample_trajectories = timed_sample
+    bare.print = timed_print
+    args = bare.Args(n_steps=steps, log_every=LOG_EVERY, exact_max_states=0, window=WINDOW)
+    m = bare.train(args)
+    cpu_ms = 1e3 * (time.process_time() - marks["cpu"]) / steps
+    start = marks["start"]
+    l1 = [{"step": row["step"] - 1, "time": t - start, "l1": [row["l1"]]} for row, t in zip(m["history"], rows)]
+    print("RESULT " + json.dumps({"traj_per_s": m["traj_per_s"], "seconds": m["seconds"], "steps": steps,
+                                  "l1": l1, "cpu_ms_trainer": cpu_ms, "cpu_pct_trainer": 100 * cpu_ms * steps
+                                  / 1e3 / m["seconds"]}), flush=True)
+
+
+def run_bare(steps: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--bare-worker", "--steps", str(steps)],
+                         capture_output=True, text=True, timeout=600, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"bare worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    result = parse_result(out.stdout)
+    result.update(time_to_l1(result["l1"]))
+    result["step_ms"] = 1e3 * result["seconds"] / steps
+    return result
+
+
+# -- gflowdist -----------------------------------------------------------------------------------
+
+def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(trainers + 2),
+            f"layout.trainers={trainers}", "layout.buffers=1", "layout.coordinator=true",
+            f"run.steps={steps}", f"run.log_every={LOG_EVERY}", f"run.out_dir={out_dir}",
+            f"run.name=bench-{trainers}t", *extra]
+
+
+def instrumented_env(out_dir: Path, profile: bool) -> tuple[dict[str, str], Path]:
+    """The ranks' environment with the loop-timing sitecustomize on PYTHONPATH, and its output folder."""
+    folder = Path(tempfile.mkdtemp(prefix="ranks-", dir=out_dir))
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = child_env(**{INSTRUMENT_VARIABLE: str(folder), PROFILE_VARIABLE: "1" if profile else "0"})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH", "")]))
+    return env, folder
+
+
+def run_gflowdist(trainers: int, steps: int, out_dir: Path, extra: list[str], profile: bool = False) -> dict:
+    """One ``gflowdist run``; returns the measurements read back from its run directory."""
+    env, folder = instrumented_env(out_dir, profile)
+    cmd = gflowdist_command(trainers, steps, out_dir, extra)
+    launched = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    ended = time.time()
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    run_dir = run_directory(out.stdout)
+    result = read_run(run_dir, trainers, steps)
+    result.update(launched=launched, total_s=ended - launched, run_dir=str(run_dir), ranks_dir=str(folder))
+    result.update(startup_timeline(run_dir, launched))
+    result.update(loop_cpu(run_dir, folder, steps))
+    return result
+
+
+def loop_cpu(run_dir: Path, folder: Path, steps: int) -> dict:
+    """Per role (mean over its ranks): CPU % of its loop (CPU s / wall s) and CPU ms per training step."""
+    roles = {final["pid"]: final["role"] for final in json.loads((run_dir / "finals.json").read_text()).values()}
+    pct: dict[str, list[float]] = {}
+    per_step: dict[str, list[float]] = {}
+    for path in folder.glob("rank-*.json"):
+        record = json.loads(path.read_text())
+        if "loop_wall_s" in record:
+            role = roles[record["pid"]]
+            pct.setdefault(role, []).append(100 * record["loop_cpu_s"] / record["loop_wall_s"])
+            per_step.setdefault(role, []).append(1e3 * record["loop_cpu_s"] / steps)
+    return {**{f"cpu_pct_{role}": statistics.fmean(v) for role, v in pct.items()},
+            **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()}}
+
+
+def run_directory(stdout: str) -> Path:
+    marker = "gflowdist: run directory "
+    for line in stdout.splitlines():
+        if line.startswith(marker):
+            return Path(line[len(marker):].strip())
+    raise RuntimeError(f"gflowdist run printed no run directory:\n{stdout[-2000:]}")
+
+
+def read_run(run_dir: Path, trainers: int, steps: int) -> dict:
+    """traj/s, time to L1, step time and replay waits of a finished run directory."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        by_step.setdefault(row["step"], []).append(row)
+    last = by_step[max(by_step)]
+    if len(last) != trainers:
+        raise RuntimeError(f"{run_dir}: the last metrics step has {len(last)} trainer lines, expected {trainers}")
+    seconds = max(r["time"] for r in last)
+    trajectories = sum(r["trajectories"] for r in last)
+    l1 = [{"step": s, "time": max(r["time"] for r in rs), "l1": [r["l1"] for r in rs]}
+          for s, rs in sorted(by_step.items()) if len(rs) == trainers]
+    finals = json.loads((run_dir / "finals.json").read_text())
+    step_s = seconds / steps
+    waits = []
+    for final in finals.values():
+        if final["role"] == "trainer":
+            phases = final["timing"]["phases"]
+            waits.append(sum(phases.get("wait_replay", [])) / max(final["step"], 1))
+    wait = statistics.fmean(waits)
+    result = {"traj_per_s": trajectories / seconds, "seconds": seconds, "steps": steps,
+              "step_ms": 1e3 * step_s, "wait_ms": 1e3 * wait, "wait_pct": 100 * wait / step_s,
+              "first_step_time": min(r["time"] for r in by_step[min(by_step)])}
+    result.update(time_to_l1(l1))
+    return result
+
+
+def time_to_l1(l1_rows: list[dict]) -> dict:
+    for row in l1_rows:
+        if max(row["l1"]) <= L1_TARGET:
+            return {"l1_time": row["time"], "l1_step": row["step"]}
+    return {"l1_time": None, "l1_step": None}
+
+
+def log_timestamps(run_dir: Path) -> list[float]:
+    """Wall-clock time of the first line of every rank log (logging starts after the context exists)."""
+    stamps = []
+    for log in sorted((run_dir / "logs").glob("rank-*.log")):
+        first = log.read_text().splitlines()[0]
+        day, clock = first.split()[:2]
+        whole, millis = clock.split(",")
+        stamps.append(time.mktime(time.strptime(f"{day} {whole}", "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3)
+    return stamps
+
+
+def startup_timeline(run_dir: Path, launched: float) -> dict:
+    """Seconds from launch to: every rank logging, training start, end of the first step."""
+    training_start = (run_dir / "config.yaml").stat().st_mtime
+    stamps = log_timestamps(run_dir)
+    return {"ranks_up_s": max(stamps) - launched, "training_start_s": training_start - launched}
+
+
+def first_step_s(result: dict) -> float:
+    return result["training_start_s"] + result["first_step_time"]
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def spread(values, spec: str) -> str:
+    """``median`` or ``median (min-max)`` when there are several values."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return format(values[0], spec)
+    return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
+def table(results: dict[str, list[dict]]) -> list[str]:
+    """Throughput and convergence, then where a step's time goes (medians over runs)."""
+    bare_rate = median(r["traj_per_s"] for r in results.get("bare", []))
+    speed, where = [], []
+    for name, runs in results.items():
+        dist = name != "bare"
+        rate = median(r["traj_per_s"] for r in runs)
+        speed.append([name, str(SETUPS[name][0] + 2) if dist else "1",
+                      spread([r["traj_per_s"] for r in runs], ".0f"),
+                      fmt(rate / bare_rate, ".2f") + "x" if bare_rate and rate else "-",
+                      spread([r["l1_time"] for r in runs], ".1f"), fmt(median(r["l1_step"] for r in runs), ".0f")])
+        where.append([name, fmt(median(r["step_ms"] for r in runs), ".1f"),
+                      fmt(median(r.get("wait_ms") for r in runs), ".2f"),
+                      fmt(median(r.get("wait_pct") for r in runs), ".1f"),
+                      fmt(median(r.get("cpu_ms_trainer") for r in runs), ".1f"),
+                      fmt(median(r.get("cpu_ms_buffer") for r in runs), ".1f"),
+                      *(fmt(median(r.get(f"cpu_pct_{role}") for r in runs), ".0f")
+                        for role in ("trainer", "buffer", "coordinator")),
+                      spread([first_step_s(r) for r in runs], ".1f") if dist else "-"])
+    lines = table_lines(["setup", "ranks", "traj/s", "vs bare", "time to L1 s", "L1 step"], speed)
+    if where:
+        lines += ["", *table_lines(["setup", "step ms", "wait ms", "wait %", "trainer CPU ms", "buffer CPU ms",
+                                    "trainer CPU %", "buffer CPU %", "coord. CPU %", "startup s"], where)]
+    return lines
+
+
+def verdict(results: dict[str, list[dict]]) -> list[str]:
+    lines = []
+    bare = median(r["traj_per_s"] for r in results.get("bare", []))
+    one = median(r["traj_per_s"] for r in results.get("1T", []))
+    three = median(r["traj_per_s"] for r in results.get("3T", []))
+    if bare and one:
+        lines.append(f"framework overhead (1T vs bare): {100 * (bare / one - 1):+.1f}% time per trajectory "
+                     f"(target < 10%)")
+    if three:
+        lo, hi = TORCHGFN_TRAJ_PER_S
+        lines.append(f"3T: {three:.0f} traj/s = {three / hi:.2f}-{three / lo:.2f}x torchgfn's {lo}-{hi} "
+                     f"(target >= 2x)")
+    waits = [median(r["wait_pct"] for r in runs) for name, runs in results.items()
+             if name in ("1T", "2T", "3T") and runs]
+    if waits:
+        lines.append(f"wait_replay: {max(waits):.1f}% of a trainer's step at most (target < 5%)")
+    rtt = results.get("3T rtt")
+    if rtt:
+        lines.append(f"buffer round trip (3T, prefetch 0): {median(r['wait_ms'] for r in rtt):.2f} ms "
+                     f"(torchgfn: ~{TORCHGFN_BUFFER_RTT_MS:.0f} ms)")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="bare and 1T only, 20 steps, 1 repeat")
+    parser.add_argument("--repeats", type=int, help="runs per setup (default 2, quick 1)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default 400, quick 20)")
+    parser.add_argument("--setups", help="comma list of bare,1T,2T,3T,3T rtt (default: all)")
+    parser.add_argument("--profile", action="store_true", help="cProfile every rank (see the run directories)")
+    parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
+    parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    steps = args.steps or (20 if args.quick else 400)
+    if args.bare_worker:
+        bare_worker(steps)
+        return 0
+    repeats = args.repeats or (1 if args.quick else 2)
+    names = args.setups.split(",") if args.setups else (["bare", "1T"] if args.quick else ["bare", *SETUPS])
+    unknown = [n for n in names if n != "bare" and n not in SETUPS]
+    if unknown:
+        parser.error(f"unknown setups {unknown}; choose from bare, {', '.join(SETUPS)}")
+    out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="gflowdist-bench-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    loads = [os.getloadavg()[0]]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    began = time.monotonic()
+    for _ in range(repeats):
+        for name in names:
+            if name == "bare":
+                results[name].append(run_bare(steps))
+            else:
+                trainers, extra = SETUPS[name]
+                results[name].append(run_gflowdist(trainers, steps, out_dir, extra, profile=args.profile))
+            loads.append(os.getloadavg()[0])
+    print(f"HyperGrid D=2 H=8, 16 trajectories/trainer/step, MLP 2x64, {steps} steps, {repeats} run(s) per setup "
+          f"(median, (min-max)); {load_average()}; 1-min load during the runs "
+          f"{min(loads):.2f}-{max(loads):.2f}; {time.monotonic() - began:.0f} s")
+    print("\n".join(table(results)))
+    for line in verdict(results):
+        print(line)
+    print(f"run directories under {out_dir}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Smoke runs of the runtime benchmarks (``--quick``): each prints its table with measured numbers.
+
+No timing is asserted (the machine is shared); the tests check that every
+benchmark runs end to end against the real runtime and that its table has a
+row per setup with positive rates. The pure helpers are checked on data
+whose answer is derived here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other as siblings
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def run_quick(name: str) -> list[str]:
+    out = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick"], capture_output=True,
+                         text=True, timeout=240, cwd=BENCHMARKS.parent)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def row(lines: list[str], first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first`` (cells are separated by 2+ spaces)."""
+    import re
+
+    for line in lines:
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in:\n" + "\n".join(lines))
+
+
+def number(cell: str) -> float:
+    return float(cell.split()[0].replace(",", "").rstrip("x%"))
+
+
+@pytest.mark.slow
+def test_hypergrid_quick_prints_both_tables():
+    lines = run_quick("hypergrid")
+    assert any("load average" in line for line in lines), lines
+    bare, one = row(lines, "bare"), row(lines, "1T")
+    assert number(bare[2]) > 0 and number(one[2]) > 0  # traj/s
+    assert one[1] == "3"  # ranks: 1 trainer + buffer + coordinator
+    assert number(one[3]) > 0  # vs bare
+    where = [line for line in lines if line.startswith("1T")]
+    assert len(where) == 2, lines  # one row in each table
+    cells = where[1].split()
+    assert float(cells[-1]) > 0  # startup seconds
+
+
+@pytest.mark.slow
+def test_replay_quick_measures_the_buffer_against_raw_transport():
+    lines = run_quick("replay")
+    cells = row(lines, "small")
+    assert cells[1] == "1"
+    inserts, raw_inserts, samples, raw_samples = (number(cells[i]) for i in (2, 4, 7, 8))
+    assert min(inserts, raw_inserts, samples, raw_samples) > 0
+    assert number(cells[10]) > 0 and number(cells[11]) > 0  # round trips
+
+
+@pytest.mark.slow
+def test_startup_quick_times_the_run_and_its_steps():
+    lines = run_quick("startup")
+    baseline = row(lines, "mpiexec -n 2 python -c 'import torch'")
+    first = row(lines, "gflowdist run (4 ranks): launch -> first step done")
+    assert number(baseline[1]) > 0 and number(first[1]) > 0
+    ranks = row(lines, "rank: import torch")
+    assert number(ranks[1]) > 0 and number(ranks[3]) > 0  # wall and CPU
+
+
+def test_time_to_l1_is_the_first_step_where_every_trainer_is_below_the_target():
+    bench = load("hypergrid")
+    rows = [{"step": 0, "time": 1.0, "l1": [1.2, 0.4]},
+            {"step": 10, "time": 2.0, "l1": [0.5, 0.6]},
+            {"step": 20, "time": 3.0, "l1": [0.3, bench.L1_TARGET]}]
+    assert bench.time_to_l1(rows) == {"l1_time": 3.0, "l1_step": 20}
+    assert bench.time_to_l1(rows[:2]) == {"l1_time": None, "l1_step": None}
+
+
+def test_read_run_derives_rates_and_waits_from_a_run_directory(tmp_path):
+    import json
+
+    bench = load("hypergrid")
+    metrics = [{"rank": 0, "time": 0.5, "step": 0, "trajectories": 16, "l1": 1.0},
+               {"rank": 1, "time": 0.6, "step": 0, "trajectories": 16, "l1": 1.1},
+               {"rank": 0, "time": 3.9, "step": 9, "trajectories": 160, "l1": 0.4},
+               {"rank": 1, "time": 4.0, "step": 9, "trajectories": 160, "l1": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    trainer = {"role": "trainer", "step": 10, "timing": {"phases": {"wait_replay": [0.01] * 10, "loss": [0.3] * 10}}}
+    finals = {"0": trainer, "1": trainer, "2": {"role": "buffer", "step": 0, "timing": {"phases": {}}}}
+    (tmp_path / "finals.json").write_text(json.dumps(finals))
+    got = bench.read_run(tmp_path, trainers=2, steps=10)
+    assert got["traj_per_s"] == pytest.approx(320 / 4.0)  # both trainers' trajectories / last line's time
+    assert got["step_ms"] == pytest.approx(400.0)
+    assert got["wait_ms"] == pytest.approx(10.0)  # 0.1 s of wait_replay over 10 steps
+    assert got["wait_pct"] == pytest.approx(2.5)
+    assert got["l1_step"] == 9 and got["l1_time"] == 4.0
+    assert got["first_step_time"] == 0.5
+
+
+def test_startup_durations_are_differences_of_consecutive_stamps():
+    bench = load("startup")
+    marks = [("a", 10.5, 0.2), ("b", 11.0, 0.5), ("c", 13.0, 2.5)]
+    assert bench.durations(10.0, marks) == {"a": [0.5, 0.2], "b": [0.5, 0.3], "c": [2.0, 2.0]}
