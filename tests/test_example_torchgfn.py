@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -184,9 +186,22 @@ def test_all_states_and_true_distribution_follow_torchgfn(setup):
     assert env.modes_found(states) == {1 * 8 + 1, 1 * 8 + 6, 6 * 8 + 1, 6 * 8 + 6}
 
 
+def test_without_torchgfn_the_roles_name_the_package_to_install():
+    """A fresh interpreter where ``import gfn`` fails, as if torchgfn were not installed."""
+    code = ("import sys; sys.modules['gfn'] = None\n"
+            "from gflowdist.config.classes import load_class\n"
+            f"load_class({str(EXAMPLE / 'roles.py')!r} + ':TorchgfnHyperGridTrainer', key='roles.trainer')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("gflowdist.errors.ConfigError: roles.trainer:"), result.stderr
+    assert "needs torchgfn" in last and "pip install 'torchgfn==2.4.1'" in last
+
+
 STEPS, LOG_EVERY, PER_STEP = 60, 5, 16
 
 
+@pytest.mark.slow
 def test_the_example_runs_on_four_ranks(job_factory):
     job = job_factory(f"run.steps={STEPS}", f"run.log_every={LOG_EVERY}", config=CONFIG)
     assert job.wait(240) == 0, job.output
