@@ -237,3 +237,21 @@ def test_periodic_checkpoint_survives_a_crash_and_resumes(job_factory):
     assert buffer["replay"]["admitted"] >= step * 8 * 2  # what the trainers produced before the cut is kept
     assert (run / "checkpoints" / "gen-0001-final" / "MANIFEST.json").exists()
     assert second.no_process_left()
+
+
+def test_trainers_are_replicas_and_actors_start_from_the_trainers_weights(job_factory):
+    """Gradient averaging keeps trainers identical only if they start identical: the runtime syncs them."""
+    import torch
+
+    job = job_factory("run.steps=5", "layout.actors=1", "-n", "5")
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    final = sorted((run / "checkpoints").glob("gen-0000-final"))[0]
+    finals = read_json(run / "finals.json")
+    trainers = sorted(int(r) for r, f in finals.items() if f["role"] == "trainer")
+    models = [torch.load(final / f"rank-{r:05d}.pt", weights_only=True)["role"]["model"] for r in trainers]
+    assert len(models) == 2
+    for key in models[0]:
+        assert torch.equal(models[0][key], models[1][key]), key
+    actor = next(f for f in finals.values() if f["role"] == "actor")
+    assert actor["summary"]["weight_updates"] >= 1

@@ -66,6 +66,15 @@ def _finish_client(w: Wiring, buffer: int | None) -> None:
     w.data.drain()
 
 
+def _send_weights(w: Wiring, trainer, actors, version: int) -> None:
+    """My model's weights, stamped with its version, to each of my actors."""
+    if not actors:
+        return
+    weights = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+    for actor in actors:
+        w.weights.isend(MessageType.WEIGHTS, {"version": version, "state": weights}, actor)
+
+
 def _reply_from(w: Wiring, buffer: int, timeout: float):
     """My buffer's answer to a sample request; a buffer that never answers is reported lost."""
     try:
@@ -78,7 +87,7 @@ def _reply_from(w: Wiring, buffer: int, timeout: float):
 
 def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     """The trainer loop; ``state`` holds step, version, seq (and is returned updated)."""
-    from gflowdist.ops.averaging import average_gradients, average_models
+    from gflowdist.ops.averaging import average_gradients, average_models, sync_params
 
     cfg, timer = w.config, w.timer
     placement = w.context.placement
@@ -89,6 +98,10 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     version, seq = state["version"], state["seq"]
     requested = 0  # sample requests sent and not yet answered (replies arrive in order)
     step = state["step"]
+    if cfg.sync.mode != "none" and dp is not None and dp.size > 1:
+        with timer.phase("sync"):  # replicas start from the same weights: the group's first trainer's
+            sync_params(trainer.model, dp)
+    _send_weights(w, trainer, actors, version)
     timeout = cfg.faults.peer_timeout_s
     while step < cfg.run.steps and not w.check_control():
         with timer.phase("rollout"):
@@ -131,9 +144,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             with timer.phase("sync"):
                 average_models(trainer.model, dp)
         if actors and version % cfg.sync.weights_to_actors_every == 0:
-            weights = {k: v.detach() for k, v in trainer.model.state_dict().items()}
-            for actor in actors:
-                w.weights.isend(MessageType.WEIGHTS, {"version": version, "state": weights}, actor)
+            _send_weights(w, trainer, actors, version)
         if step % cfg.run.log_every == 0 or step == cfg.run.steps - 1:
             metrics = {"step": step, "loss": float(loss.detach()), "trajectories": seq, **trainer.metrics()}
             if collector is not None:
