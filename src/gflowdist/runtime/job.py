@@ -273,6 +273,18 @@ def _coordinate(coordinator, w: Wiring, collector: Collector) -> None:
             backoff.pause()
 
 
+def _curves_by_step(rows: list[dict]) -> list[dict]:
+    """One row per step: each metric averaged over the trainers that reported it (rank/time dropped)."""
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for row in rows:
+        values = by_step.setdefault(int(row.get("step", 0)), {})
+        for key, value in row.items():
+            if key not in ("rank", "time", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(key, []).append(float(value))
+    return [{"step": step, **{k: sum(v) / len(v) for k, v in values.items()}}
+            for step, values in sorted(by_step.items())]
+
+
 def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dict], collector: Collector,
               *, stop_reason: str, out: TextIO) -> JobResult:
     from gflowdist.timing import build_report
@@ -294,7 +306,7 @@ def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dic
         ledger={r: {"produced": l.produced, "sent": l.sent, "received": l.received, "admitted": l.admitted,
                     "dropped": dict(l.dropped), "in_flight": l.in_flight} for r, l in ledgers.items()},
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
-        metrics=metrics_rows)
+        metrics=_curves_by_step(metrics_rows))
     report.save(run_dir)
     per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
     try:
