@@ -230,3 +230,30 @@ def test_idle_recv_does_not_spin(comm):
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         assert cpu / wall < 0.10, f"recv used {cpu / wall:.0%} of a core while idle"
     comm.barrier(timeout=60)
+
+
+def test_collectives_with_a_wait_hook(comm):
+    """With a keep-alive hook collectives take the nonblocking path: same answers, hook called on long waits."""
+    calls = []
+    comm.wait_hook = lambda: calls.append(1)
+    try:
+        n, r = comm.size, comm.rank
+        x = torch.tensor([float(r), 1.0])
+        comm.all_reduce(x, ReduceOp.AVG)
+        assert x.tolist() == [pytest.approx((n - 1) / 2), 1.0]
+        y = np.array([r], dtype=np.int64)
+        comm.all_reduce(y, ReduceOp.SUM)
+        assert int(y[0]) == n * (n - 1) // 2
+        b = torch.tensor([r])
+        comm.broadcast(b, src=n - 1)
+        assert int(b) == n - 1
+        assert [int(t) for t in comm.all_gather(torch.tensor([r]))] == list(range(n))
+        if r == 0:
+            time.sleep(0.2)  # the others wait past the spin phase: their hook runs
+        comm.barrier(timeout=30)
+        waited = comm.all_gather(torch.tensor([len(calls)]))
+        if n > 1:
+            assert any(int(c) > 0 for c in waited[1:])
+    finally:
+        comm.wait_hook = None
+    comm.barrier()

@@ -107,11 +107,12 @@ class MPIComm(Communicator):
             x = x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
-        if flat.size and self.wait_hook is None:
-            self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
-        elif flat.size:
-            request = self._comm.Iallreduce(MPI.IN_PLACE, flat, op=_OPS[op])
-            self._await(request.Test, "all_reduce", flat.nbytes)
+        if flat.size:
+            if self.wait_hook is None:
+                self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+            else:
+                request = self._comm.Iallreduce(MPI.IN_PLACE, flat, op=_OPS[op])
+                self._await(request.Test, "all_reduce", flat.nbytes)
             if op is ReduceOp.AVG:
                 flat /= self.size
         write_back()
