@@ -191,7 +191,7 @@ def test_kill9_of_a_rank_ends_the_job_naming_it(job_factory, victim, role):
     elapsed = time.monotonic() - killed
     assert code != 0
     assert f"lost rank {victim} ({role} on" in job.output, job.output
-    assert elapsed < timeout + 10, f"took {elapsed:.1f} s to notice"
+    assert elapsed < 2 * timeout + 10, f"took {elapsed:.1f} s to notice"
     assert job.no_process_left()
 
 

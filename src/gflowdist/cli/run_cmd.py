@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if nprocs == 1 and config.launch.engine != "torch":
         return _run_here(config, args.resume)
     if config.launch.engine == "torch":
-        return _spawn_torch(nprocs, argv, report_grace_s=config.faults.peer_timeout_s + 5.0)
+        return _spawn_torch(nprocs, argv, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
     return _launch_mpi(nprocs, argv, config)
 
 
@@ -204,7 +204,7 @@ def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
     env["IN_MPI"] = "1"
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    return _supervise([proc], report_grace_s=config.faults.peer_timeout_s + 5.0)
+    return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
 
 
 def _free_port() -> int:
