@@ -23,6 +23,12 @@ wall time): on a shared machine it is not inflated by time spent descheduled.
 ``ratio`` is pickle-5 time / gflowdist time (above 1: the codec is faster).
 The last lines time a tiny body with no arrays (the per-message overhead).
 pickle appears here only as a baseline; gflowdist itself never pickles.
+
+End to end (``--e2e``, on by default; ``--no-e2e`` to skip): 2 MPI ranks
+stream the 100x torch batch; gflowdist encodes, sends over MPIComm, receives
+and decodes each message, against raw mpi4py ``Send``/``Recv`` of the same
+number of bytes between preallocated buffers, in the same run. Bandwidth is
+bytes / wall time per message (median of several rounds).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ import numpy as np
 import torch
 
 from gflowdist.transport import MessageType, decode, encode
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from harness import run_mpi_workers  # noqa: E402
 
 SCALES = (1, 10, 100)
 BASE_BATCH = 64
@@ -120,13 +129,82 @@ def _check_equal(body: dict[str, Any], out: dict[str, Any]) -> None:
             raise SystemExit(f"round trip changed {key!r}; benchmark aborted")
 
 
+def e2e_worker(messages: int, rounds: int) -> None:
+    """Rank 0 streams ``messages`` 100x batches to rank 1 per round, gflowdist vs raw, alternating."""
+    import json
+
+    from mpi4py import MPI
+
+    from gflowdist.comm.mpi import MPIComm
+    from gflowdist.transport.channel import Channel
+
+    world = MPI.COMM_WORLD
+    raw = world.Dup()
+    channel = Channel(MPIComm(world), tag=1, max_in_flight=4)
+    body = trajectory_batch(BASE_BATCH * 100, as_torch=True)
+    nbytes = encode(MessageType.TRAJECTORIES, body, sender=0, seq=0).nbytes
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    ack = np.zeros(1, dtype=np.uint8)
+
+    def ours():
+        if world.rank == 0:
+            for _ in range(messages):
+                channel.isend(MessageType.TRAJECTORIES, body, 1)
+            channel.drain()
+        else:
+            for _ in range(messages):
+                msg = channel.recv(0, timeout=60)
+                assert msg.body["states"].shape[0] == BASE_BATCH * 100
+        world.Barrier()
+
+    def baseline():
+        if world.rank == 0:
+            for _ in range(messages):
+                raw.Send([buf, MPI.BYTE], 1, 0)
+        else:
+            for _ in range(messages):
+                raw.Recv([buf, MPI.BYTE], 0, 0)
+        world.Barrier()
+
+    samples: dict[str, list[float]] = {"gflowdist": [], "raw": []}
+    ours(), baseline()  # warm up
+    for _ in range(rounds):
+        for name, fn in (("gflowdist", ours), ("raw", baseline)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - t0) / messages)
+    if world.rank == 0:
+        result = {name: statistics.median(v) for name, v in samples.items()}
+        result["bytes"] = nbytes
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def e2e_table(messages: int, rounds: int) -> str:
+    r = run_mpi_workers(__file__, ["--messages", str(messages), "--rounds", str(rounds)])
+    mb = r["bytes"] / 1e6
+    ours, raw = mb / r["gflowdist"], mb / r["raw"]
+    return (f"\nend to end over 2 MPI ranks, 100x torch batch ({r['bytes']:,} bytes per message), wall time:\n"
+            f"| path | per message | MB/s | % of raw |\n|---|---|---|---|\n"
+            f"| raw mpi4py Send/Recv (preallocated) | {_format_time(r['raw'])} | {raw:.0f} | 100% |\n"
+            f"| gflowdist encode + send + recv + decode | {_format_time(r['gflowdist'])} | {ours:.0f} | "
+            f"{100 * ours / raw:.0f}% |\ntarget: >= 80% of raw: {'met' if ours >= 0.8 * raw else 'NOT met'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-e2e", action="store_true", help="skip the 2-rank end-to-end part")
+    parser.add_argument("--worker", choices=["mpi"], help=argparse.SUPPRESS)
+    parser.add_argument("--messages", type=int, default=20, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=7, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7, help="repetitions per measurement (median, default 7)")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition, at least (default 0.05)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="process CPU time (default) or wall time")
     args = parser.parse_args(argv)
+    if args.worker:
+        e2e_worker(args.messages, args.rounds)
+        return 0
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     timing = {"repeats": args.repeats, "min_time": args.min_time, "clock": clock}
     methods: list[tuple[str, Callable[[Any], Any]]] = [
@@ -170,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(pickle-5 round trip {_format_time(tiny_times['pickle'])})")
     verdict = "met" if slowest_ratio >= 1.0 else "NOT met"
     print(f"target 'at least as fast as pickle-5 in-band at every size': {verdict} (lowest ratio {slowest_ratio:.2f}x)")
+    if not args.no_e2e:
+        print(e2e_table(args.messages, args.rounds))
     return 0
 
 

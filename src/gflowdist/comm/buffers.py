@@ -2,7 +2,7 @@
 
 Receiving a 64 MiB message into a fresh allocation costs a page fault per
 4 KiB page (tens of milliseconds), as much as the transfer itself. The
-:class:`ReceivePool` hands out recycled buffers for large messages instead. A
+:class:`BufferPool` hands out recycled buffers for large messages instead. A
 buffer goes back into service only when nothing outside the pool references it
 any more: the tensor a receive returned (and every view of it, including the
 tensors :func:`gflowdist.transport.codec.decode` makes) keeps its buffer
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["as_byte_array", "read_only_tensor", "ReceivePool"]
+__all__ = ["as_byte_array", "read_only_tensor", "BufferPool"]
 
 
 def as_byte_array(data: Any) -> np.ndarray:
@@ -58,8 +58,8 @@ def read_only_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-class ReceivePool:
-    """Recycled receive buffers for messages of at least ``min_bytes``.
+class BufferPool:
+    """Recycled message buffers (receives, and the channel's encoded sends) of at least ``min_bytes``.
 
     Buffers are kept in power-of-two size classes, at most ``max_buffers`` of
     them. :meth:`take` returns a uint8 array of exactly ``nbytes`` that views a

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  require_float_for_avg)
-from gflowdist.comm.buffers import ReceivePool, as_byte_array
+from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.polling import Backoff, poll_until
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.errors import ProtocolError
@@ -76,7 +76,7 @@ class MPIComm(Communicator):
         self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._send_lock = threading.Lock()
         self._recv_lock = threading.RLock()
-        self._pool = ReceivePool()
+        self._pool = BufferPool()
         self._status = MPI.Status()
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._freed = False

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  require_float_for_avg)
-from gflowdist.comm.buffers import ReceivePool, as_byte_array, read_only_tensor
+from gflowdist.comm.buffers import BufferPool, as_byte_array, read_only_tensor
 from gflowdist.errors import DeadlineError, ProtocolError, TransportError
 
 __all__ = ["TorchComm"]
@@ -115,7 +115,7 @@ class TorchComm(Communicator):
         self._send_lock = threading.Lock()
         self._sends: "queue.SimpleQueue[_TorchSendHandle | None]" = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
-        self._pool = ReceivePool()
+        self._pool = BufferPool()
         self._freed = False
         # Receive from the start: a peer's send completes only once a receive is posted here.
         self._start_receiver()

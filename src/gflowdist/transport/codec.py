@@ -39,7 +39,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Callable, Any
 
 import msgpack
 import numpy as np
@@ -122,8 +122,12 @@ def _check_int(name: str, value: Any, high: int) -> None:
         raise EncodeError(f"{name} must be in [0, {high}], got {value}")
 
 
-def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> np.ndarray:
+def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int,
+           alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
     """Encode one message into a new contiguous uint8 array (header, then 64-byte aligned frames).
+
+    ``alloc(n)``, when given, supplies the uint8 array of ``n`` bytes for a
+    message with frames (e.g. a recycled send buffer); by default a new one.
 
     Raises :class:`EncodeError` (a :class:`~gflowdist.errors.TransportError`
     and ``ValueError``) if ``msg_type`` is not a :class:`MessageType`, ``sender``
@@ -162,7 +166,7 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int) -> 
         return out
     data_start = align(header_end)
     total = data_start + frames_end
-    out = np.empty(total, np.uint8)
+    out = np.empty(total, np.uint8) if alloc is None else alloc(total)
     _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, FLAG_FRAMES, header_len, total)
     fill_message(out, header, PREFIX_BYTES, data_start, frames)
     return out
