@@ -96,8 +96,6 @@ def test_bad_override_exits_2_with_one_line(results, case, monkeypatch):
     _check(result, folder, expected, words)
 
 
-@pytest.mark.xfail(strict=True, reason="gflowdist run imports gflowdist.comm (and so torch) before it reads the "
-                                       "config (docs/reliability.md, proposed changes)")
 def test_a_bad_config_fails_before_torch_is_imported(tmp_path):
     (tmp_path / "bad.yaml").write_text(MALFORMED[0][0] + "\n")
     probe = ("import runpy, sys\n"

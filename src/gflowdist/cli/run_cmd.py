@@ -79,9 +79,9 @@ def _load(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from gflowdist.comm.select import in_mpi_job, in_torch_job
+    config, config_path, overrides = _load(args)  # a bad config fails here, before anything heavy loads
+    from gflowdist.jobenv import in_mpi_job, in_torch_job
 
-    config, config_path, overrides = _load(args)
     if in_mpi_job() or in_torch_job():
         return _run_here(config, args.resume)
     nprocs = args.nprocs or config.launch.nprocs
