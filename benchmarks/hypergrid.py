@@ -1,8 +1,8 @@
 """HyperGrid under gflowdist's runtime vs the bare single-process loop: throughput, time to L1, waits.
 
-    python benchmarks/hypergrid.py            # 4 setups x 2 repeats + a round-trip run, ~4-5 minutes
+    python benchmarks/hypergrid.py            # 6 setups x 2 runs: ~4 min on 2 idle cores, ~6-10 min loaded
     python benchmarks/hypergrid.py --quick    # bare and 1T, 20 steps, once: a smoke run, seconds
-    python benchmarks/hypergrid.py --profile  # also cProfile every rank (pstats in the run directories)
+    python benchmarks/hypergrid.py --profile  # also cProfile every rank (pid-N.prof next to the run dirs)
 
 The problem (every setup): HyperGrid D=2, H=8, 16 trajectories per trainer
 per step, P_F and P_B MLPs of 2 hidden layers of 64, Adam (lr 1e-3, log Z
@@ -10,17 +10,21 @@ per step, P_F and P_B MLPs of 2 hidden layers of 64, Adam (lr 1e-3, log Z
 
 - ``bare``: ``examples/hypergrid/bare.py``'s ``train(args)`` in one process,
   no framework (no replay, no MPI);
-- ``1T``: ``gflowdist run examples/hypergrid/config.yaml -n 3``: 1 trainer, 1
-  buffer, 1 coordinator;
+- ``1T no replay``: ``gflowdist run examples/hypergrid/config.yaml -n 3`` with
+  ``replay.replay_fraction=0``: 1 trainer, 1 buffer, 1 coordinator; the
+  trainer still sends every trajectory to the buffer but learns from its 16
+  fresh ones only, the same computation as bare: the framework's overhead;
+- ``1T``: the same with the example's replay (below);
 - ``2T``: ``-n 4``: 2 trainers averaging gradients, 1 buffer, 1 coordinator;
 - ``3T``: ``-n 5``: 3 trainers, 1 buffer, 1 coordinator (torchgfn's layout);
-- ``3T rtt`` (full run only): ``3T`` with ``replay.prefetch=0``, so each step
+- ``3T rtt``: ``3T`` with ``replay.prefetch=0``, so each step
   requests its replay batch and waits for it: its ``wait_replay`` per step is
   the buffer round trip that the default prefetch of 1 hides.
 
-Trainers train on their 16 fresh trajectories plus ``round(16 x 0.25) = 4``
-replayed ones (the example config's replay section); bare trains on the 16
-fresh ones.
+Except in ``1T no replay``, trainers train on their 16 fresh trajectories plus
+``round(16 x 0.25) = 4`` replayed ones (the example config's replay section),
+so a step computes the loss of 20 trajectories; bare trains on the 16 fresh
+ones.
 
 Definitions (medians over ``--repeats`` runs, runs interleaved so load drift
 hits every setup alike):
@@ -37,10 +41,21 @@ hits every setup alike):
   trainer sampled (``hypergrid_gfn.l1_distance``; in [0, 2]; torchgfn's
   ``l1_dist`` is this divided by 64). **time to L1**: the training time of the
   first logged step at which *every* trainer's window L1 is <= 0.5 (the
-  latest trainer's time for that step); ``steps`` is that step number.
+  latest trainer's time for that step); ``L1 step`` is that step number.
+  With averaged gradients every trainer samples the same policy, so taking
+  the worst of the windows only adds their sampling noise (about 0.1 at
+  W = 2000, see docs/hypergrid.md), far below 0.5.
+- **traj/CPU-s**: trajectories / CPU seconds of every rank's role loop
+  (trainers, buffer, coordinator; measured with ``time.process_time`` around
+  the loop). Unlike traj/s it hardly depends on other processes' load, so it
+  is the number to compare on a shared machine; times the number of free
+  cores it bounds traj/s.
 - **step ms**: training time / steps (wall time per step of the slowest
-  trainer). **fwd ms** (framework overhead) compares 1T with bare:
-  ``traj/s(bare) / traj/s(1T) - 1``.
+  trainer). **CPU ms**: a role's loop CPU time per step (mean over its
+  ranks); **CPU %**: loop CPU time / loop wall time (below 100 for a trainer:
+  it waited, or other processes had the core). Framework overhead compares
+  ``1T no replay`` with bare: ``traj/s(bare) / traj/s(1T no replay) - 1``,
+  and the same with CPU per trajectory.
 - **wait %**: a trainer's ``wait_replay`` phase (time blocked on its
   buffer's sample reply) / its step time, mean over trainers; **wait ms**:
   ``wait_replay`` per step. In the ``rtt`` row that wait is the whole round
@@ -49,9 +64,15 @@ hits every setup alike):
   training step: wall-clock mtime of the run's ``config.yaml`` (written by the
   collector just before it starts) + the first metrics line's ``time``.
 
+Every rank's loop is timed by a ``sitecustomize.py`` that this script writes
+to a temporary folder and puts on the ranks' ``PYTHONPATH`` (inside an MPI
+rank only; see ``SITECUSTOMIZE``): it wraps the loop functions that
+``gflowdist.runtime.job`` calls, and with ``--profile`` also runs cProfile.
+Nothing in gflowdist is changed.
+
 The 2-core machine is oversubscribed from 3 ranks on: the coordinator and the
-buffer mostly sleep, but 3 trainers plus 2 idle loops on 2 cores, plus other
-users' jobs (the load average is printed), share the CPU.
+buffer mostly sleep, but 3 trainers plus 2 polling loops on 2 cores, plus
+other users' jobs (the load average is printed), share the CPU.
 """
 
 from __future__ import annotations
@@ -74,8 +95,10 @@ CONFIG = EXAMPLE / "config.yaml"
 L1_TARGET = 0.5
 LOG_EVERY = 10
 WINDOW = 2000
+BATCH = 16  # trajectories per trainer per step (bare.Args.batch_size, params.trajectories_per_step)
 #: setup name -> (trainers, extra overrides); ranks = trainers + buffer + coordinator
-SETUPS = {"1T": (1, []), "2T": (2, []), "3T": (3, []), "3T rtt": (3, ["replay.prefetch=0"])}
+SETUPS = {"1T no replay": (1, ["replay.replay_fraction=0"]), "1T": (1, []), "2T": (2, []), "3T": (3, []),
+          "3T rtt": (3, ["replay.prefetch=0"])}
 #: references from the issue (torchgfn 2.4.1 multinode HyperGrid, 3 trainers + 1 buffer, this machine size)
 TORCHGFN_TRAJ_PER_S = (340, 590)
 TORCHGFN_BUFFER_RTT_MS = 19.0
@@ -167,7 +190,7 @@ def bare_worker(steps: int) -> None:
 
     bare.sample_trajectories = timed_sample
     bare.print = timed_print
-    args = bare.Args(n_steps=steps, log_every=LOG_EVERY, exact_max_states=0, window=WINDOW)
+    args = bare.Args(n_steps=steps, batch_size=BATCH, log_every=LOG_EVERY, exact_max_states=0, window=WINDOW)
     m = bare.train(args)
     cpu_ms = 1e3 * (time.process_time() - marks["cpu"]) / steps
     start = marks["start"]
@@ -185,6 +208,7 @@ def run_bare(steps: int) -> dict:
     result = parse_result(out.stdout)
     result.update(time_to_l1(result["l1"]))
     result["step_ms"] = 1e3 * result["seconds"] / steps
+    result["traj_per_cpu_s"] = 1e3 * BATCH / result["cpu_ms_trainer"]
     return result
 
 
@@ -194,6 +218,7 @@ def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str]
     return [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(trainers + 2),
             f"layout.trainers={trainers}", "layout.buffers=1", "layout.coordinator=true",
             f"run.steps={steps}", f"run.log_every={LOG_EVERY}", f"run.out_dir={out_dir}",
+            f"params.trajectories_per_step={BATCH}", f"params.l1_window={WINDOW}",
             f"run.name=bench-{trainers}t", *extra]
 
 
@@ -220,22 +245,26 @@ def run_gflowdist(trainers: int, steps: int, out_dir: Path, extra: list[str], pr
     result.update(launched=launched, total_s=ended - launched, run_dir=str(run_dir), ranks_dir=str(folder))
     result.update(startup_timeline(run_dir, launched))
     result.update(loop_cpu(run_dir, folder, steps))
+    result["traj_per_cpu_s"] = result["traj_per_s"] * result["seconds"] / result["loop_cpu_s"]
     return result
 
 
 def loop_cpu(run_dir: Path, folder: Path, steps: int) -> dict:
-    """Per role (mean over its ranks): CPU % of its loop (CPU s / wall s) and CPU ms per training step."""
+    """Per role (mean over its ranks): CPU % of its loop (CPU s / wall s) and CPU ms per training step;
+    ``loop_cpu_s``: the loops' CPU seconds summed over every rank."""
     roles = {final["pid"]: final["role"] for final in json.loads((run_dir / "finals.json").read_text()).values()}
     pct: dict[str, list[float]] = {}
     per_step: dict[str, list[float]] = {}
+    total = 0.0
     for path in folder.glob("rank-*.json"):
         record = json.loads(path.read_text())
         if "loop_wall_s" in record:
             role = roles[record["pid"]]
             pct.setdefault(role, []).append(100 * record["loop_cpu_s"] / record["loop_wall_s"])
             per_step.setdefault(role, []).append(1e3 * record["loop_cpu_s"] / steps)
+            total += record["loop_cpu_s"]
     return {**{f"cpu_pct_{role}": statistics.fmean(v) for role, v in pct.items()},
-            **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()}}
+            **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()}, "loop_cpu_s": total}
 
 
 def run_directory(stdout: str) -> Path:
@@ -334,6 +363,7 @@ def table(results: dict[str, list[dict]]) -> list[str]:
         speed.append([name, str(SETUPS[name][0] + 2) if dist else "1",
                       spread([r["traj_per_s"] for r in runs], ".0f"),
                       fmt(rate / bare_rate, ".2f") + "x" if bare_rate and rate else "-",
+                      fmt(median(r["traj_per_cpu_s"] for r in runs), ".0f"),
                       spread([r["l1_time"] for r in runs], ".1f"), fmt(median(r["l1_step"] for r in runs), ".0f")])
         where.append([name, fmt(median(r["step_ms"] for r in runs), ".1f"),
                       fmt(median(r.get("wait_ms") for r in runs), ".2f"),
@@ -343,7 +373,7 @@ def table(results: dict[str, list[dict]]) -> list[str]:
                       *(fmt(median(r.get(f"cpu_pct_{role}") for r in runs), ".0f")
                         for role in ("trainer", "buffer", "coordinator")),
                       spread([first_step_s(r) for r in runs], ".1f") if dist else "-"])
-    lines = table_lines(["setup", "ranks", "traj/s", "vs bare", "time to L1 s", "L1 step"], speed)
+    lines = table_lines(["setup", "ranks", "traj/s", "vs bare", "traj/CPU-s", "time to L1 s", "L1 step"], speed)
     if where:
         lines += ["", *table_lines(["setup", "step ms", "wait ms", "wait %", "trainer CPU ms", "buffer CPU ms",
                                     "trainer CPU %", "buffer CPU %", "coord. CPU %", "startup s"], where)]
@@ -353,17 +383,21 @@ def table(results: dict[str, list[dict]]) -> list[str]:
 def verdict(results: dict[str, list[dict]]) -> list[str]:
     lines = []
     bare = median(r["traj_per_s"] for r in results.get("bare", []))
-    one = median(r["traj_per_s"] for r in results.get("1T", []))
+    single = "1T no replay" if results.get("1T no replay") else "1T"
+    one = median(r["traj_per_s"] for r in results.get(single, []))
     three = median(r["traj_per_s"] for r in results.get("3T", []))
     if bare and one:
-        lines.append(f"framework overhead (1T vs bare): {100 * (bare / one - 1):+.1f}% time per trajectory "
-                     f"(target < 10%)")
+        cpu = {name: median(r["traj_per_cpu_s"] for r in results[name]) for name in ("bare", single)}
+        trainer = {name: median(r["cpu_ms_trainer"] for r in results[name]) for name in ("bare", single)}
+        lines.append(f"framework overhead ({single} vs bare): {100 * (bare / one - 1):+.1f}% wall time per "
+                     f"trajectory (target < 10%); CPU per trajectory {100 * (cpu['bare'] / cpu[single] - 1):+.1f}% "
+                     f"for the whole job, {100 * (trainer[single] / trainer['bare'] - 1):+.1f}% for the trainer")
     if three:
         lo, hi = TORCHGFN_TRAJ_PER_S
         lines.append(f"3T: {three:.0f} traj/s = {three / hi:.2f}-{three / lo:.2f}x torchgfn's {lo}-{hi} "
                      f"(target >= 2x)")
     waits = [median(r["wait_pct"] for r in runs) for name, runs in results.items()
-             if name in ("1T", "2T", "3T") and runs]
+             if name in ("1T", "2T", "3T") and runs]  # the setups that replay with the default prefetch
     if waits:
         lines.append(f"wait_replay: {max(waits):.1f}% of a trainer's step at most (target < 5%)")
     rtt = results.get("3T rtt")

@@ -32,6 +32,8 @@ Phases, each from a barrier until the buffer loop returns (every client said
 
 ``% raw`` = ours / raw. ``busy %``: the buffer's ``insert`` / ``sample``
 phase time over its wall time (the rest is receiving, polling, sleeping).
+``CPU us/traj``: the buffer process's CPU time in the phase per trajectory
+(robust to other processes' load, unlike the rates).
 """
 
 from __future__ import annotations
@@ -104,12 +106,13 @@ class Harness:
     def phase(self, name: str) -> dict:
         """Run one phase on every rank; returns what the buffer and the clients measured."""
         self.world.barrier(timeout=120)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if self.is_buffer:
             before = self._busy()
             served = getattr(self, f"_serve_{name}")()
             wall = time.perf_counter() - start
-            mine = {"wall": wall, "items": served, "busy": (self._busy() - before) / wall}
+            mine = {"wall": wall, "items": served, "busy": (self._busy() - before) / wall,
+                    "cpu": time.process_time() - cpu}
         else:
             getattr(self, f"_client_{name}")()
             mine = {"client_wall": time.perf_counter() - start}
@@ -255,9 +258,14 @@ def rows_for(kind: str, result: dict) -> list[str]:
     inserts, raw_inserts = rate(phases["insert"]), rate(phases["raw_insert"])
     samples, raw_samples = rate(phases["sample"]), rate(phases["raw_sample"])
     mb = result["bytes_insert"] / result["per_msg"] / 1e6  # MB per trajectory on the wire
+    def cpu_us(name: str) -> str:
+        return f"{statistics.median(p['cpu'] / p['items'] for p in phases[name]) * 1e6:,.0f}"
+
     return [kind, str(result["clients"]), f"{inserts:,.0f}", f"{inserts * mb:,.1f}", f"{raw_inserts:,.0f}",
             f"{100 * inserts / raw_inserts:.0f}%", f"{statistics.median(p['busy'] for p in phases['insert']) * 100:.0f}",
+            f"{cpu_us('insert')} / {cpu_us('raw_insert')}",
             f"{samples:,.0f}", f"{raw_samples:,.0f}", f"{100 * samples / raw_samples:.0f}%",
+            f"{cpu_us('sample')} / {cpu_us('raw_sample')}",
             f"{statistics.median(p['rtt'] for p in phases['sample']) * 1e3:.2f}",
             f"{statistics.median(p['rtt'] for p in phases['raw_sample']) * 1e3:.2f}"]
 
@@ -297,8 +305,8 @@ def main() -> int:
     print(f"one buffer rank (gflowdist run_buffer) vs raw MPIComm, per message: small 16, large 4 trajectories; "
           f"median of {repeats}; {load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
           f"{time.monotonic() - began:.0f} s")
-    headers = ["items", "clients", "inserts/s", "MB/s", "raw traj/s", "% raw", "busy %", "samples/s",
-               "raw traj/s", "% raw", "RTT ms", "raw RTT ms"]
+    headers = ["items", "clients", "inserts/s", "MB/s", "raw traj/s", "% raw", "busy %", "CPU us/traj (raw)",
+               "samples/s", "raw traj/s", "% raw", "CPU us/traj (raw)", "RTT ms", "raw RTT ms"]
     print("\n".join(table_lines(headers, rows)))
     return 0
 
