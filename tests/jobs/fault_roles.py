@@ -1,0 +1,62 @@
+"""A misbehaving peer for wire-fault tests: the toy trainer, plus one bad message to its buffer.
+
+``roles.trainer: fault_roles.py:WireAbuseTrainer`` with ``params``:
+
+- ``abuse``: ``"oversized"``: a well-formed TRAJECTORIES message of
+  ``abuse_trajectories`` toy trajectories, encoded without any size limit
+  (the receiver's ``faults.max_message_bytes`` must refuse it);
+  ``"claim"``: only the 8-byte length header of a chunked MPI message that
+  claims ``abuse_bytes`` bytes, and no part after it (MPI engine only);
+- ``abuse_after``: send it after this many rollouts (default 5), once;
+- ``abuse_rank``: only this trainer rank misbehaves (default 1).
+
+The bad message goes straight to the communicator on the data tag, past the
+sender's channel, so the sender's own ledger never counts it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_roles import ToyTrainer, make_batch  # noqa: E402
+
+from gflowdist.runtime.wiring import Tags  # noqa: E402
+from gflowdist.transport import MessageType  # noqa: E402
+from gflowdist.transport.codec import encode  # noqa: E402
+
+
+class WireAbuseTrainer(ToyTrainer):
+    def setup(self):
+        super().setup()
+        self.rollouts = 0
+
+    def rollout(self, policy_version):
+        batch = super().rollout(policy_version)
+        self.rollouts += 1
+        if self.rank == int(self.params.get("abuse_rank", 1)) and \
+                self.rollouts == int(self.params.get("abuse_after", 5)):
+            self._abuse()
+        return batch
+
+    def _abuse(self) -> None:
+        world = self.context.world
+        buffer = self.context.placement.buffer
+        kind = self.params["abuse"]
+        if kind == "oversized":
+            n = int(self.params["abuse_trajectories"])
+            body = {"batch": make_batch(n, self.generator), "seq": 0, "version": 0, "n": n}
+            payload = encode(MessageType.TRAJECTORIES, body, sender=self.rank, seq=0)
+            world.isend(payload, buffer, Tags.DATA).wait(30)
+        elif kind == "claim":
+            from mpi4py import MPI
+
+            from gflowdist.comm.mpi import _CHUNKED
+
+            header = np.array([int(self.params["abuse_bytes"])], dtype=np.int64)
+            world._p2p.Send([header, MPI.BYTE], buffer, (Tags.DATA << 1) | _CHUNKED)
+        else:
+            raise ValueError(f"params.abuse must be 'oversized' or 'claim', not {kind!r}")
