@@ -7,9 +7,9 @@ nothing on stdout, no traceback, and nothing launched (no run directory).
 The same for the bad ``key=value`` overrides of that file's override table.
 
 Each case is one process; they run two at a time in a module fixture and each
-test reads its case's result. Until ``gflowdist run`` reads the config before
-importing torch (docs/reliability.md, proposed changes) each process takes
-about a second of CPU instead of a tenth.
+test reads its case's result. ``gflowdist run`` reads the config before it
+imports torch (the last test checks that), so a case costs a few tenths of a
+second.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ import pytest
 from gflowdist.config import Config, ConfigError
 from launching import base_env
 from test_config_schema import MALFORMED, OVERRIDE_ERRORS
-
-#: the module fixture runs every case (about 50 processes); each process has its own 120 s limit
-pytestmark = pytest.mark.timeout(600)
 
 #: a valid file for the override cases
 GOOD = "run: {name: ok, steps: 3}\n"
