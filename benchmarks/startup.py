@@ -19,8 +19,9 @@ All in one run, medians over ``--repeats``:
 
   - launcher (``--launcher-probe``, one process, what ``gflowdist run`` does
     before it starts ``mpiexec``): Python start, importing the CLI, loading
-    the config, importing ``gflowdist.comm`` for the in-a-job check, finding
-    ``mpiexec`` and asking it ``--version``;
+    the config, the in-a-job check (``gflowdist.jobenv``), finding
+    ``mpiexec`` and asking it ``--version``; it says so if any of that
+    imported torch;
   - ranks (``mpiexec -n 4 ... --rank-probe``): the steps of
     ``gflowdist.runtime.job.run_job`` in its order, calling the same
     functions: Python start, ``import torch``, the rest of gflowdist, MPI
@@ -73,17 +74,15 @@ def launcher_probe() -> None:
     args = _argparse.Namespace(config=str(config_path()), overrides=[], nprocs=4, engine=None, resume=None)
     config, _, _ = run_cmd._load(args)
     stamp(marks, "load the config")
-    torch_before = "torch" in sys.modules
-    from gflowdist.comm.select import in_mpi_job, in_torch_job
+    from gflowdist.jobenv import in_mpi_job, in_torch_job  # what run_cmd.run asks first
 
     in_mpi_job() or in_torch_job()
-    stamp(marks, "in-a-job check (imports gflowdist.comm)")
+    stamp(marks, "in-a-job check (gflowdist.jobenv)")
     mpiexec = run_cmd.find_mpiexec(config.launch.mpiexec)
     run_cmd.is_hydra(mpiexec)
     stamp(marks, "find mpiexec + --version")
-    print("RESULT " + json.dumps({"steps": durations(t0, marks),
-                                  "torch_imported_by": None if torch_before or "torch" not in sys.modules
-                                  else "gflowdist.comm"}), flush=True)
+    print("RESULT " + json.dumps({"steps": durations(t0, marks), "imports_torch": "torch" in sys.modules}),
+          flush=True)
 
 
 def rank_probe() -> None:
@@ -197,9 +196,8 @@ def report(results: dict, repeats: int, seconds: float) -> list[str]:
                  f"{max(r['ready'] for r in ranks):.2f}", f"{med(r['cpu'] for r in ranks):.2f}",
                  f"{med(r['cpu'] for r in ranks if r['role'] == 'trainer'):.2f}"])
     lines += table_lines(["step", "wall", "max wall", "CPU", "trainer CPU"], rows)
-    culprit = {r.get("torch_imported_by") for r in results["launcher"]} - {None}
-    if culprit:
-        lines.append(f"the launcher imports torch (through {', '.join(sorted(culprit))}) before it starts mpiexec")
+    if any(r["imports_torch"] for r in results["launcher"]):
+        lines.append("the launcher imported torch before starting mpiexec")
     return lines
 
 
