@@ -74,10 +74,6 @@ def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_coun
     assert sum(str(LIMIT) in line for line in rejected) == 1, rejected
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime's communicator has no max_recv_bytes, so a chunked header "
-                                       "claiming 1 TiB is allocated (MemoryError) instead of refused; and a "
-                                       "refused claim waits 60 s for its parts (docs/reliability.md, proposed "
-                                       "changes)")
 def test_a_header_claiming_a_terabyte_is_refused_before_allocation(job_factory):
     job = job_factory(f"run.steps={STEPS}", f"faults.max_message_bytes={LIMIT}", *ABUSER,
                       "params.abuse=claim", f"params.abuse_bytes={1 << 40}")

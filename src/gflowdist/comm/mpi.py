@@ -79,6 +79,7 @@ class MPIComm(Communicator):
         self._pool = BufferPool()
         self._status = MPI.Status()
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
+        self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
         self._freed = False
 
     @property
@@ -222,6 +223,9 @@ class MPIComm(Communicator):
                 if message is None:
                     return None
                 sender, wire = self._status.Get_source(), self._status.Get_tag()
+                if wire & _CHUNKED and (sender, wire) in self._draining:
+                    self._drain_part(message, sender, wire)  # a part of a refused message: discard
+                    continue
                 if wire & _CHUNKED:
                     payload = self._recv_chunked(message, sender, wire)
                 else:
@@ -245,15 +249,17 @@ class MPIComm(Communicator):
         return None
 
     def _recv_chunked(self, message: "MPI.Message", sender: int, wire: int) -> torch.Tensor:
+        count = self._status.Get_count(MPI.BYTE)
+        if count != 8:
+            message.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])  # take it off the wire, then refuse
+            raise ProtocolError(f"chunked message without an 8-byte length header ({count} bytes)", sender=sender)
         header = np.empty(1, dtype=np.int64)
-        if self._status.Get_count(MPI.BYTE) != 8:
-            raise ProtocolError("chunked message without an 8-byte length header", sender=sender)
         message.Recv([header, MPI.BYTE])
         total = int(header[0])
         too_big = self.max_recv_bytes is not None and total > self.max_recv_bytes
         if total < 0 or too_big:
-            if total > 0:
-                self._discard_chunks(sender, wire, total)
+            if total > 0:  # its parts are discarded as they arrive; nothing of that size is allocated
+                self._draining[(sender, wire)] = total
             limit = f" (limit {self.max_recv_bytes})" if too_big else ""
             raise ProtocolError(f"chunked message claims {total} bytes{limit}", sender=sender)
         buffer = self._pool.take(total)
@@ -262,6 +268,7 @@ class MPIComm(Communicator):
             part = self._probe_from(sender, wire)
             count = self._status.Get_count(MPI.BYTE)
             if count == 0 or offset + count > total:
+                part.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])
                 raise ProtocolError(f"chunk of {count} bytes does not fit the announced {total}",
                                     sender=sender)
             part.Recv([buffer[offset:offset + count], MPI.BYTE])
@@ -272,17 +279,15 @@ class MPIComm(Communicator):
         return poll_until(lambda: self._p2p.Improbe(sender, wire, self._status), timeout=timeout,
                           what="next chunk of a chunked message", peer=sender)
 
-    def _discard_chunks(self, sender: int, wire: int, total: int) -> None:
-        """Drain the parts of a refused message so the sender's next message is read cleanly."""
-        scratch = np.empty(min(total, self.chunk_bytes, 1 << 24), dtype=np.uint8)
-        drained = 0
-        while drained < total:
-            part = self._probe_from(sender, wire)
-            count = self._status.Get_count(MPI.BYTE)
-            if count > scratch.size:
-                scratch = np.empty(count, dtype=np.uint8)
-            part.Recv([scratch[:count], MPI.BYTE])
-            drained += max(count, 1)
+    def _drain_part(self, message: "MPI.Message", sender: int, wire: int) -> None:
+        count = self._status.Get_count(MPI.BYTE)
+        message.Recv([np.empty(min(count, 1 << 24), dtype=np.uint8) if count <= 1 << 24
+                      else np.empty(count, dtype=np.uint8), MPI.BYTE])
+        left = self._draining[(sender, wire)] - max(count, 1)
+        if left > 0:
+            self._draining[(sender, wire)] = left
+        else:
+            del self._draining[(sender, wire)]
 
     # -- lifetime ---------------------------------------------------------------
     def free(self) -> None:

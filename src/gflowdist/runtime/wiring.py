@@ -85,6 +85,7 @@ class Wiring:
     def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
         comm = context.world
         limit = config.faults.max_message_bytes
+        comm.max_recv_bytes = limit  # a claimed size above the limit is refused before allocation
         cap = config.replay.max_in_flight
         timeout = max(config.faults.peer_timeout_s, 1.0)
         collector = context.layout.coordinator if context.layout.coordinator is not None else 0
