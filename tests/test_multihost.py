@@ -10,8 +10,10 @@ implies, the trainers log the example's metrics, and the gradient averages
 really cross the bridge (each host's veth receives at least one float32
 gradient per step). See docs/multi-host-testing.md for the flags.
 
-While the torch job runs, the TCP sockets rank 0 listens on are read from
-/proc: gloo's must be on the host's own address (``GLOO_SOCKET_IFNAME``), and
+While the jobs run, the TCP sockets they listen on are read from /proc: every
+MPI rank's (UCX) on its host's own address only, mpiexec's control port on
+every address of the launcher's host; on the torch engine gloo's on rank 0's
+host address (``GLOO_SOCKET_IFNAME``), and
 the rendezvous store should be on ``MASTER_ADDR`` only; today torch binds it
 to every address (strict xfail, docs/security.md).
 """
@@ -23,11 +25,12 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from jobs.job import (HYPERGRID, HostRanksJob, job_factory, layout_rows, listening_sockets,  # noqa: F401
-                      namespace_processes, read_json)
+                      namespace_processes, pid_of_rank, read_json)
 from launching import REPO
 from netns import netns_hosts, netns_unavailable  # noqa: F401 (fixture)
 
@@ -111,12 +114,21 @@ def test_hypergrid_on_two_hosts_with_mpi(netns_hosts, job_factory):
     # one slot per host in the hostfile: hydra deals ranks 0, 2, 4 to host 0 and 1, 3, 5 to host 1
     job = job_factory(*ARGS, f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(1))}",
                       config=HYPERGRID, env=hs.mpi_env())
+    # while it trains: what the ranks and mpiexec listen on (docs/security.md)
+    running = job.wait_for_metrics(1, timeout=180)
+    rank_listeners = {r: listening_sockets(pid_of_rank(running, r)) for r in range(RANKS)}
+    mpiexec = [pid for pid in job.processes_left() if Path(f"/proc/{pid}/comm").read_text().strip() == "mpiexec"]
+    mpiexec_listeners = listening_sockets(mpiexec[0])
     assert job.wait(240) == 0, job.output
     after = [hs.link_bytes(h) for h in hs.hosts]
     run = job.run_dir()
     check_hypergrid_run(run, [h.name for h in hs.hosts])
     check_bridge_traffic(hs, before, after)
     assert read_json(run / "ledger.json")["final_line"] in job.output
+    for rank, listeners in rank_listeners.items():  # UCX over TCP, pinned to the host's interface
+        assert listeners and {addr for addr, _ in listeners} == {hs.hosts[PLACEMENT[rank]].ip}, (rank, listeners)
+    # hydra publishes its control port on -iface's address but binds it on every address of the launcher
+    assert mpiexec_listeners and {addr for addr, _ in mpiexec_listeners} == {"0.0.0.0"}, mpiexec_listeners
     assert job.no_process_left()
     assert namespace_processes(hs) == {h.name: [] for h in hs.hosts}
 
