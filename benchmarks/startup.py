@@ -147,12 +147,11 @@ def timed(cmd: list[str], **env: str) -> tuple[float, str]:
     return seconds, out.stdout
 
 
-def measure(repeats: int, quick: bool) -> dict:
+def measure(repeats: int, quick: bool, out_dir: Path) -> dict:
     from hypergrid import first_step_s, parse_result, run_gflowdist
 
     import_torch = [sys.executable, "-c", "import torch"]
     results: dict = {"baseline": {}, "run": [], "launcher": [], "ranks": []}
-    out_dir = Path(tempfile.mkdtemp(prefix="gflowdist-startup-"))
     steps = 5 if quick else 20
     for _ in range(repeats):
         baselines = {"mpiexec -n 2 python -c 'import torch'": [mpiexec(), "-n", "2", *import_torch]}
@@ -206,6 +205,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 run, 5 steps, only the mpiexec -n 2 baseline")
     parser.add_argument("--repeats", type=int, help="runs of everything (default 2, quick 1)")
     parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument("--out-dir", help="where the run directories go (default: a temporary directory)")
     parser.add_argument("--launcher-probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank-probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -217,7 +217,9 @@ def main() -> int:
         return 0
     repeats = args.repeats or (1 if args.quick else 2)
     began = time.monotonic()
-    results = measure(repeats, args.quick)
+    out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="gflowdist-startup-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = measure(repeats, args.quick, out_dir)
     print("\n".join(report(results, repeats, time.monotonic() - began)))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

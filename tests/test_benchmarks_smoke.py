@@ -29,8 +29,8 @@ def load(name: str):
         sys.path.remove(str(BENCHMARKS))
 
 
-def run_quick(name: str) -> list[str]:
-    out = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick"], capture_output=True,
+def run_quick(name: str, *args: str) -> list[str]:
+    out = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *args], capture_output=True,
                          text=True, timeout=240, cwd=BENCHMARKS.parent)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.splitlines()
@@ -52,8 +52,8 @@ def number(cell: str) -> float:
 
 
 @pytest.mark.slow
-def test_hypergrid_quick_prints_both_tables():
-    lines = run_quick("hypergrid")
+def test_hypergrid_quick_prints_both_tables(tmp_path):
+    lines = run_quick("hypergrid", "--out-dir", str(tmp_path))
     assert any("load average" in line for line in lines), lines
     bare, one = row(lines, "bare"), row(lines, "1T")
     assert number(bare[2]) > 0 and number(one[2]) > 0  # traj/s
@@ -76,8 +76,8 @@ def test_replay_quick_measures_the_buffer_against_raw_transport():
 
 
 @pytest.mark.slow
-def test_startup_quick_times_the_run_and_its_steps():
-    lines = run_quick("startup")
+def test_startup_quick_times_the_run_and_its_steps(tmp_path):
+    lines = run_quick("startup", "--out-dir", str(tmp_path))
     baseline = row(lines, "mpiexec -n 2 python -c 'import torch'")
     first = row(lines, "gflowdist run (4 ranks): launch -> first step done")
     assert number(baseline[1]) > 0 and number(first[1]) > 0
