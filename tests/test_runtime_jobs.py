@@ -1,7 +1,7 @@
 """The runtime end to end, through the real CLI, under mpiexec (and once under gloo).
 
-Every job runs in its own session with a deadline; each test checks that no
-process of the job is left when the launcher has returned.
+Every job runs in its own session with a deadline (``jobs.job.Job``); each
+test checks that no process of the job is left when the launcher has returned.
 """
 
 from __future__ import annotations
@@ -9,99 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from launching import MARKER_VARIABLE, REPO, base_env, new_marker, processes_with_marker
-
-TOY = REPO / "tests" / "jobs" / "toy.yaml"
-
-
-class Job:
-    """``gflowdist run`` in its own session; output captured to a file."""
-
-    def __init__(self, tmp_path: Path, *args: str, config: Path = TOY):
-        self.out_dir = tmp_path / "runs"
-        self.log = open(tmp_path / "launcher.log", "w+")
-        cmd = [sys.executable, "-m", "gflowdist", "run", str(config), f"run.out_dir={self.out_dir}", *args]
-        self.marker = new_marker()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=base_env(**{MARKER_VARIABLE: self.marker}), cwd=tmp_path,
-                                     start_new_session=True)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"job did not end within {timeout} s:\n{self.output}")
-
-    @property
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def run_dir(self) -> Path:
-        dirs = sorted(self.out_dir.glob("*"))
-        assert len(dirs) == 1, f"expected one run directory, found {dirs}\n{self.output}"
-        return dirs[0]
-
-    def wait_for_metrics(self, lines: int, timeout: float = 60) -> Path:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = list(self.out_dir.glob("*/metrics.jsonl"))
-            if found and len(found[0].read_text().splitlines()) >= lines:
-                return found[0].parent
-            if self.proc.poll() is not None:
-                raise AssertionError(f"job ended early ({self.proc.returncode}):\n{self.output}")
-            time.sleep(0.1)
-        raise AssertionError(f"no metrics after {timeout} s:\n{self.output}")
-
-    def no_process_left(self) -> bool:
-        """No process of this job (launcher, mpiexec, proxies, ranks) is alive: checked in /proc."""
-        return processes_with_marker(self.marker) == []
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in processes_with_marker(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
-
-
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def start(*args, **kw):
-        folder = tmp_path / f"job{len(jobs)}"
-        folder.mkdir()
-        job = Job(folder, *args, **kw)
-        jobs.append(job)
-        return job
-
-    yield start
-    for job in jobs:
-        job.kill()
-        job.log.close()
-
-
-def pid_of_rank(run_dir: Path, rank: int) -> int:
-    text = (run_dir / "logs" / f"rank-{rank}.log").read_text()
-    return int(text.split(" pid ")[1].split()[0])
-
-
-def read_json(path: Path):
-    return json.loads(path.read_text())
+from jobs.job import job_factory, pid_of_rank, read_json  # noqa: F401 (job_factory: fixture)
 
 
 def test_normal_run_balances_and_writes_the_run_directory(job_factory):
