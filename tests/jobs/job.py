@@ -97,16 +97,23 @@ class Job:
 
     def kill(self) -> None:
         """SIGKILL the launcher's session and every process carrying the marker."""
+        kill_job([self.proc], self.marker)
+
+
+def kill_job(procs: list[subprocess.Popen], marker: str) -> None:
+    """SIGKILL the sessions these processes lead and every process carrying ``marker``; reap ``procs``."""
+    for proc in procs:
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for pid in processes_with_marker(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
+    for pid in processes_with_marker(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        proc.wait()
 
 
 @pytest.fixture
@@ -221,18 +228,7 @@ class HostRanksJob:
         return processes_with_marker(self.marker)
 
     def kill(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in processes_with_marker(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for proc in self.procs:
-            proc.wait()
+        kill_job(self.procs, self.marker)
 
     def close(self) -> None:
         self.kill()
