@@ -239,6 +239,7 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
     latest_version = state.get("latest_version", 0)
     backoff = Backoff()
     last_summary = 0.0
+    idle_s = 0.0
     while done != clients:
         try:
             msg = w.data.try_recv()
@@ -253,9 +254,13 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
                 last_summary = now
                 w.report(MessageType.USER, manager.summary())
                 w.check_control()
-            with timer.phase("idle"):
-                backoff.pause()
+            paused = time.perf_counter()
+            backoff.pause()
+            idle_s += time.perf_counter() - paused  # one timer entry per idle stretch, not per poll
             continue
+        if idle_s:
+            timer.record("idle", idle_s)
+            idle_s = 0.0
         backoff.reset()
         if msg.type is MessageType.TRAJECTORIES:
             with timer.phase("insert"):
