@@ -104,10 +104,6 @@ def test_sigterm_to_the_launcher_stops_every_rank_then_resume_continues(netns_ho
     assert Path(run / "checkpoints" / name / "MANIFEST.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="a rank's own SIGTERM/SIGINT stops only that rank: its agent-group peer "
-                                       "goes into the next gradient all-reduce and waits there forever, "
-                                       "heartbeating (docs/reliability.md, 'No hangs'); the same race makes a "
-                                       "signal to the launcher hang about one run in three")
 def test_sigterm_to_one_averaging_trainer_stops_the_whole_job(netns_hosts, job_factory):
     hs = netns_hosts
     job = job_factory("run.steps=100000", "params.delay_s=0.02", *_on_hosts(hs), env=hs.mpi_env())

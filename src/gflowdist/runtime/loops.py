@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import torch
 
+from gflowdist.comm.base import ReduceOp
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError, ProtocolError
 from gflowdist.runtime.checkpoints import checkpoint_name
@@ -103,7 +104,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             sync_params(trainer.model, dp)
     _send_weights(w, trainer, actors, version)
     timeout = cfg.faults.peer_timeout_s
-    while step < cfg.run.steps and not w.check_control():
+    while step < cfg.run.steps and not _group_stops(w, dp):
         with timer.phase("rollout"):
             fresh = trainer.rollout(version)
         if buffer is not None:
@@ -171,6 +172,24 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     _finish_client(w, buffer)
     state.update(step=step, version=version, seq=seq)
     return state
+
+
+def _group_stops(w: Wiring, dp) -> bool:
+    """Whether to stop before this step, agreed by the whole agent group.
+
+    A signal reaches the trainers of a group at slightly different times (on
+    other hosts, through hydra's proxies); a trainer that stopped alone would
+    leave its peers waiting in the next average forever. One MAX all-reduce
+    of the stop flag per step makes them stop at the same step.
+    """
+    stop = w.check_control()
+    if dp is None or dp.size == 1 or w.config.sync.mode == "none":
+        return stop
+    flag = torch.tensor([1.0 if stop else 0.0])
+    dp.all_reduce(flag, op=ReduceOp.MAX)
+    if flag.item() > 0 and not stop:
+        w.stop.set("an agent-group peer stopped")
+    return flag.item() > 0
 
 
 def _checkpoint_cut(w: Wiring, buffer: int | None, actors, name: str, timeout: float) -> None:
