@@ -45,6 +45,27 @@ def time_pingpong(rank: int, one_round, reps: int) -> float:
     return _median(samples)
 
 
+def round_trips(rank: int, peer: int, buf, send, recv, comm):
+    """The two ping-pong rounds of one size: raw (``send``/``recv`` into ``buf``) and gflowdist's ``comm``."""
+    def raw_round():
+        if rank == 0:
+            send(buf, peer)
+            recv(buf, peer)
+        else:
+            recv(buf, peer)
+            send(buf, peer)
+
+    def ours_round():
+        if rank == 0:
+            comm.send(buf, peer, 0)
+            comm.recv(peer, 0)
+        else:
+            _, got = comm.recv(peer, 0)
+            comm.send(got, peer, 0)
+
+    return raw_round, ours_round
+
+
 def mpi_worker(sizes) -> None:
     import numpy as np
     from mpi4py import MPI
@@ -59,22 +80,8 @@ def mpi_worker(sizes) -> None:
     for size in sizes:
         reps = reps_for(size)
         buf = np.zeros(size, dtype=np.uint8)
-
-        def raw_round():
-            if rank == 0:
-                raw.Send([buf, MPI.BYTE], peer, 0)
-                raw.Recv([buf, MPI.BYTE], peer, 0)
-            else:
-                raw.Recv([buf, MPI.BYTE], peer, 0)
-                raw.Send([buf, MPI.BYTE], peer, 0)
-
-        def ours_round():
-            if rank == 0:
-                comm.send(buf, peer, 0)
-                comm.recv(peer, 0)
-            else:
-                _, got = comm.recv(peer, 0)
-                comm.send(got, peer, 0)
+        raw_round, ours_round = round_trips(rank, peer, buf, lambda b, p: raw.Send([b, MPI.BYTE], p, 0),
+                                            lambda b, p: raw.Recv([b, MPI.BYTE], p, 0), comm)
 
         world.Barrier()
         t_raw = time_pingpong(rank, raw_round, reps)
@@ -99,22 +106,8 @@ def torch_worker(sizes) -> None:
     for size in sizes:
         reps = max(5, reps_for(size) // 4)
         buf = torch.zeros(size, dtype=torch.uint8)
-
-        def raw_round():
-            if rank == 0:
-                dist.send(buf, peer, tag=7)
-                dist.recv(buf, peer, tag=7)
-            else:
-                dist.recv(buf, peer, tag=7)
-                dist.send(buf, peer, tag=7)
-
-        def ours_round():
-            if rank == 0:
-                comm.send(buf, peer, 0)
-                comm.recv(peer, 0)
-            else:
-                _, got = comm.recv(peer, 0)
-                comm.send(got, peer, 0)
+        raw_round, ours_round = round_trips(rank, peer, buf, lambda b, p: dist.send(b, p, tag=7),
+                                            lambda b, p: dist.recv(b, p, tag=7), comm)
 
         dist.barrier()
         t_raw = time_pingpong(rank, raw_round, reps)

@@ -37,7 +37,7 @@ import torch
 from gflowdist.comm.polling import Backoff, poll_until
 
 __all__ = ["ReduceOp", "Communicator", "AsyncSendHandle", "CompletedSend", "MAX_TAG",
-           "check_groups"]
+           "check_groups", "take_from_inbox"]
 
 ArrayLike = TypeVar("ArrayLike", torch.Tensor, np.ndarray)
 
@@ -249,6 +249,20 @@ class Communicator(ABC):
     def _check_tag(tag: int) -> None:
         if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) <= MAX_TAG:
             raise ValueError(f"tag must be an int in [0, {MAX_TAG}], got {tag!r}")
+
+
+def take_from_inbox(inbox: dict, src: int | None, tag: int):
+    """Pop the oldest ``(sender, payload)`` queued under ``tag`` (from ``src``, or anyone); None if none."""
+    queue = inbox.get(tag)
+    if not queue:
+        return None
+    if src is None:
+        return queue.popleft()
+    for index, (sender, payload) in enumerate(queue):
+        if sender == src:
+            del queue[index]
+            return sender, payload
+    return None
 
 
 def require_float_for_avg(x: Any) -> None:

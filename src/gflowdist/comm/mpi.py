@@ -23,6 +23,7 @@ import torch
 from mpi4py import MPI
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
+                                 take_from_inbox,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.polling import Backoff, poll_until
@@ -214,7 +215,7 @@ class MPIComm(Communicator):
 
     def try_recv(self, src: int | None = None, tag: int = 0):
         with self._recv_lock:
-            queued = self._take_queued(src, tag)
+            queued = take_from_inbox(self._inbox, src, tag)
             if queued is not None:
                 return queued
             source = MPI.ANY_SOURCE if src is None else src
@@ -235,18 +236,6 @@ class MPIComm(Communicator):
                 if wire >> 1 == tag:
                     return sender, payload
                 self._inbox[wire >> 1].append((sender, payload))
-
-    def _take_queued(self, src: int | None, tag: int):
-        queue = self._inbox.get(tag)
-        if not queue:
-            return None
-        if src is None:
-            return queue.popleft()
-        for index, (sender, payload) in enumerate(queue):
-            if sender == src:
-                del queue[index]
-                return sender, payload
-        return None
 
     def _recv_chunked(self, message: "MPI.Message", sender: int, wire: int) -> torch.Tensor:
         count = self._status.Get_count(MPI.BYTE)

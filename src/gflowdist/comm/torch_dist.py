@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
+                                 take_from_inbox,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import BufferPool, as_byte_array, read_only_tensor
 from gflowdist.errors import DeadlineError, ProtocolError, TransportError
@@ -301,18 +302,7 @@ class TorchComm(Communicator):
         if self._receive_error is not None:
             error, self._receive_error = self._receive_error, None
             raise error
-        queue_ = self._inbox.get(tag)
-        if not queue_:
-            return None
-        found = None
-        if src is None:
-            found = queue_.popleft()
-        else:
-            for index, (sender, payload) in enumerate(queue_):
-                if sender == src:
-                    del queue_[index]
-                    found = (sender, payload)
-                    break
+        found = take_from_inbox(self._inbox, src, tag)
         if found is not None:
             self._inbox_bytes -= found[1].numel()
             self._arrived.notify_all()  # the receiver thread may be waiting for room
