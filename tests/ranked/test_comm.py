@@ -257,3 +257,23 @@ def test_collectives_with_a_wait_hook(comm):
     finally:
         comm.wait_hook = None
     comm.barrier()
+
+
+def test_free_ends_every_engine_thread(comm):
+    """free() is collective and joins the engine's helper threads (a torch communicator has two).
+
+    A receiver or send-completion thread left running aborts the process at
+    interpreter exit ("terminate called without an active exception").
+    """
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    sub = comm.split([list(range(comm.size))])
+    nxt, prv = peers(sub)
+    sub.isend(f"last words of {sub.rank}".encode(), nxt, tag=7)
+    src, payload = sub.recv(prv, tag=7, timeout=30)
+    assert src == prv and bytes(payload.numpy()) == f"last words of {prv}".encode()
+    sub.free()
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert left == []
+    comm.barrier(timeout=30)

@@ -97,9 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_here(config, resume) -> int:
     import gflowdist.runtime.job as job
-
+    from gflowdist.comm.select import release_world_comm
 
     job.run_job(config, resume_dir=resume)
+    release_world_comm()  # collective: every rank that returns here got through the same last step
     return 0
 
 

@@ -232,7 +232,11 @@ class Communicator(ABC):
 
     # -- lifetime ---------------------------------------------------------------
     def free(self) -> None:
-        """Release engine resources of this communicator (idempotent)."""
+        """Release engine resources of this communicator (idempotent).
+
+        Collective, like ``MPI_Comm_free``: every member calls it once it has
+        finished with the communicator.
+        """
 
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), with exit status ``code``."""

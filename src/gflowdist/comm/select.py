@@ -15,7 +15,7 @@ from gflowdist.errors import ConfigError
 from gflowdist.jobenv import (MPI_JOB_VARIABLES, MPI_SIZE_VARIABLES, describe_environment, in_mpi_job,  # noqa: F401
                               in_torch_job, launcher_world_size)
 
-__all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "reset_world_comm",
+__all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "release_world_comm", "reset_world_comm",
            "describe_environment", "detect_engine"]
 
 _WORLD: Communicator | None = None
@@ -56,6 +56,18 @@ def world_comm(engine: str = "auto") -> Communicator:
 
         _WORLD = LocalComm()
     return _WORLD
+
+
+def release_world_comm() -> None:
+    """Free the cached world communicator (collective) and forget it: the end of a job's process.
+
+    A torch world's helper threads must end before the interpreter does (see
+    :meth:`gflowdist.comm.torch_dist.TorchComm.free`).
+    """
+    global _WORLD
+    world, _WORLD = _WORLD, None
+    if world is not None:
+        world.free()
 
 
 def reset_world_comm() -> None:

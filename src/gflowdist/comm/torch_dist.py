@@ -25,10 +25,14 @@ all sub-groups from it (as :class:`~gflowdist.context.DistributedContext` does).
 
 from __future__ import annotations
 
+import atexit
 import collections
+import itertools
+import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -46,6 +50,30 @@ __all__ = ["TorchComm"]
 HEADER_TAG = 1 << 20
 PAYLOAD_TAG = HEADER_TAG + 1
 _HEADER_WORDS = 3
+#: the channel of the notice :meth:`TorchComm.free` sends every peer (user tags are >= 0)
+_CLOSE_CHANNEL = -1
+#: how long :meth:`TorchComm.free` waits for its peers to free too
+FREE_TIMEOUT_S = 30.0
+
+#: how long the exit hook waits, over all communicators still open, for the peers' close notices
+EXIT_FREE_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
+_OPEN: "weakref.WeakSet[TorchComm]" = weakref.WeakSet()
+_SERIALS = itertools.count()
+
+
+@atexit.register
+def _free_at_exit() -> None:
+    """Free the communicators nobody freed before the interpreter ends (newest first).
+
+    atexit runs while daemon threads can still run Python; past it, a helper
+    thread that returns from torch aborts the process (see :meth:`TorchComm.free`).
+    """
+    deadline = time.monotonic() + EXIT_FREE_TIMEOUT_S
+    for comm in sorted(_OPEN, key=lambda c: c._serial, reverse=True):
+        comm.free(timeout=max(0.0, deadline - time.monotonic()))
+
 
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
         ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.AVG: dist.ReduceOp.SUM}
@@ -79,6 +107,7 @@ class _TorchSendHandle(AsyncSendHandle):
                 work.wait()
         except RuntimeError as exc:  # a failed pair surfaces here; report it to the owner
             self._error = exc
+        self._works = []
         self._buffers = []
         self._done.set()
 
@@ -118,6 +147,9 @@ class TorchComm(Communicator):
         self._completer: threading.Thread | None = None
         self._pool = BufferPool()
         self._freed = False
+        self._closed_by: set[int] = set()  # peers whose close notice arrived (see free)
+        self._serial = next(_SERIALS)
+        _OPEN.add(self)
         # Receive from the start: a peer's send completes only once a receive is posted here.
         self._start_receiver()
 
@@ -237,10 +269,7 @@ class TorchComm(Communicator):
                 works.append(dist.isend(payload[start:start + self.chunk_bytes], group=self._p2p,
                                         tag=PAYLOAD_TAG, group_dst=dst))
             handle = _TorchSendHandle(dst, tag, nbytes, works, [header, payload])
-            if self._completer is None:
-                self._completer = threading.Thread(target=self._complete_sends, daemon=True,
-                                                   name=f"gflowdist-send-{self.rank}")
-                self._completer.start()
+            self._ensure_completer()
             self._sends.put(handle)
         return handle
 
@@ -317,15 +346,22 @@ class TorchComm(Communicator):
                     self._receiver.start()
 
     def _receive_forever(self) -> None:
-        """Receiver thread: one whole message at a time, filed under its channel tag."""
+        """Receiver thread: one whole message at a time, filed under its channel tag.
+
+        It ends once every peer's close notice has arrived (see :meth:`free`),
+        or when the transport fails.
+        """
         header = torch.empty(_HEADER_WORDS, dtype=torch.int64)
-        while not self._freed:
+        while len(self._closed_by) < self.size - 1:
             with self._arrived:
                 self._arrived.wait_for(lambda: self._inbox_bytes < self.max_inbox_bytes or self._freed)
             work = dist.irecv(header, group=self._p2p, tag=HEADER_TAG)
             try:
                 work.wait()
                 sender = self._p2p_to_group_rank(work._source_rank())
+                if int(header[0]) == _CLOSE_CHANNEL:
+                    self._closed_by.add(sender)
+                    continue
                 message = self._receive_payload(sender, header)
             except (ProtocolError, RuntimeError) as exc:
                 with self._arrived:
@@ -362,6 +398,13 @@ class TorchComm(Communicator):
         world = rank if self._group is None else dist.get_global_rank(self._group, rank)
         return dist.get_group_rank(self._p2p, world)
 
+    def _ensure_completer(self) -> None:
+        """Start the send-completion thread (caller holds ``_send_lock``)."""
+        if self._completer is None:
+            self._completer = threading.Thread(target=self._complete_sends, daemon=True,
+                                               name=f"gflowdist-send-{self.rank}")
+            self._completer.start()
+
     def _complete_sends(self) -> None:
         """Send-completion thread: wait on sends in the order they were issued."""
         while True:
@@ -370,12 +413,44 @@ class TorchComm(Communicator):
                 return
             handle._complete()
 
-    def free(self) -> None:
-        """Stop the helper threads; a receive still posted is left to the process group's teardown."""
+    def free(self, timeout: float = FREE_TIMEOUT_S) -> None:
+        """Collective, like ``MPI_Comm_free``: stop the helper threads once every peer frees too.
+
+        Each rank sends every peer a close notice behind all its earlier
+        messages, so a receiver thread ends only after it has filed all that
+        was sent to it. The caller waits up to ``timeout`` seconds for the
+        notices and for its own sends; a thread still blocked then (a peer
+        that died, or never frees) is left behind and logged. Joining the
+        threads matters: a daemon thread that leaves torch code while the
+        interpreter shuts down aborts the process ("terminate called without
+        an active exception").
+        """
         if self._freed:
             return
         self._freed = True
+        _OPEN.discard(self)
+        deadline = time.monotonic() + timeout
+        if self.size > 1 and dist.is_initialized():  # destroy_process_group() first: nobody to tell
+            header = torch.tensor([_CLOSE_CHANNEL, 0, 1], dtype=torch.int64)
+            peers = [p for p in range(self.size) if p != self.rank]
+            with self._send_lock:
+                try:
+                    works = [dist.isend(header, group=self._p2p, tag=HEADER_TAG, group_dst=p) for p in peers]
+                except RuntimeError as exc:  # a broken pair: the receiver has stopped already
+                    log.warning("rank %d: freeing the communicator: close notice not sent: %s", self.rank, exc)
+                else:
+                    self._ensure_completer()
+                    self._sends.put(_TorchSendHandle(-1, _CLOSE_CHANNEL, 0, works, [header]))
         if self._completer is not None:
             self._sends.put(None)
         with self._arrived:
             self._arrived.notify_all()
+        for thread in (self._completer, self._receiver):
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in (self._completer, self._receiver) if t is not None and t.is_alive()]
+        if stuck:
+            missing = sorted(set(range(self.size)) - self._closed_by - {self.rank})
+            log.warning("rank %d: freeing the communicator: %s still blocked after %g s (no close notice "
+                        "from rank(s) %s)", self.rank, ", ".join(stuck), timeout,
+                        ", ".join(map(str, missing)) or "-")

@@ -110,7 +110,7 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         import torch
         import torch.distributed as dist
 
-        from gflowdist.comm.select import reset_world_comm, world_comm
+        from gflowdist.comm.select import release_world_comm, reset_world_comm, world_comm
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(per_machine))
@@ -121,6 +121,7 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         world_comm("torch").barrier()
         job_fn(*args)
         world_comm("torch").barrier()
+        release_world_comm()
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - every failure, SystemExit included, is reported to the parent
         report.send_bytes(traceback.format_exc().encode("utf-8", "replace"))
