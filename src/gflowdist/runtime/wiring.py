@@ -30,6 +30,10 @@ __all__ = ["Tags", "Wiring", "StopFlag"]
 log = logging.getLogger("gflowdist.runtime")
 
 
+#: The config key of the one message size limit (senders and receivers): named in the sender's refusal.
+LIMIT_KEY = "faults.max_message_bytes"
+
+
 class Tags:
     DATA = 1
     CONTROL = 2
@@ -84,17 +88,21 @@ class Wiring:
     @classmethod
     def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
         comm = context.world
+        # One limit at both ends: the communicator refuses a bigger claimed size before allocating,
+        # each channel's decode refuses a bigger message, and each channel's isend refuses to send one
+        # (its EncodeError names LIMIT_KEY), so an oversized message never reaches the wire.
         limit = config.faults.max_message_bytes
-        comm.max_recv_bytes = limit  # a claimed size above the limit is refused before allocation
+        comm.max_recv_bytes = limit
         cap = config.replay.max_in_flight
         timeout = max(config.faults.peer_timeout_s, 1.0)
         collector = context.layout.coordinator if context.layout.coordinator is not None else 0
-        return cls(comm=comm, context=context, config=config,
-                   data=Channel(comm, Tags.DATA, max_in_flight=cap, max_message_bytes=limit, send_timeout=timeout),
-                   control=Channel(comm, Tags.CONTROL, max_in_flight=64, max_message_bytes=limit,
-                                   send_timeout=timeout),
-                   weights=Channel(comm, Tags.WEIGHTS, max_in_flight=2, max_message_bytes=limit,
-                                   send_timeout=timeout),
+
+        def channel(tag: int, max_in_flight: int) -> Channel:
+            return Channel(comm, tag, max_in_flight=max_in_flight, max_message_bytes=limit, send_timeout=timeout,
+                           limit_name=LIMIT_KEY)
+
+        return cls(comm=comm, context=context, config=config, data=channel(Tags.DATA, cap),
+                   control=channel(Tags.CONTROL, 64), weights=channel(Tags.WEIGHTS, 2),
                    stop=stop, collector=collector)
 
     @property

@@ -21,6 +21,18 @@ A :class:`Channel` owns one tag of one communicator::
 - **Bad input never crashes the receiver.** A malformed message raises
   ``ProtocolError`` naming the sender; the channel counts it in
   :attr:`Channel.stats` and the next ``recv`` serves the next message.
+- **Both ends enforce one size limit.** ``max_message_bytes`` bounds the
+  encoded message (prefix, header, padding and frames: the ``T`` of
+  docs/wire-format.md) in both directions. The receiver refuses a bigger one
+  with ``ProtocolError``; the sender refuses to send it: ``isend`` raises
+  :class:`~gflowdist.transport.values.EncodeError` (a
+  :class:`~gflowdist.errors.TransportError`, ``peer`` = the destination)
+  naming the size, the limit, ``limit_name`` (where the limit comes from,
+  e.g. the config key ``faults.max_message_bytes``), the message type and the
+  destination. A message with array frames is refused before its buffer is
+  allocated; nothing reaches the wire, and the sequence number and
+  :attr:`Channel.stats` stay as they were. ``T <= max_message_bytes`` is
+  accepted by both ends.
 
 One channel per (communicator, tag): two channels on the same tag would
 consume each other's messages and break the sequence checks.
@@ -36,6 +48,7 @@ from gflowdist.comm import AsyncSendHandle, Communicator
 from gflowdist.comm.buffers import BufferPool
 from gflowdist.errors import DeadlineError, ProtocolError
 from gflowdist.transport.codec import DEFAULT_MAX_MESSAGE_BYTES, Message, MessageType, decode, encode
+from gflowdist.transport.values import EncodeError
 
 __all__ = ["Channel", "ChannelStats"]
 
@@ -63,13 +76,18 @@ class Channel:
 
     def __init__(self, comm: Communicator, tag: int = 0, *, max_in_flight: int = 8,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, send_timeout: float = 60.0,
-                 expected_types: Iterable[MessageType] | None = None):
+                 expected_types: Iterable[MessageType] | None = None,
+                 limit_name: str = "max_message_bytes"):
+        """``limit_name`` is what a refused sender is told to raise (the runtime passes its config key)."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
         self.comm = comm
         self.tag = tag
         self.max_in_flight = max_in_flight
         self.max_message_bytes = max_message_bytes
+        self.limit_name = limit_name
         self.send_timeout = send_timeout
         self.expected_types = tuple(expected_types) if expected_types is not None else None
         self.stats = ChannelStats()
@@ -84,7 +102,11 @@ class Channel:
     # -- sending ----------------------------------------------------------------
     def isend(self, msg_type: MessageType, body: Any, dst: int, *,
               timeout: float | None = None) -> AsyncSendHandle:
-        """Encode and start sending; waits only when ``max_in_flight`` sends to ``dst`` are pending."""
+        """Encode and start sending; waits only when ``max_in_flight`` sends to ``dst`` are pending.
+
+        Raises :class:`~gflowdist.transport.values.EncodeError` (nothing sent)
+        when the encoded message is over ``max_message_bytes``.
+        """
         pending = self._pending[dst]
         self._retire(pending)
         if len(pending) >= self.max_in_flight:
@@ -97,7 +119,15 @@ class Channel:
                     f"{wait_s:g} s (is it receiving?)", peer=dst) from err
             self._retire(pending)
         seq = self._next_seq[dst]
-        buffer = encode(msg_type, body, sender=self.comm.rank, seq=seq, alloc=self._send_buffers.take)
+
+        def alloc(nbytes: int):  # a message with frames: refused before its buffer exists
+            if nbytes > self.max_message_bytes:
+                raise self._oversized(msg_type, nbytes, dst)
+            return self._send_buffers.take(nbytes)
+
+        buffer = encode(msg_type, body, sender=self.comm.rank, seq=seq, alloc=alloc)
+        if buffer.nbytes > self.max_message_bytes:  # a frameless message: only its msgpack header
+            raise self._oversized(msg_type, buffer.nbytes, dst)
         handle = self.comm.isend(buffer, dst, self.tag)
         self._next_seq[dst] = seq + 1
         self.stats.sent += 1
@@ -108,6 +138,14 @@ class Channel:
     def send(self, msg_type: MessageType, body: Any, dst: int, *, timeout: float | None = None) -> None:
         """Send and wait until the buffer is released (``timeout`` bounds both waits)."""
         self.isend(msg_type, body, dst, timeout=timeout).wait(self.send_timeout if timeout is None else timeout)
+
+    def _oversized(self, msg_type: MessageType, nbytes: int, dst: int) -> EncodeError:
+        kind = getattr(msg_type, "name", str(msg_type))
+        return EncodeError(
+            f"refusing to send a {nbytes}-byte {kind} message from rank {self.comm.rank} to rank {dst} "
+            f"(tag {self.tag}): over the limit {self.limit_name} = {self.max_message_bytes} bytes, which "
+            f"the receiver enforces too; nothing was sent. Raise {self.limit_name} to at least {nbytes}, "
+            f"or send less per message", peer=dst)
 
     @staticmethod
     def _retire(pending: collections.deque) -> None:
