@@ -25,8 +25,10 @@ def world_comm(engine: str = "auto") -> Communicator:
     """The communicator of the whole job, created on first use and cached.
 
     ``engine``: ``"auto"``, ``"mpi"``, ``"torch"`` or ``"local"``. ``"torch"``
-    initialises the default process group from the environment (``env://``)
-    when nobody has yet.
+    initialises the default process group from the environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when nobody has yet, its
+    rendezvous store listening on ``MASTER_ADDR`` only
+    (:func:`gflowdist.comm.rendezvous.init_default_group`).
     """
     global _WORLD
     if _WORLD is not None and (engine == "auto" or engine == _WORLD.engine):
@@ -39,11 +41,11 @@ def world_comm(engine: str = "auto") -> Communicator:
     if engine == "torch":
         import torch.distributed as dist
 
+        from gflowdist.comm.rendezvous import init_default_group
         from gflowdist.comm.torch_dist import TorchComm
 
         if not dist.is_initialized():
-            backend = "nccl" if _cuda_for_local_rank() else "gloo"
-            dist.init_process_group(backend=backend, init_method="env://")
+            init_default_group("nccl" if _cuda_for_local_rank() else "gloo")
         _WORLD = TorchComm()
     elif engine == "mpi":
         from mpi4py import MPI

@@ -424,16 +424,46 @@ def _check_dist_backend(dist_backend: str) -> None:
 
 
 def _rendezvous_over_mpi() -> str:
-    """``tcp://host:port`` agreed through MPI: rank 0's address and a port free there."""
+    """``tcp://address:port`` agreed through MPI: an address of rank 0's host and a port free there.
+
+    One host: ``127.0.0.1``. Several: the first address rank 0's host name
+    resolves to that is not a loopback one (the store listens on that address
+    only, so ``127.0.1.1`` from ``/etc/hosts`` would be unreachable from the
+    other hosts); when there is none, every rank raises :class:`ConfigError`.
+    """
     mpi_world = world_for("mpi")
     hosts = [h.decode() for h in mpi_world.all_gather_bytes(mpi_world.host.encode())]
     mine = b""
     if mpi_world.rank == 0:
-        address = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostname()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("", 0))
-            mine = f"tcp://{address}:{probe.getsockname()[1]}".encode()
-    return mpi_world.all_gather_bytes(mine)[0].decode()
+        try:
+            address = "127.0.0.1" if len(set(hosts)) == 1 else _reachable_address(socket.gethostname())
+            with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((address, 0))
+                port = probe.getsockname()[1]
+            mine = f"tcp://{f'[{address}]' if ':' in address else address}:{port}".encode()
+        except (OSError, ConfigError) as exc:
+            mine = f"error:{exc}".encode()
+    agreed = mpi_world.all_gather_bytes(mine)[0].decode()
+    if agreed.startswith("error:"):
+        raise ConfigError(f"the ranks could not agree on a rendezvous address through MPI: "
+                          f"{agreed[len('error:'):]}; set MASTER_ADDR and MASTER_PORT", key="MASTER_ADDR")
+    return agreed
+
+
+def _reachable_address(hostname: str) -> str:
+    """The first address ``hostname`` resolves to that is not a loopback address."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"rank 0's host name {hostname!r} does not resolve: {exc.strerror}") from exc
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    for address in addresses:
+        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+            return address
+    raise ConfigError(f"rank 0's host name {hostname!r} resolves only to loopback addresses "
+                      f"({', '.join(addresses)}), which the other hosts cannot reach")
 
 
 def _init_process_group(dist_backend: str, world_size: int) -> None:
@@ -441,7 +471,7 @@ def _init_process_group(dist_backend: str, world_size: int) -> None:
     global _OWNS_PROCESS_GROUP
     from datetime import timedelta
 
-    import torch.distributed as dist
+    from gflowdist.comm.rendezvous import init_default_group
 
     rank = _first_env("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "RANK")
     if rank is None or not rank.isdigit():
@@ -456,8 +486,8 @@ def _init_process_group(dist_backend: str, world_size: int) -> None:
                              "the job with mpiexec (ranks then agree on an address through MPI)")
     logger.info("initializing torch.distributed (%s) as rank %s of %d via %s", dist_backend, rank,
                 world_size, init_method)
-    dist.init_process_group(backend=dist_backend, init_method=init_method, world_size=world_size,
-                            rank=int(rank), timeout=timedelta(minutes=5))
+    init_default_group(dist_backend, init_method=init_method, world_size=world_size, rank=int(rank),
+                       timeout=timedelta(minutes=5))
     _OWNS_PROCESS_GROUP = True
 
 

@@ -25,6 +25,10 @@ port collides with any other job on the machine: pass ``"auto"`` (or a
 ``tcp://host:0`` URL) on a single machine to get a free port. Several
 machines need a real ``tcp://<machine 0 address>:<port>`` that every
 machine passes identically, with its own ``machine_rank``.
+For a ``tcp://`` URL, worker 0 of machine 0 serves the rendezvous store on
+the URL's address only, not on every address of its machine
+(:func:`gflowdist.comm.rendezvous.init_default_group`): that address must be
+one of machine 0's, reachable from the other machines.
 
 Workers are started with multiprocessing's ``spawn`` method, as VirTex's
 ``torch.multiprocessing.spawn`` does: a forked child hangs in its first
@@ -110,11 +114,12 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         import torch
         import torch.distributed as dist
 
+        from gflowdist.comm.rendezvous import init_default_group
         from gflowdist.comm.select import release_world_comm, reset_world_comm, world_comm
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(per_machine))
-        dist.init_process_group(backend, init_method=dist_url, world_size=world, rank=rank)
+        init_default_group(backend, init_method=dist_url, world_size=world, rank=rank)
         reset_world_comm()  # whatever world this process saw before belongs to no job
         if backend == "nccl":
             torch.cuda.set_device(local_rank)

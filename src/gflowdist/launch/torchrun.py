@@ -55,8 +55,10 @@ def ensure_process_group(device: str = "cpu") -> str:
     if job == "torch":
         import torch.distributed as dist
 
+        from gflowdist.comm.rendezvous import init_default_group
+
         if not dist.is_initialized():
-            dist.init_process_group(backend="gloo" if device == "cpu" else "nccl", init_method="env://")
+            init_default_group("gloo" if device == "cpu" else "nccl")
             reset_world_comm()  # a cached world of one must not outlive the new group
         world_comm("torch")
     elif job == "mpi":
