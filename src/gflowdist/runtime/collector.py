@@ -5,6 +5,17 @@ metrics.jsonl), role summaries, and every rank's final report (ledger,
 timers, staleness). A rank silent for longer than ``faults.peer_timeout_s``
 is declared lost with :class:`~gflowdist.errors.PeerLostError` naming its
 rank, role and host.
+
+A control message it cannot read (garbage, a size over
+``faults.max_message_bytes``, a sequence gap) raises
+:class:`~gflowdist.errors.ProtocolError`; the collector counts it per sender
+(:attr:`Collector.refused`, and ``malformed`` in its ledger, so it reaches
+ledger.json and the final line), logs it, and keeps serving. The log is
+rate-limited: refusal number ``k`` (counted over all senders, from 1) is
+logged when ``k <= LOG_FIRST_REFUSALS`` or ``k % LOG_EVERY_REFUSAL == 0``,
+so a flood of ``m`` bad messages writes at most
+``LOG_FIRST_REFUSALS + m // LOG_EVERY_REFUSAL`` lines, plus one line of
+totals per sender when the last final report has arrived.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from typing import Any, Callable, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
@@ -20,9 +32,14 @@ from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import Throughput, eta_seconds, format_duration
 from gflowdist.transport import MessageType
 
-__all__ = ["Collector"]
+__all__ = ["Collector", "LOG_FIRST_REFUSALS", "LOG_EVERY_REFUSAL"]
 
 log = logging.getLogger("gflowdist.runtime")
+
+#: Refused control messages logged one by one before the log thins out.
+LOG_FIRST_REFUSALS = 10
+#: After the first ones, every this many-th refusal is logged (with the running total).
+LOG_EVERY_REFUSAL = 100
 
 
 class Collector:
@@ -45,7 +62,7 @@ class Collector:
         self._last_traj = 0
         self._last_print = 0.0
         self._tty = out.isatty()
-        self.protocol_errors = 0
+        self.refused: Counter = Counter()  # sender rank -> control messages refused (ProtocolError)
         self.started = time.monotonic()
         self.run_dir = run_dir
         self.saved: dict[str, set[int]] = {}  # periodic checkpoint name -> ranks that saved their part
@@ -58,8 +75,8 @@ class Collector:
         for _ in range(budget):
             try:
                 msg = self.w.control.try_recv()
-            except ProtocolError:
-                self.protocol_errors += 1
+            except ProtocolError as err:
+                self.note_refused(err)
                 continue
             if msg is None:
                 break
@@ -68,6 +85,30 @@ class Collector:
             self._handle(msg)
         self._check_liveness()
         return got
+
+    @property
+    def protocol_errors(self) -> int:
+        """Control messages refused so far, from every sender."""
+        return sum(self.refused.values())
+
+    def note_refused(self, err: ProtocolError) -> None:
+        """Count a refused control message (by sender) and log it, rate-limited (module docstring)."""
+        sender = err.sender if err.sender is not None else -1  # -1: unnamed (a channel always names it)
+        self.refused[sender] += 1
+        self.w.ledger.malformed[sender] += 1
+        total = self.protocol_errors
+        if total <= LOG_FIRST_REFUSALS:
+            more = (f" (further refusals are logged every {LOG_EVERY_REFUSAL}th, totals at the end)"
+                    if total == LOG_FIRST_REFUSALS else "")
+            log.warning("collector refused a control message: %s%s", err, more)
+        elif total % LOG_EVERY_REFUSAL == 0:
+            log.warning("collector refused %d control messages so far; the latest: %s", total, err)
+
+    def log_refusal_totals(self) -> None:
+        """One line with the refused control messages per sender (nothing if none)."""
+        if self.refused:
+            per_sender = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(self.refused.items()))
+            log.warning("collector refused %d control messages in total (%s)", self.protocol_errors, per_sender)
 
     def _handle(self, msg) -> None:
         body = msg.body
@@ -163,4 +204,5 @@ class Collector:
                 backoff.pause()
             else:
                 backoff.reset()
+        self.log_refusal_totals()
         return self.finals
