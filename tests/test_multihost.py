@@ -14,8 +14,7 @@ While the jobs run, the TCP sockets they listen on are read from /proc: every
 MPI rank's (UCX) on its host's own address only, mpiexec's control port on
 every address of the launcher's host; on the torch engine gloo's on rank 0's
 host address (``GLOO_SOCKET_IFNAME``), and
-the rendezvous store should be on ``MASTER_ADDR`` only; today torch binds it
-to every address (strict xfail, docs/security.md).
+the rendezvous store on ``MASTER_ADDR`` only (docs/security.md).
 """
 
 from __future__ import annotations
@@ -175,10 +174,7 @@ def test_gloo_listens_only_on_the_host_interface(netns_hosts, torch_run):
     assert others and set(others) == {netns_hosts.hosts[0].ip}, listening
 
 
-@pytest.mark.xfail(strict=True, reason="torch's TCPStore binds MASTER_PORT on every address; gflowdist could bind "
-                                       "MASTER_ADDR:MASTER_PORT itself and pass master_listen_fd "
-                                       "(docs/security.md, proposed change)")
 def test_rendezvous_store_listens_only_on_master_addr(netns_hosts, torch_run):
-    """Today the store's socket is the IPv6 wildcard (every address of host 0, dual-stack)."""
+    """gflowdist binds the store's socket to MASTER_ADDR itself (gflowdist.comm.rendezvous)."""
     store = [addr for addr, p in torch_run["listening"] if p == torch_run["job"].port]
     assert store and set(store) == {netns_hosts.hosts[0].ip}, torch_run["listening"]
