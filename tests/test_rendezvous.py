@@ -9,7 +9,9 @@ before any process group exists.
 
 from __future__ import annotations
 
+import errno
 import json
+import re
 import socket
 import sys
 from datetime import timedelta
@@ -94,10 +96,24 @@ def test_master_addr_of_another_host_is_a_config_error(torch_env, monkeypatch):
     from gflowdist.comm.rendezvous import init_default_group
     from gflowdist.errors import ConfigError
 
-    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # TEST-NET-1 (RFC 5737): never an address of this host
-    with pytest.raises(ConfigError, match=r"MASTER_ADDR: '192\.0\.2\.1' is not an address of this host") as info:
+    foreign = _foreign_address()
+    monkeypatch.setenv("MASTER_ADDR", foreign)
+    with pytest.raises(ConfigError, match=rf"MASTER_ADDR: '{re.escape(foreign)}' is not an address of this host") \
+            as info:
         init_default_group("gloo", timeout=timedelta(seconds=5))
     assert info.value.key == "MASTER_ADDR"
+
+
+def _foreign_address() -> str:
+    """A documentation address (RFC 5737) that this host does not have: binding it fails."""
+    for candidate in ("203.0.113.7", "198.51.100.7", "192.0.2.77"):
+        with socket.socket() as s:
+            try:
+                s.bind((candidate, 0))
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    return candidate
+    pytest.skip("every candidate documentation address is assigned to this host")
 
 
 def test_master_addr_that_does_not_resolve_is_a_config_error(torch_env, monkeypatch):
@@ -171,3 +187,12 @@ def test_tcp_url_needs_rank_and_world_size():
     with pytest.raises(ConfigError, match="needs rank and world_size") as info:
         init_default_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}")
     assert info.value.key == "init_method"
+
+
+def test_torchgfn_mpi_rendezvous_refuses_a_loopback_only_host_name():
+    """On several hosts the store is bound to the address published; a loopback one would be unreachable."""
+    from gflowdist.compat.torchgfn_context import _reachable_address
+    from gflowdist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'localhost' resolves only to loopback addresses"):
+        _reachable_address("localhost")
