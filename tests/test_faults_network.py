@@ -116,9 +116,6 @@ def test_cut_link_ends_the_job_naming_a_rank_of_the_cut_host_and_leaves_no_proce
     assert all(pids == [] for pids in cut_run.left_in_namespaces.values()), cut_run.left_in_namespaces
 
 
-@pytest.mark.xfail(strict=True, reason="launcher: waits 2 peer_timeout + 10 s for orphans on the cut host after "
-                                       "a failure was reported, and prints the first failure-file entry, which "
-                                       "may come from the cut side (docs/reliability.md, proposed changes)")
 def test_cut_link_summary_names_the_cut_host_within_the_peer_timeout(cut_run: CutRun):
     summary = cut_run.output.split(SUMMARY, 1)[-1].splitlines()[1:2]
     assert summary and cut_run.names_a_cut_rank(summary[0]), cut_run.output[-2000:]

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-__all__ = ["become_subreaper", "descendants", "kill_tree"]
+__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running", "kill_tree"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -71,3 +71,48 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, *, include_root: bool = False
         except (ProcessLookupError, PermissionError):
             pass
     return targets
+
+
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+class DescendantTracker:
+    """Every descendant of ``pid`` ever seen, so a process is not lost while it is re-parented.
+
+    One scan of ``/proc`` is not atomic: when a rank's parent (hydra's proxy)
+    exits during the scan, the rank may show a parent that is already gone,
+    and :func:`descendants` misses it although it is alive (and about to be
+    re-parented to the subreaper). Scanning now and then and remembering what
+    was seen closes that gap: :meth:`running` is every remembered process
+    still alive.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.seen: set[int] = set()
+
+    def scan(self) -> None:
+        self.seen.update(descendants(self.pid))
+
+    def running(self) -> list[int]:
+        self.scan()
+        alive = sorted(p for p in self.seen if is_running(p))
+        self.seen = set(alive)
+        return alive
+
+    def kill(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Send ``sig`` to every running descendant, remembered or new; returns the pids."""
+        targets = self.running()
+        for target in targets:
+            try:
+                os.kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return targets

@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from gflowdist.process_tree import become_subreaper
+from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
+from gflowdist.process_tree import DescendantTracker, become_subreaper
 
 __all__ = ["add_parser"]
 
@@ -128,18 +129,35 @@ def _failure_file() -> str:
     return _FAILURE_FILES[0]
 
 
-def _report_failure(code: int) -> None:
-    """Print the first rank failure (MPI's abort may have eaten the rank's own stderr)."""
+def _failure_messages() -> list[str]:
+    """The complete entries of the failure file so far (each ends with a NUL), in the order written."""
+    messages = []
     for path in _FAILURE_FILES:
         try:
             with open(path) as f:
-                messages = [m.strip() for m in f.read().split("\0") if m.strip()]
-        finally:
+                entries = f.read().split("\0")[:-1]  # the last piece is unfinished or empty
+        except FileNotFoundError:
+            continue
+        messages += [m.strip() for m in entries if m.strip()]
+    return messages
+
+
+def _report_failure(code: int, relay: StderrRelay | None = None) -> None:
+    """Print the rank failure to believe (MPI's abort may have eaten the rank's own stderr).
+
+    With a stderr relay, that is the first entry whose first line came through
+    mpiexec (a rank on the launcher's side of any partition); else the first.
+    """
+    message = choose_failure(_failure_messages(), relay)
+    for path in _FAILURE_FILES:
+        try:
             os.unlink(path)
-        if code != 0 and messages:
-            sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{messages[0]}\n")
-            sys.stderr.flush()
+        except FileNotFoundError:
+            pass
     _FAILURE_FILES.clear()
+    if code != 0 and message:
+        sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
+        sys.stderr.flush()
 
 
 def find_mpiexec(configured: str | None) -> str:
@@ -169,25 +187,41 @@ def is_hydra(mpiexec: str) -> bool:
     return "HYDRA" in (out.stdout + out.stderr).upper()
 
 
-def _wait_for_orphans(grace_s: float) -> None:
-    """Let ranks that outlived their launcher finish reporting (reaping them as they exit)."""
-    from gflowdist.process_tree import descendants
+def _failure_reported(relay: StderrRelay | None) -> bool:
+    """A rank has written a failure we will believe (see :func:`_report_failure`)."""
+    messages = _failure_messages()
+    if relay is None:
+        return bool(messages)
+    return any(relay.seen(m.splitlines()[0]) for m in messages)
 
+
+def _wait_for_orphans(grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None) -> None:
+    """Let ranks that outlived their launcher report, reaping them as they exit.
+
+    Ends after ``grace_s``, when none of the job's processes runs any more, or
+    as soon as a failure has been reported (ranks cut off by a partition never
+    report, and the rest of the job is killed anyway).
+    """
     deadline = time.monotonic() + grace_s
-    while descendants(os.getpid()) and time.monotonic() < deadline:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap adopted orphans as they exit
-                pass
-        except ChildProcessError:
-            pass
+    while time.monotonic() < deadline and not _failure_reported(relay):
+        _reap_children()
+        if not tracker.running():
+            return
         time.sleep(0.1)
 
 
-def _reap_leftovers() -> None:
-    """Kill and reap every descendant still alive (orphaned ranks were re-parented to us)."""
-    from gflowdist.process_tree import kill_tree
+def _reap_children() -> None:
+    """Reap adopted orphans that have exited."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
 
-    for pid in kill_tree(os.getpid()):
+
+def _reap_leftovers(tracker: DescendantTracker) -> None:
+    """Kill and reap every process of the job still alive (orphaned ranks were re-parented to us)."""
+    for pid in tracker.kill():
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:  # not our direct child (its own parent reaps it)
@@ -204,8 +238,9 @@ def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
     env = _child_env()
     env["IN_MPI"] = "1"
     become_subreaper()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    relay = StderrRelay(proc.stderr)
+    return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
 
 
 def _free_port() -> int:
@@ -227,7 +262,8 @@ def _spawn_torch(nprocs: int, argv: list[str], *, report_grace_s: float) -> int:
     return _supervise(procs, report_grace_s=report_grace_s)
 
 
-def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -> int:
+def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
+               relay: StderrRelay | None = None) -> int:
     """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest.
 
     Whatever happens, no process of the job outlives this call: the launcher is a
@@ -236,7 +272,9 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -
 
     When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
     and exits at once; the surviving ranks, now re-parented to us, get
-    ``report_grace_s`` to notice the loss and say which rank it was.
+    ``report_grace_s`` to notice the loss and say which rank it was (less, once
+    a failure is reported: see :func:`_wait_for_orphans`). ``relay`` reads
+    mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
     """
     interrupted = []
 
@@ -247,11 +285,17 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -
                 os.killpg(p.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    tracker = DescendantTracker(os.getpid())
     try:
         grace_until = None
+        next_scan = 0.0
         while any(p.poll() is None for p in procs):
+            if time.monotonic() >= next_scan:  # remember the ranks before their parents go
+                tracker.scan()
+                next_scan = time.monotonic() + 0.5
             failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed and grace_until is None:
+            if (failed or _failure_reported(relay)) and grace_until is None:
+                # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do
                 grace_until = time.monotonic() + report_grace_s
             if interrupted and grace_until is None:
                 grace_until = time.monotonic() + 60.0
@@ -259,13 +303,13 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -
                 break
             time.sleep(0.05)
         if not interrupted and any(p.returncode not in (None, 0) for p in procs):
-            _wait_for_orphans(report_grace_s)
+            _wait_for_orphans(report_grace_s, tracker, relay)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-        _reap_leftovers()
+        _reap_leftovers(tracker)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     codes = [p.returncode for p in procs]
@@ -274,5 +318,7 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0) -
         failed = 130 if interrupted[0] == signal.SIGINT else 143
     elif failed < 0:
         failed = 128 - failed
-    _report_failure(failed)
+    if relay is not None:
+        relay.join(0.5)  # the last lines mpiexec wrote
+    _report_failure(failed, relay)
     return failed
