@@ -572,11 +572,10 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
     else:
         from datetime import timedelta
 
-        import torch.distributed as dist
-
+        from gflowdist.comm.rendezvous import init_default_group
         from gflowdist.comm.torch_dist import TorchComm
 
-        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+        init_default_group("gloo", timeout=timedelta(seconds=timeout))
         comm = TorchComm()
     try:
         if comm.size != 2:

@@ -83,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     config, config_path, overrides = _load(args)  # a bad config fails here, before anything heavy loads
     from gflowdist.jobenv import in_mpi_job, in_torch_job
 
-    if in_mpi_job() or in_torch_job():
+    if in_mpi_job():
+        from gflowdist.cli.rank_keeper import keep
+
+        keep()  # this process becomes the rank's keeper; the rank continues in a child
+        return _run_here(config, args.resume)
+    if in_torch_job():
         return _run_here(config, args.resume)
     nprocs = args.nprocs or config.launch.nprocs
     argv = ["-m", "gflowdist", "run", config_path, *overrides]

@@ -1,0 +1,64 @@
+"""A thin parent for each MPI rank, so one rank's kill -9 does not make hydra kill them all.
+
+MPICH's hydra proxy, even with ``-disable-auto-cleanup``, SIGKILLs every rank
+of its host when it reaps a rank that was *killed by a signal* (seen with
+``strace`` on MPICH 5.0.2: ``wait4`` returns the SIGKILLed rank, then
+``kill(-pgid, SIGKILL)`` for each other rank, before any of them could
+notice the loss and name it). A rank that *exits*, even with status 137, does
+not trigger it. So ``gflowdist run`` inside an MPI job forks at once, before
+MPI or torch is loaded: the child is the rank; the parent, the keeper, only
+waits for it and exits with the status a shell would report (``128 + signal``
+for a signal). hydra then sees a normal exit and leaves the other ranks
+alone; they miss the lost rank's heartbeats and report it by rank, role and
+host.
+
+The keeper ignores SIGINT, SIGTERM, SIGUSR1 and SIGUSR2: hydra and the
+launcher signal the rank's whole process group, which the child shares, so
+the child gets them directly (SIGUSR1 is hydra's "a peer died" notice, see
+:func:`gflowdist.runtime.job._ignore_peer_death_signal`). If the keeper
+itself is killed, the child gets SIGKILL too (``PR_SET_PDEATHSIG``), so
+nothing outlives it. Linux only; elsewhere :func:`keep` runs nothing and
+the rank is the process hydra started.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+__all__ = ["keep", "KEEPER_VARIABLE"]
+
+#: set in the rank's environment by its keeper (its pid); the rank reads it only for diagnostics
+KEEPER_VARIABLE = "GFLOWDIST_RANK_KEEPER"
+
+_PR_SET_PDEATHSIG = 1
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def keep() -> None:
+    """Fork; return in the child (the rank). The parent waits and exits with the child's status."""
+    if not sys.platform.startswith("linux") or os.environ.get(KEEPER_VARIABLE):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    keeper = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.environ[KEEPER_VARIABLE] = str(keeper)
+        _die_with_parent(keeper)
+        return
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
+
+
+def _die_with_parent(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the keeper died before the prctl: follow it now
+        os._exit(128 + signal.SIGKILL)
