@@ -224,6 +224,7 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
         log.info("finished: %s", json.dumps(w.ledger.to_dict()))
         return None
     finals = collector.wait_finals()
+    final["ledger"] = w.ledger.to_dict()  # with what the collector refused while it waited
     finals[world.rank] = final
     collector.progress(force=True)
     collector.finish_line()
