@@ -139,6 +139,7 @@ if _out and os.environ.get("PMI_RANK") is not None:
             _profile.disable()
             _profile.dump_stats(os.path.join(_out, f"pid-{{os.getpid()}}.prof"))
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        _record["pid"] = os.getpid()  # the rank, a fork of the process that imported this (its keeper)
         _record["process_cpu_s"] = usage.ru_utime + usage.ru_stime
         with open(os.path.join(_out, f"rank-{{os.getpid()}}.json"), "w") as f:
             json.dump(_record, f)
