@@ -11,9 +11,9 @@ job that silently fell back to a world of one is easy to diagnose.
 from __future__ import annotations
 
 from gflowdist.comm.base import Communicator
-from gflowdist.errors import ConfigError
+from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.jobenv import (MPI_JOB_VARIABLES, MPI_SIZE_VARIABLES, describe_environment, in_mpi_job,  # noqa: F401
-                              in_torch_job, launcher_world_size)
+                              in_torch_job, launcher_world_size, mpi_world_mismatch)
 
 __all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "release_world_comm", "reset_world_comm",
            "describe_environment", "detect_engine"]
@@ -52,7 +52,11 @@ def world_comm(engine: str = "auto") -> Communicator:
 
         from gflowdist.comm.mpi import MPIComm
 
-        _WORLD = MPIComm(MPI.COMM_WORLD)
+        world = MPIComm(MPI.COMM_WORLD)
+        mismatch = mpi_world_mismatch(world.size)
+        if mismatch is not None:
+            raise GflowdistError(mismatch)
+        _WORLD = world
     else:
         from gflowdist.comm.local import LocalComm
 
