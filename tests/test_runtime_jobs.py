@@ -151,6 +151,10 @@ def test_periodic_checkpoint_survives_a_crash_and_resumes(job_factory):
     buffer = next(f for f in finals.values() if f["role"] == "buffer")
     assert buffer["replay"]["admitted"] >= step * 8 * 2  # what the trainers produced before the cut is kept
     assert (run / "checkpoints" / "gen-0001-final" / "MANIFEST.json").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    keys = [(row["rank"], row["step"]) for row in rows]
+    assert len(keys) == len(set(keys)), "metrics rows of the steps after the checkpoint appear twice"
+    assert {step for _, step in keys} >= {step, step + 9}
     assert second.no_process_left()
 
 

@@ -40,6 +40,35 @@ def checkpoint_name(generation: int, step: int | None = None) -> str:
     return f"gen-{generation:04d}-final" if step is None else f"gen-{generation:04d}-step-{step:09d}"
 
 
+def step_of(name: str) -> int | None:
+    """The step of a periodic checkpoint's name (``gen-0003-step-000000050`` -> 50); None for a final one."""
+    head, _, step = name.rpartition("-step-")
+    return int(step) if head and step.isdigit() else None
+
+
+def trim_metrics(path: Path, step: int) -> int:
+    """Drop the rows of ``path`` (metrics.jsonl) from step ``step`` on; returns how many were dropped.
+
+    A run resumed from periodic checkpoint ``step-K`` repeats steps K, K+1, ...:
+    the rows the interrupted run wrote for them would otherwise appear twice.
+    Rows without a step are kept. The file is replaced atomically.
+    """
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        row = json.loads(line) if line.strip() else None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] >= step:
+            dropped += 1
+        elif line.strip():
+            kept.append(line)
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return dropped
+
+
 def checkpoint_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "checkpoints" / name
 

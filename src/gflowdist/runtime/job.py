@@ -171,8 +171,9 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     role = _make_role(ctx, config, generator)
     replay = role.make_buffer() if ctx.role is Role.BUFFER else None
     state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
+    resumed_from = None
     if resume_dir is not None:
-        _resume(run_dir, world, role, replay, state, w, generator)
+        resumed_from = _resume(run_dir, world, role, replay, state, w, generator)
 
     def save_checkpoint(name: str) -> None:
         payload = {"role": role.state_dict(),
@@ -194,6 +195,12 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     if is_collector:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
         (run_dir / "layout.txt").write_text(ctx.layout.describe() + "\n")
+        resumed_step = checkpoints.step_of(resumed_from) if resumed_from is not None else None
+        if resumed_step is not None:
+            dropped = checkpoints.trim_metrics(run_dir / "metrics.jsonl", resumed_step)
+            if dropped:
+                log.info("dropped %d metrics rows of steps >= %d: the interrupted run wrote them after "
+                         "checkpoint %s, and this run repeats those steps", dropped, resumed_step, resumed_from)
         metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
         coordinator = role if ctx.role is Role.COORDINATOR else None
         collector = Collector(w, metrics_file=metrics_file, out=out, run_dir=run_dir,
@@ -232,8 +239,8 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     return _conclude(ctx, config, run_dir, final_name, finals, collector, stop_reason=w.stop.reason, out=out)
 
 
-def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generator) -> None:
-    """Load this rank's part of the newest complete checkpoint of ``run_dir``."""
+def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generator) -> str:
+    """Load this rank's part of the newest complete checkpoint of ``run_dir``; returns its name."""
     found = checkpoints.latest_complete(run_dir)
     if found is None:
         raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
@@ -251,6 +258,7 @@ def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generato
         replay.load_state_dict(saved["replay"])
     w.generation = manifest["generation"] + 1
     log.info("resumed from checkpoint %s at step %s", name, state.get("step"))
+    return name
 
 
 def _keep_alive_while_waiting(ctx: DistributedContext, w: Wiring) -> None:
