@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,6 +35,8 @@ __all__ = ["MPIComm"]
 
 _OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
 _CHUNKED = 1
+#: :meth:`MPIComm.recv` polls this long in a tight loop before the general wait (see there)
+RECV_SPIN_S = 200e-6
 
 
 class _MPISendHandle(AsyncSendHandle):
@@ -201,8 +204,8 @@ class MPIComm(Communicator):
     eager_bytes = 64 << 10
 
     def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        payload = as_byte_array(data)
-        if payload.nbytes <= self.eager_bytes and dst != self.rank:
+        payload = data if type(data) is bytes else as_byte_array(data)  # bytes: MPI reads them as they are
+        if len(payload) <= self.eager_bytes and dst != self.rank:
             self._check_peer(dst, "dst")
             self._check_tag(tag)
             self._p2p.Send([payload, MPI.BYTE], dst, tag << 1)
@@ -211,7 +214,16 @@ class MPIComm(Communicator):
 
     def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
         found = self.try_recv(src, tag)  # fast path: the message is already here
-        return found if found is not None else super().recv(src, tag, timeout=timeout)
+        if found is not None:
+            return found
+        # A reply that is on its way usually lands within microseconds: poll for it in a tight
+        # loop first, then wait the general way (spin, back off, keep-alive hook, deadline).
+        spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
+        while time.perf_counter() < spin_until:
+            found = self.try_recv(src, tag)
+            if found is not None:
+                return found
+        return super().recv(src, tag, timeout=timeout)
 
     def try_recv(self, src: int | None = None, tag: int = 0):
         with self._recv_lock:
