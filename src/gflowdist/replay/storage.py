@@ -181,7 +181,8 @@ class TensorStorage:
         if indices.numel() and not bool(self.live[indices].all()):
             dead = indices[~self.live[indices]]
             raise IndexError(f"slots {dead[:8].tolist()} hold no item")
-        return {name: stored[indices] for name, stored in self.fields.items()}
+        # index_select gathers rows 2.4x faster than advanced indexing for 1 MiB rows (docs/benchmarks-runtime.md)
+        return {name: torch.index_select(stored, 0, indices) for name, stored in self.fields.items()}
 
     def free(self, indices: torch.Tensor) -> int:
         """Mark slots free; returns how many of them were live."""

@@ -333,7 +333,9 @@ def _admit(manager, replay, w: Wiring, msg, latest_version: int) -> None:
     ledger.drop("duplicate", result.rejected_duplicate)
     ledger.drop("low_score", result.rejected_low_score)
     ledger.evicted += result.evicted
-    if result.admitted:
+    if result.admitted == n:  # all of it: the received batch itself, no masked copy of every field
+        manager.on_admitted(batch)
+    elif result.admitted:
         mask = result.admitted_mask
         manager.on_admitted({k: v[mask] for k, v in batch.items()})
 
