@@ -4,7 +4,7 @@ MPICH's hydra starts each proxy and each rank in a session of its own, so
 killing the launcher's process group does not reach the ranks. The launcher
 therefore becomes a *child subreaper* (Linux ``PR_SET_CHILD_SUBREAPER``):
 descendants whose parent dies are re-parented to it instead of to init, and
-:func:`kill_tree` finds them all by walking ``/proc``. Pure standard library:
+:class:`DescendantTracker` finds them all by walking ``/proc``. Pure standard library:
 the CLI imports this without loading torch.
 """
 
@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running", "kill_tree"]
+__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -31,19 +31,23 @@ def become_subreaper() -> bool:
         return False
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:  # the process ended while we looked
+        return None
+    # the command name (2nd field) may contain spaces: parse after its closing parenthesis
+    return stat[stat.rfind(")") + 2:].split()
+
+
 def _parents() -> dict[int, int]:
     parents = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # the process ended while we looked
-            continue
-        # the command name (2nd field) may contain spaces: parse after its closing parenthesis
-        fields = stat[stat.rfind(")") + 2:].split()
-        parents[int(entry)] = int(fields[1])
+        fields = _stat_fields(entry) if entry.isdigit() else None
+        if fields is not None:
+            parents[int(entry)] = int(fields[1])
     return parents
 
 
@@ -62,25 +66,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(pid: int, sig: int = signal.SIGKILL, *, include_root: bool = False) -> list[int]:
-    """Send ``sig`` to every descendant of ``pid`` (and ``pid`` itself if asked); returns the pids."""
-    targets = descendants(pid) + ([pid] if include_root else [])
-    for target in targets:
-        try:
-            os.kill(target, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return targets
-
-
 def is_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 class DescendantTracker:

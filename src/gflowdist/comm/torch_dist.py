@@ -359,10 +359,11 @@ class TorchComm(Communicator):
             try:
                 work.wait()
                 sender = self._p2p_to_group_rank(work._source_rank())
-                if int(header[0]) == _CLOSE_CHANNEL:
+                channel, total, chunk = header.tolist()
+                if channel == _CLOSE_CHANNEL:
                     self._closed_by.add(sender)
                     continue
-                message = self._receive_payload(sender, header)
+                message = self._receive_payload(sender, channel, total, chunk)
             except (ProtocolError, RuntimeError) as exc:
                 with self._arrived:
                     self._receive_error = exc if isinstance(exc, ProtocolError) else TransportError(
@@ -376,8 +377,7 @@ class TorchComm(Communicator):
                 self._inbox_bytes += message[2].numel()
                 self._arrived.notify_all()
 
-    def _receive_payload(self, sender: int, header: torch.Tensor) -> tuple[int, int, torch.Tensor]:
-        channel, total, chunk = (int(v) for v in header.tolist())
+    def _receive_payload(self, sender: int, channel: int, total: int, chunk: int) -> tuple[int, int, torch.Tensor]:
         if total < 0 or chunk <= 0 or (self.max_recv_bytes is not None and total > self.max_recv_bytes):
             raise ProtocolError(f"header claims {total} bytes in chunks of {chunk}", sender=sender)
         buffer = torch.from_numpy(self._pool.take(total))
