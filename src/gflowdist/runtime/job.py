@@ -148,6 +148,10 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
 FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
 
 
+#: How long a failing rank lets its stderr line travel to the launcher before it aborts the job.
+FORWARD_BEFORE_ABORT_S = 0.2
+
+
 def _die(world, message: str, *, code: int) -> None:
     # The failure file first: if mpiexec is already gone, writing to stderr may fail.
     failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
@@ -161,6 +165,10 @@ def _die(world, message: str, *, code: int) -> None:
     except OSError:  # nobody is reading our stderr any more
         pass
     if world.size > 1:
+        # MPI's abort makes the launcher kill every rank at once; hydra's proxy may handle the abort
+        # before it has read (and forwarded) the line above, and the launcher believes a failure
+        # line it has seen come through mpiexec (a partition's far side cannot send one).
+        time.sleep(FORWARD_BEFORE_ABORT_S)
         world.abort(code)
     raise SystemExit(code)
 
