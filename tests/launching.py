@@ -9,6 +9,7 @@ never a fixed 29500.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,6 +87,16 @@ def new_marker() -> str:
     import uuid
 
     return uuid.uuid4().hex
+
+
+#: one pytest summary line ("19 passed in 7.87s", "3 passed, 1 skipped in 2.10s"); mpiexec may
+#: glue two ranks' lines together ("19 passed in 7.87s19 passed in 7.83s"), so count matches, not lines
+PYTEST_SUMMARY = re.compile(r"\d+ passed[^\n]*? in [\d.]+s")
+
+
+def pytest_summaries(output: str) -> list[str]:
+    """Every pytest summary in ``output``, also where two ranks' lines were printed as one."""
+    return PYTEST_SUMMARY.findall(output)
 
 
 def base_env(**extra: str) -> dict[str, str]:

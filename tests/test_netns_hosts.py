@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from launching import pytest_summaries
 from netns import (LAUNCHER, NetnsError, cleanup_stale, create, destroy, hosts, leftovers,
                    missing_caps, netns_hosts, netns_unavailable)  # noqa: F401 (netns_hosts: fixture)
 
@@ -50,10 +51,6 @@ RANK_REPORT = textwrap.dedent(f"""
 """)
 
 
-def _summaries(output: str) -> list[str]:
-    return [line.strip() for line in output.splitlines() if " passed" in line]
-
-
 def test_mpi_ranks_run_on_their_own_hosts_and_talk_over_the_bridge(netns_hosts):
     hs = netns_hosts
     before = [hs.link_bytes(h) for h in hs.hosts]
@@ -79,13 +76,13 @@ def test_mpi_ranks_run_on_their_own_hosts_and_talk_over_the_bridge(netns_hosts):
 def test_comm_suite_with_mpi_over_two_hosts(netns_hosts):
     result = netns_hosts.run_mpi(2, SUITE, timeout=150, env={"GFLOWDIST_TEST_ENGINE": "mpi"})
     result.check()
-    assert len(_summaries(result.output)) == 4, result.output
+    assert len(pytest_summaries(result.output)) == 4, result.output
 
 
 def test_comm_suite_with_torch_over_two_hosts(netns_hosts):
     result = netns_hosts.run_torch(SUITE, timeout=150, env={"GFLOWDIST_TEST_ENGINE": "torch"})
     result.check()
-    assert len(_summaries(result.output)) == 2, result.output
+    assert len(pytest_summaries(result.output)) == 2, result.output
     for rank, host in enumerate(netns_hosts.hosts):
         assert f"rank {rank} on {host.name} (exit 0)" in result.output
 

@@ -8,12 +8,11 @@ the normal suite, as a world of one.
 
 from __future__ import annotations
 
-import re
 import sys
 
 import pytest
 
-from launching import run_mpi, run_torch
+from launching import pytest_summaries, run_mpi, run_torch
 
 CONFIGS = [("mpi", 1, None), ("mpi", 2, None), ("mpi", 4, None), ("torch", 2, None), ("torch", 3, None),
            # the context suite also at sizes with a coordinator and two agent groups
@@ -29,6 +28,6 @@ def test_ranked_suites(engine, nprocs, only):
     result = runner(nprocs, argv, timeout=480, env={"GFLOWDIST_TEST_ENGINE": engine})
     result.check()
     # mpiexec may glue two ranks' last lines together: count the summaries, not the lines
-    summaries = re.findall(r"\d+ passed[^\n]*? in [\d.]+s", result.output)
+    summaries = pytest_summaries(result.output)
     assert len(summaries) == nprocs, f"expected a pytest summary from each of {nprocs} ranks:\n{result.output}"
     print(f"{engine} x {nprocs}: {summaries[0]}")
