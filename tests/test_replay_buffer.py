@@ -93,8 +93,7 @@ def test_invariants_hold_for_every_combination(sampler, writer):
                 assert info["insert_step"].tolist() == sorted(info["insert_step"].tolist())
                 served.extend(info["seq"].tolist())
             if sampler == "prioritized":
-                buffer.update_priorities(info["indices"], torch.rand(n) * 4,
-                                         insert_step=info["insert_step"])
+                assert buffer.update_priorities(info["keys"], torch.rand(n) * 4) == n
     stats = buffer.stats()
     assert stats["sampled"] > 0
     assert stats["offered"] == (stats["admitted"] + stats["rejected_duplicate"]
@@ -113,8 +112,8 @@ def test_state_round_trip_gives_identical_subsequent_samples(sampler, writer):
         pass
     if isinstance(buffer.sampler, PrioritizedSampler):
         live = buffer.storage.live_indices()
-        buffer.update_priorities(live, torch.rand(live.numel(), generator=torch.Generator()
-                                                  .manual_seed(1)))
+        buffer.sampler.update_priorities(live, torch.rand(live.numel(), generator=torch.Generator()
+                                                          .manual_seed(1)))
     state = buffer.state_dict()
     restored = make_buffer(sampler, writer, seed=99)  # other seed: state carries the generator
     restored.load_state_dict(state)
@@ -211,22 +210,6 @@ def test_wait_until_can_sample_makes_progress_or_hits_the_deadline():
 
     buffer.wait_until_can_sample(3, timeout=5.0, progress=feed)
     assert len(fed) == 3 and len(buffer) == 3
-
-
-def test_stale_priority_updates_are_skipped():
-    buffer = ReplayBuffer.prioritized(2, alpha=1.0, beta=1.0,
-                                      generator=torch.Generator().manual_seed(0))
-    rng = random.Random(3)
-    buffer.extend(trajectories([0, 1], rng), producer=0, seq=0, policy_version=0)
-    _, info = buffer.sample(2)
-    buffer.extend(trajectories([2], rng), producer=0, seq=2, policy_version=0)  # overwrites slot 0
-    applied = buffer.update_priorities(torch.tensor([0, 1]), torch.tensor([9.0, 3.0]),
-                                       insert_step=torch.tensor([0, 1]))
-    assert applied == 1
-    assert buffer.sampler.scaled[1] == pytest.approx(3.0 + 1e-6)
-    assert buffer.sampler.scaled[0] == pytest.approx(1.0)
-    with pytest.raises(TypeError, match="uniform sampler has no priorities"):
-        ReplayBuffer.uniform(2).update_priorities(torch.tensor([0]), torch.tensor([1.0]))
 
 
 @pytest.mark.parametrize("preset, sampler, writer", [

@@ -94,8 +94,12 @@ def test_priority_updates_are_validated():
 
 
 @pytest.mark.parametrize("kwargs, key", [({"eps": 0.0}, "replay.eps"),
-                                         ({"alpha": -1.0}, "replay.alpha"),
-                                         ({"beta": math.inf}, "replay.beta")])
+                                         ({"alpha": -1.0}, "replay.priority_alpha"),
+                                         ({"beta": math.inf}, "replay.priority_beta"),
+                                         ({"beta_final": -0.5, "beta_steps": 10},
+                                          "replay.priority_beta_final"),
+                                         ({"beta_final": 1.0}, "replay.priority_beta_steps"),
+                                         ({"beta_steps": 10}, "replay.priority_beta_steps")])
 def test_prioritized_settings_are_validated(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         PrioritizedSampler(**kwargs)
@@ -152,3 +156,9 @@ def test_prioritized_checkpoint_with_another_alpha_is_refused():
     state = prioritized_with([1.0, 2.0], alpha=0.5, beta=0.4).state_dict()
     with pytest.raises(ConfigError, match="raised to alpha 0.5"):
         PrioritizedSampler(alpha=0.7).load_state_dict(state)
+
+
+@pytest.mark.parametrize("make", [UniformSampler, FifoSampler])
+def test_only_a_prioritized_sampler_takes_initial_priorities(make):
+    with pytest.raises(TypeError, match="need sampler 'prioritized'"):
+        make().on_write(torch.arange(2), torch.ones(2))

@@ -5,6 +5,8 @@
   :class:`FifoSampler`.
 - A writer admits items and picks their slots: :class:`RoundRobinWriter`,
   :class:`KeepHighestWriter`, :class:`DedupWriter`.
+- :mod:`gflowdist.replay.priorities`: item keys (slot + generation) for priority
+  updates that skip overwritten items, and the :class:`BetaSchedule`.
 - :class:`RateLimiter` keeps a minimum size and a samples-per-insert ratio (Reverb's rule).
 - :class:`ReplayBuffer` composes them, keeps per-item metadata and offers presets
   (``ReplayBuffer.uniform``, ``.prioritized``, ``.fifo``, ``.keep_highest``, ``.dedup``,
@@ -16,6 +18,7 @@ Single-process and pure; a buffer-manager rank wraps it. See docs/replay.md.
 from __future__ import annotations
 
 from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
+from gflowdist.replay.priorities import BetaSchedule
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
 from gflowdist.replay.samplers import (FifoSampler, InsufficientItemsError, PrioritizedSampler,
                                        Sampler, UniformSampler)
@@ -27,6 +30,7 @@ from gflowdist.replay.writers import (DedupWriter, KeepHighestWriter, RoundRobin
 __all__ = [
     "AdmitResult",
     "Batch",
+    "BetaSchedule",
     "DedupWriter",
     "FifoSampler",
     "HashIndex",

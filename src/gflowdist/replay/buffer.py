@@ -5,14 +5,16 @@
     buffer = ReplayBuffer.prioritized(capacity=10_000, alpha=0.6, beta=0.4)
     result = buffer.extend(batch, producer=3, seq=first_seq, policy_version=v,
                            scores=batch["log_reward"])
-    batch, info = buffer.sample(64)
-    buffer.update_priorities(info["indices"], losses, insert_step=info["insert_step"])
+    batch, info = buffer.sample(64, step=learner_step)
+    buffer.update_priorities(info["keys"], td_errors.abs())   # stale keys are skipped, counted
 
 Besides the item data the buffer keeps, per slot, in parallel tensors: the
 producer rank, the sequence number and the policy version the producer
 stamped (int64), the admission score (float32, NaN when none was given) and
 the insertion step (int64: how many items were admitted before this one).
-:meth:`ReplayBuffer.sample` returns them for the sampled items in ``info``.
+:meth:`ReplayBuffer.sample` returns them for the sampled items in ``info``,
+with each item's key (slot and insertion step in one int64, see
+:mod:`gflowdist.replay.priorities`) for later priority updates.
 
 The buffer itself never blocks: :meth:`extend` and :meth:`sample` raise
 :class:`RateLimitedError` when the rate limiter forbids the call. A caller
@@ -31,6 +33,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from gflowdist.errors import ConfigError, GflowdistError
+from gflowdist.replay.config_parts import sampler_named, writer_named
+from gflowdist.replay.priorities import check_priorities, current_keys, item_keys
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
 from gflowdist.replay.samplers import (FifoSampler, PrioritizedSampler, Sampler,
                                        UniformSampler)
@@ -114,7 +118,8 @@ class ReplayBuffer:
         self.stamps = torch.zeros(storage.capacity, len(_STAMPS), dtype=torch.int64)
         self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
         self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
-                         "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0}
+                         "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0,
+                         "sample_calls": 0, "priority_updates": 0, "stale_priority_updates": 0}
 
     # -- presets --------------------------------------------------------------
 
@@ -127,10 +132,17 @@ class ReplayBuffer:
 
     @classmethod
     def prioritized(cls, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
-                    eps: float = 1e-6, rate_limiter: RateLimiter | None = None,
+                    eps: float = 1e-6, beta_final: float | None = None, beta_steps: int = 0,
+                    rate_limiter: RateLimiter | None = None,
                     generator: torch.Generator | None = None) -> ReplayBuffer:
-        """Proportional prioritized sampling; the oldest item is overwritten when full."""
-        return cls(TensorStorage(capacity), PrioritizedSampler(alpha, beta, eps),
+        """Proportional prioritized sampling; the oldest item is overwritten when full.
+
+        Beta anneals from ``beta`` to ``beta_final`` over ``beta_steps`` steps
+        (the ``step`` of :meth:`sample`) when ``beta_final`` is given.
+        """
+        return cls(TensorStorage(capacity),
+                   PrioritizedSampler(alpha, beta, eps, beta_final=beta_final,
+                                      beta_steps=beta_steps),
                    RoundRobinWriter(), rate_limiter, generator)
 
     @classmethod
@@ -159,6 +171,7 @@ class ReplayBuffer:
     @classmethod
     def from_config(cls, cfg: Any, *, dedup_key: str | Callable[[Batch], torch.Tensor] |
                     None = None, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
+                    beta_final: float | None = None, beta_steps: int = 0,
                     generator: torch.Generator | None = None) -> ReplayBuffer:
         """Build from an object with attributes ``capacity``, ``sampler``
         (``"uniform" | "prioritized" | "fifo"``), ``writer`` (``"round_robin" |
@@ -166,32 +179,13 @@ class ReplayBuffer:
         and ``tolerance`` (e.g. ``gflowdist.config`` ``ReplayConfig``).
 
         ``dedup_key`` is required for writer ``"dedup"``; ``alpha``, ``beta``,
-        ``eps`` apply to sampler ``"prioritized"``.
+        ``eps``, ``beta_final``, ``beta_steps`` apply to sampler ``"prioritized"``.
         """
-        samplers: dict[str, Callable[[], Sampler]] = {
-            "uniform": UniformSampler,
-            "prioritized": lambda: PrioritizedSampler(alpha, beta, eps),
-            "fifo": FifoSampler,
-        }
-        if cfg.sampler not in samplers:
-            raise ConfigError(f"must be one of {sorted(samplers)}, found {cfg.sampler!r}",
-                              key="replay.sampler")
-        if cfg.writer == "dedup":
-            if dedup_key is None:
-                raise ConfigError("writer 'dedup' needs a key: pass "
-                                  "ReplayBuffer.from_config(cfg, dedup_key=<field or function>)",
-                                  key="replay.writer")
-            writer: Writer = DedupWriter(dedup_key)
-        elif cfg.writer == "round_robin":
-            writer = RoundRobinWriter()
-        elif cfg.writer == "keep_highest":
-            writer = KeepHighestWriter()
-        else:
-            raise ConfigError(f"must be one of ['dedup', 'keep_highest', 'round_robin'], "
-                              f"found {cfg.writer!r}", key="replay.writer")
+        sampler = sampler_named(cfg.sampler, alpha=alpha, beta=beta, eps=eps,
+                                beta_final=beta_final, beta_steps=beta_steps)
+        writer = writer_named(cfg.writer, dedup_key)
         limiter = RateLimiter(cfg.min_size_to_sample, cfg.samples_per_insert, cfg.tolerance)
-        return cls(TensorStorage(cfg.capacity), samplers[cfg.sampler](), writer, limiter,
-                   generator)
+        return cls(TensorStorage(cfg.capacity), sampler, writer, limiter, generator)
 
     # -- inserting ------------------------------------------------------------
 
@@ -214,13 +208,17 @@ class ReplayBuffer:
 
     def extend(self, batch: Mapping[str, torch.Tensor], *, producer: int | torch.Tensor,
                seq: int | torch.Tensor, policy_version: int | torch.Tensor,
-               scores: torch.Tensor | None = None) -> AdmitResult:
+               scores: torch.Tensor | None = None,
+               priorities: torch.Tensor | None = None) -> AdmitResult:
         """Offer a batch of ``B`` items; returns what was admitted, rejected, evicted.
 
         ``producer`` and ``policy_version`` are an int for the whole batch or a
         tensor of ``B``; ``seq`` is a tensor of ``B`` sequence numbers or an
         int, the first of ``B`` consecutive ones. ``scores`` (``B`` floats) are
         required by the keep-highest writer and stored as metadata.
+        ``priorities`` (``B`` finite floats ``>= 0``, prioritized sampler only)
+        are the items' initial priorities, e.g. an Ape-X actor's TD errors;
+        without them a new item gets the largest priority seen so far.
         """
         size = self.storage.check_schema(batch)
         if size == 0:
@@ -235,11 +233,23 @@ class ReplayBuffer:
             if scores.numel() != size:
                 raise ValueError(f"scores has {scores.numel()} entries for a batch of {size}")
             scores = scores.to(torch.float32)
+        if priorities is not None:
+            if not self.sampler.prioritized:
+                raise TypeError(f"the {self.sampler.name} sampler has no priorities: initial "
+                                f"priorities need sampler 'prioritized'")
+            priorities = check_priorities(priorities, size)
         if not self.can_insert(size):
             raise RateLimitedError(
                 f"inserting {size} items now breaks the rate limit: "
                 f"{self.rate_limiter.why_insert_blocked(size)}")
         result = self.writer.extend(self.storage, batch, scores)
+        self._stamp(result, rows, scores, priorities)
+        return self._count_admission(size, result)
+
+    def _stamp(self, result, rows: torch.Tensor, scores: torch.Tensor | None,
+               priorities: torch.Tensor | None) -> None:
+        """Write the metadata of the stored items of ``result`` and tell the sampler."""
+        size = rows.shape[0]
         admitted = int(result.admitted.sum())
         # insertion step of item k = number of items admitted before it (in batch order)
         first_step = self.counters["admitted"]
@@ -258,7 +268,10 @@ class ReplayBuffer:
             self.scores.index_fill_(0, slots, math.nan)
         else:
             self.scores[slots] = scores[stored]
-        self.sampler.on_write(slots)
+        self.sampler.on_write(slots, None if priorities is None else priorities[stored])
+
+    def _count_admission(self, size: int, result) -> AdmitResult:
+        admitted = int(result.admitted.sum())
         counts = AdmitResult(size, admitted, result.rejected.get(REJECTED_DUPLICATE, 0),
                              result.rejected.get(REJECTED_LOW_SCORE, 0), result.evicted,
                              result.indices, result.admitted)
@@ -294,24 +307,31 @@ class ReplayBuffer:
                     f"{len(self.storage)} stored")
         return self.rate_limiter.why_sample_blocked(n)
 
-    def sample(self, n: int) -> tuple[Batch, dict[str, torch.Tensor]]:
+    def sample(self, n: int, *, step: int | None = None) -> tuple[Batch, dict[str, torch.Tensor]]:
         """Draw ``n`` items; returns ``(batch, info)``.
 
-        ``info`` holds ``indices`` (slots), ``weights`` (importance weights,
-        float32) and the metadata of each sampled item: ``producer``, ``seq``,
-        ``policy_version``, ``score``, ``insert_step``.
+        ``info`` holds ``indices`` (slots), ``keys`` (int64 item keys for
+        :meth:`update_priorities`), ``weights`` (importance weights, float32)
+        and the metadata of each sampled item: ``producer``, ``seq``,
+        ``policy_version``, ``score``, ``insert_step``. ``step`` (e.g. the
+        learner's step) is where an annealing beta stands; by default the
+        number of earlier :meth:`sample` calls.
         """
         if self.rate_limiter is not None and not self.rate_limiter.can_sample(n):
             raise RateLimitedError(f"sampling {n} items now breaks the rate limit: "
                                    f"{self.rate_limiter.why_sample_blocked(n)}")
-        indices, info = self.sampler.sample(len(self.storage), n, self.generator)
+        if step is None:
+            step = self.counters["sample_calls"]
+        indices, info = self.sampler.sample(len(self.storage), n, self.generator, step)
         batch = self.storage.get(indices)
         rows = self.stamps[indices]
         info = {"indices": indices,
+                "keys": item_keys(indices, rows[:, 3], self.capacity),
                 "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
                 **{name: rows[:, column] for column, name in enumerate(_STAMPS)},
                 "score": self.scores[indices]}
         self.counters["sampled"] += n
+        self.counters["sample_calls"] += 1
         if self.rate_limiter is not None:
             self.rate_limiter.record_sample(n)
         if self.sampler.consumes:
@@ -321,30 +341,24 @@ class ReplayBuffer:
                 self.rate_limiter.record_delete(consumed)
         return batch, info
 
-    def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor, *,
-                          insert_step: torch.Tensor | None = None) -> int:
-        """Forward new priorities to a prioritized sampler; returns how many were applied.
+    def update_priorities(self, keys: torch.Tensor, priorities: torch.Tensor) -> int:
+        """Set new priorities of sampled items named by their ``info["keys"]``.
 
-        With ``insert_step`` (from the sampling ``info``) an update whose slot
-        has since been overwritten by a newer item is skipped, so a late update
-        from a remote trainer never lands on the wrong item.
+        An update applies only while the item is still stored: a key whose
+        slot was overwritten or freed since it was sampled (a late update from
+        a remote learner) is skipped and counted in
+        ``counters["stale_priority_updates"]``. Returns how many were applied.
         """
-        update = getattr(self.sampler, "update_priorities", None)
-        if update is None:
+        if not self.sampler.prioritized:
             raise TypeError(f"the {self.sampler.name} sampler has no priorities to update")
-        indices = torch.as_tensor(indices, dtype=torch.int64).flatten()
-        priorities = torch.as_tensor(priorities).flatten()
-        if insert_step is not None:
-            insert_step = torch.as_tensor(insert_step, dtype=torch.int64).flatten()
-            if insert_step.numel() != indices.numel():
-                raise ValueError(f"{insert_step.numel()} insert steps for "
-                                 f"{indices.numel()} indices")
-            current = ((indices >= 0) & (indices < self.capacity)
-                       & (self.stamps[indices.clamp(0, self.capacity - 1), 3]
-                          == insert_step))
-            indices, priorities = indices[current], priorities[current]
-        update(indices, priorities)
-        return indices.numel()
+        keys = torch.as_tensor(keys, dtype=torch.int64).flatten()
+        priorities = check_priorities(priorities, keys.numel())
+        current, slots = current_keys(keys, self.capacity, self.storage.live, self.stamps[:, 3])
+        self.sampler.update_priorities(slots[current], priorities[current])
+        applied = int(current.sum())
+        self.counters["priority_updates"] += applied
+        self.counters["stale_priority_updates"] += keys.numel() - applied
+        return applied
 
     # -- reporting and checkpoints -------------------------------------------
 
@@ -394,5 +408,6 @@ class ReplayBuffer:
         self.stamps[live] = torch.stack([saved[name].to(torch.int64) for name in _STAMPS], 1)
         self.scores = torch.full((self.capacity,), math.nan, dtype=torch.float32)
         self.scores[live] = saved["score"].to(torch.float32)
-        self.counters = {name: int(state["counters"][name]) for name in self.counters}
+        # counters added since (sample_calls, priority updates) start at 0 from older checkpoints
+        self.counters = {name: int(state["counters"].get(name, 0)) for name in self.counters}
         self.generator.set_state(state["generator"])

@@ -12,7 +12,8 @@ consumption those are exactly the live slots. A consuming sampler (FIFO)
 serves each item once: the buffer frees the returned slots in the storage.
 
 ``info["weights"]`` (float32, one per sampled item) are importance weights; a
-sampler that leaves them out means all ones.
+sampler that leaves them out means all ones. ``step`` (the caller's training
+step) only matters to a prioritized sampler whose beta anneals.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay.component import Component
+from gflowdist.replay.priorities import BetaSchedule, check_priorities
 
 __all__ = [
     "FifoSampler",
@@ -51,21 +53,30 @@ class Sampler(Component):
     Attributes:
         name: the config spelling (``"uniform"``, ``"prioritized"``, ``"fifo"``).
         consumes: True when a sampled item is served once and then removed.
+        prioritized: True when items have priorities (initial ones on write, updates).
     """
 
     kind = "sampler"
     name = "sampler"
     consumes = False
+    prioritized = False
 
-    def on_write(self, indices: torch.Tensor) -> None:
-        """Slots ``indices`` (distinct, in insertion order) now hold new items."""
+    def on_write(self, indices: torch.Tensor, priorities: torch.Tensor | None = None) -> None:
+        """Slots ``indices`` (distinct, in insertion order) now hold new items.
+
+        ``priorities`` (one per slot, checked by the caller) are the producer's
+        initial priorities; only a prioritized sampler accepts them.
+        """
+        if priorities is not None:
+            raise TypeError(f"the {self.name} sampler has no priorities: initial priorities "
+                            f"need sampler 'prioritized'")
 
     def can_sample(self, storage_len: int, n: int) -> bool:
         """Whether :meth:`sample` of ``n`` would succeed now."""
         return storage_len > 0
 
-    def sample(self, storage_len: int, n: int,
-               generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def sample(self, storage_len: int, n: int, generator: torch.Generator,
+               step: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
     def _check_request(self, storage_len: int, n: int) -> None:
@@ -80,7 +91,7 @@ class UniformSampler(Sampler):
 
     name = "uniform"
 
-    def sample(self, storage_len, n, generator):
+    def sample(self, storage_len, n, generator, step=0):
         self._check_request(storage_len, n)
         return torch.randint(0, storage_len, (n,), generator=generator), {}
 
@@ -88,10 +99,12 @@ class UniformSampler(Sampler):
 class PrioritizedSampler(Sampler):
     """Proportional prioritized replay (Schaul et al. 2016), with replacement.
 
-    Each slot ``i`` has a priority ``p_i > 0``. A new item gets the largest
-    priority seen so far (``1.0`` before any update), so it is likely to be
-    seen at least once. :meth:`update_priorities` sets ``p_i = priority_i +
-    eps``. Over the ``N = storage_len`` items::
+    Each slot ``i`` has a priority ``p_i > 0``. A new item gets the
+    priority its producer supplied (``on_write(slots, priorities)``, e.g.
+    Ape-X actors' own TD errors), else the largest priority seen so far
+    (``1.0`` before any), so it is likely to be seen at least once. Supplied
+    and updated priorities are stored as ``p_i = priority_i + eps``. Over the
+    ``N = storage_len`` items::
 
         P(i) = p_i**alpha / sum_k p_k**alpha
         w_i  = (N * P(i))**(-beta) / max_j (N * P(j))**(-beta)
@@ -100,6 +113,10 @@ class PrioritizedSampler(Sampler):
     ``w_i`` is in ``info["weights"]``; the max runs over all stored items (not
     just the batch), so weights are comparable across batches and ``<= 1``.
     ``alpha = 0`` is uniform sampling; ``beta = 1`` fully corrects the bias.
+    Beta follows a :class:`~gflowdist.replay.priorities.BetaSchedule`: it
+    anneals linearly from ``beta`` to ``beta_final`` over ``beta_steps``
+    steps (the ``step`` passed to :meth:`sample`); without ``beta_final``
+    it stays ``beta``.
 
     The sampler stores ``p_i**alpha`` (attribute ``scaled``, float64). A draw
     is inverse-CDF sampling on its cumulative sum: ``O(N)`` to rebuild the
@@ -108,17 +125,20 @@ class PrioritizedSampler(Sampler):
     """
 
     name = "prioritized"
+    prioritized = True
 
-    def __init__(self, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
-        for key, value in (("alpha", alpha), ("beta", beta)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"must be a finite number >= 0, got {value!r}",
-                                  key=f"replay.{key}")
+    def __init__(self, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, *,
+                 beta_final: float | None = None, beta_steps: int = 0):
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float))
+                                           and math.isfinite(alpha) and alpha >= 0):
+            raise ConfigError(f"must be a finite number >= 0, got {alpha!r}",
+                              key="replay.priority_alpha")
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             raise ConfigError(
                 f"must be > 0, got {eps!r}: with eps = 0 an item updated to priority 0 "
                 f"is never sampled again and the weight normaliser (N * P_min)**-beta "
                 f"is infinite", key="replay.eps")
+        self.schedule = BetaSchedule(beta, beta_final, beta_steps)
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.eps = float(eps)
@@ -127,49 +147,54 @@ class PrioritizedSampler(Sampler):
         self._cdf: torch.Tensor | None = None  # cumulative sum of scaled[:len(_cdf)]
         self._scaled_min = 1.0
 
-    def on_write(self, indices):
-        if indices.numel():
-            self.scaled = _grown(self.scaled, int(indices.max()) + 1, 0.0)
+    def on_write(self, indices, priorities=None):
+        if not indices.numel():
+            return
+        self.scaled = _grown(self.scaled, int(indices.max()) + 1, 0.0)
+        if priorities is None:
             self.scaled[indices] = self.max_priority ** self.alpha
-            self._cdf = None
+        else:
+            self._store(indices, check_priorities(priorities, indices.numel()))
+        self._cdf = None
 
     def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         """Set ``p_i = priorities_k + eps`` for ``i = indices[k]``.
 
         Priorities must be finite and ``>= 0`` (pass ``|TD error|`` or a loss).
         If an index repeats, one of its values is kept (which one is unspecified).
+        Slots are not checked for holding the item the caller meant:
+        :meth:`ReplayBuffer.update_priorities` does that with item keys.
         """
-        priorities = torch.as_tensor(priorities, dtype=torch.float64).flatten()
         indices = torch.as_tensor(indices, dtype=torch.int64).flatten()
-        if priorities.numel() != indices.numel():
-            raise ValueError(f"{indices.numel()} indices but {priorities.numel()} priorities")
+        priorities = check_priorities(priorities, indices.numel())
         if priorities.numel() == 0:
             return
-        if not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any()):
-            raise ValueError("priorities must be finite and >= 0 "
-                             f"(got min {float(priorities.min())}, max {float(priorities.max())})")
         if int(indices.min()) < 0 or int(indices.max()) >= self.scaled.numel():
             raise IndexError(f"priority update for a slot that was never written: "
                              f"range [{int(indices.min())}, {int(indices.max())}], "
                              f"written slots [0, {self.scaled.numel()})")
+        self._store(indices, priorities)
+        self._cdf = None
+
+    def _store(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         stored = priorities + self.eps
         self.scaled[indices] = stored ** self.alpha
         self.max_priority = max(self.max_priority, float(stored.max()))
-        self._cdf = None
 
     def probabilities(self, storage_len: int) -> torch.Tensor:
         """``P(i)`` for the slots ``[0, storage_len)`` (float64)."""
         scaled = self.scaled[:storage_len]
         return scaled / scaled.sum()
 
-    def sample(self, storage_len, n, generator):
+    def sample(self, storage_len, n, generator, step=0):
         self._check_request(storage_len, n)
         if self._cdf is None or self._cdf.numel() != storage_len:
             self._cdf = torch.cumsum(self.scaled[:storage_len], 0)
             self._scaled_min = float(self.scaled[:storage_len].min())
         draws = torch.rand(n, generator=generator, dtype=torch.float64) * self._cdf[-1]
         indices = torch.searchsorted(self._cdf, draws, right=True).clamp_(max=storage_len - 1)
-        weights = (self.scaled[indices] / self._scaled_min) ** (-self.beta)
+        beta = self.schedule.value(step)
+        weights = (self.scaled[indices] / self._scaled_min) ** (-beta)
         return indices, {"weights": weights.to(torch.float32)}
 
     def state_dict(self):
@@ -181,7 +206,7 @@ class PrioritizedSampler(Sampler):
         if state["alpha"] != self.alpha:
             raise ConfigError(f"checkpoint priorities are stored raised to alpha "
                               f"{state['alpha']}, this sampler uses {self.alpha}",
-                              key="replay.alpha")
+                              key="replay.priority_alpha")
         self.scaled = state["scaled"].to(torch.float64).clone()
         self.max_priority = float(state["max_priority"])
         self._cdf = None
@@ -206,7 +231,8 @@ class FifoSampler(Sampler):
         self.pending = torch.zeros(0, dtype=torch.bool)
         self.next_order = 0
 
-    def on_write(self, indices):
+    def on_write(self, indices, priorities=None):
+        super().on_write(indices, priorities)
         if not indices.numel():
             return
         size = int(indices.max()) + 1
@@ -222,7 +248,7 @@ class FifoSampler(Sampler):
     def can_sample(self, storage_len, n):
         return self.pending_count() >= n
 
-    def sample(self, storage_len, n, generator):
+    def sample(self, storage_len, n, generator, step=0):
         self._check_request(storage_len, n)
         candidates = torch.nonzero(self.pending).flatten()
         if candidates.numel() < n:

@@ -1,0 +1,50 @@
+"""The sampler and writer a replay config names (``replay.sampler``, ``replay.writer``).
+
+:meth:`ReplayBuffer.from_config <gflowdist.replay.ReplayBuffer.from_config>`
+builds its parts with these two functions; an unknown name raises a
+``ConfigError`` naming the key and the choices.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from gflowdist.errors import ConfigError
+from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, Sampler, UniformSampler
+from gflowdist.replay.storage import Batch
+from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter, Writer
+
+__all__ = ["sampler_named", "writer_named"]
+
+
+def sampler_named(name: str, *, alpha: float, beta: float, eps: float,
+                  beta_final: float | None, beta_steps: int) -> Sampler:
+    """``"uniform" | "prioritized" | "fifo"``; the priority settings apply to prioritized."""
+    samplers: dict[str, Callable[[], Sampler]] = {
+        "uniform": UniformSampler,
+        "prioritized": lambda: PrioritizedSampler(alpha, beta, eps, beta_final=beta_final,
+                                                  beta_steps=beta_steps),
+        "fifo": FifoSampler,
+    }
+    if name not in samplers:
+        raise ConfigError(f"must be one of {sorted(samplers)}, found {name!r}",
+                          key="replay.sampler")
+    return samplers[name]()
+
+
+def writer_named(name: str, dedup_key: str | Callable[[Batch], torch.Tensor] | None) -> Writer:
+    """``"round_robin" | "keep_highest" | "dedup"`` (which needs ``dedup_key``)."""
+    if name == "dedup":
+        if dedup_key is None:
+            raise ConfigError("writer 'dedup' needs a key: pass "
+                              "ReplayBuffer.from_config(cfg, dedup_key=<field or function>)",
+                              key="replay.writer")
+        return DedupWriter(dedup_key)
+    if name == "round_robin":
+        return RoundRobinWriter()
+    if name == "keep_highest":
+        return KeepHighestWriter()
+    raise ConfigError(f"must be one of ['dedup', 'keep_highest', 'round_robin'], "
+                      f"found {name!r}", key="replay.writer")
