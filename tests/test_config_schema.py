@@ -91,8 +91,12 @@ def test_default_round_trip_and_empty_inputs() -> None:
     assert Config.from_dict({"layout": None}) == Config()  # "layout:" with nothing under it
 
 
-def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
-    assert Config.from_yaml(write(tmp_path, "")) == Config()
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n", "{}\n"])
+def test_an_empty_file_is_refused(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match="the file is empty: a config needs at least the role classes") as info:
+        Config.from_yaml(path)
+    assert info.value.file == str(path)
 
 
 def test_int_is_accepted_for_float_and_stored_as_float() -> None:
@@ -143,7 +147,8 @@ def test_from_yaml_applies_overrides_and_keeps_file(tmp_path: Path) -> None:
 
 
 OVERRIDE_ERRORS = [
-    ("layout.buffers", None, ["section.key=value"]),
+    ("layout.buffers", None, ["'layout.buffers' is not an override: write layout.buffers=VALUE"]),
+    ("buffers=2", "buffers", ["unknown section 'buffers' (did you mean 'layout.buffers=2'?)"]),
     ("layout.bufers=2", "layout.bufers", ["unknown key 'bufers'", "did you mean 'buffers'"]),
     ("layot.buffers=2", "layot.buffers", ["unknown section 'layot'", "did you mean 'layout'"]),
     ("layout=2", "layout", ["unknown key", "valid keys"]),

@@ -14,6 +14,9 @@ inside the handler. The handler returns the exit status. A
 :class:`~gflowdist.errors.ConfigError` or :class:`~gflowdist.errors.LayoutError`
 escaping a handler is printed as one line on stderr with exit status 2 (no
 traceback); any other :class:`~gflowdist.errors.GflowdistError` gives status 1.
+A command-line mistake (an unknown option, a bad ``-n``) is one line too,
+``gflowdist <command>: error: <what> (see gflowdist <command> --help)``,
+status 2.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from types import ModuleType
 
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
 
-__all__ = ["main", "build_parser", "command_modules", "EXIT_USAGE", "EXIT_FAILURE"]
+__all__ = ["main", "build_parser", "command_modules", "OneLineParser", "EXIT_USAGE", "EXIT_FAILURE"]
 
 EXIT_FAILURE = 1
 """A command ran and failed."""
@@ -44,11 +47,18 @@ def command_modules() -> list[ModuleType]:
     return [importlib.import_module(f"{__name__}.{name}") for name in names]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (status 2), not usage + error."""
+
+    def error(self, message: str):  # type: ignore[override] - argparse's signature
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per command module."""
     from gflowdist import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gflowdist",
         description="Asynchronous actor / learner / replay-buffer training on MPI and "
                     "torch.distributed.")

@@ -28,9 +28,9 @@ gloo ping     yes        two Pythons with an ``env://`` rendezvous on a free
 ============  =========  ==========================================================
 
 Which ``mpiexec``: ``launch.mpiexec`` of ``--config`` when given and set, else
-the ``GFLOWDIST_MPIEXEC`` environment variable, else the rule of
-:func:`gflowdist.cli.run_cmd.find_mpiexec` (next to ``sys.executable``, else
-on ``PATH``). ``gflowdist run`` does not read ``GFLOWDIST_MPIEXEC`` (yet).
+the ``GFLOWDIST_MPIEXEC`` environment variable, else the one next to
+``sys.executable``, else the one on ``PATH``: the rule of
+:func:`gflowdist.cli.run_cmd.find_mpiexec`, which ``gflowdist run`` uses.
 
 A ping sends ``PING_BYTES`` bytes from rank 0 to rank 1, which sends them
 back; one warm-up exchange, then ``PING_ROUNDS`` timed ones. The reported

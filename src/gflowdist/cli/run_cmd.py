@@ -20,49 +20,55 @@ import sys
 import time
 from pathlib import Path
 
+from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, split_late_options
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.process_tree import DescendantTracker, become_subreaper
 
 __all__ = ["add_parser"]
 
 
+_DESCRIPTION = """\
+Run the job a YAML config describes. Outside a job it starts N ranks itself:
+under mpiexec (launch.mpiexec, else $GFLOWDIST_MPIEXEC, else the one next to
+this Python, else the one on PATH), or with --engine torch as N gloo
+processes. Inside a job (mpiexec, srun, torchrun) it just runs.
+
+Before starting anything it checks that the layout fits the rank count, that
+every role class resolves, imports and implements what its role needs, and
+that the launcher runs: each mistake is one line and exit status 2.
+Ctrl-C or SIGTERM reaches every rank: they finish their step, drain,
+checkpoint and write the report."""
+
+_EXAMPLES = """\
+examples:
+  gflowdist run config.yaml
+  gflowdist run config.yaml -n 4 run.steps=1000 layout.buffers=2
+  gflowdist run config.yaml --set run.steps=1000        (the same as run.steps=1000)
+  gflowdist run --resume runs/arms-20260101-120000"""
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run a job described by a YAML config",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", help="YAML config (omit with --resume to reuse the run's)")
-    parser.add_argument("overrides", nargs=argparse.REMAINDER,
-                        help="key.path=value overrides, e.g. run.steps=200 (options may come in between)")
+                                   description=_DESCRIPTION, epilog=_EXAMPLES,
+                                   formatter_class=HelpFormatter)
+    add_config_arguments(parser, optional=True,
+                         config_help="YAML config (may be omitted with --resume: the run's own config.yaml)")
     _add_options(parser)
     parser.set_defaults(handler=run)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--nprocs", type=int, help="number of ranks (default: launch.nprocs)")
+    parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N",
+                        help="number of ranks (default: launch.nprocs)")
     parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
 
 
-def _split_options(args: argparse.Namespace) -> None:
-    """Options written among the overrides (``run cfg a=1 -n 5 b=2``) are parsed here."""
-    late = argparse.ArgumentParser(prog="gflowdist run", add_help=False)
-    _add_options(late)
-    found, rest = late.parse_known_args(args.overrides)
-    unknown = [token for token in rest if token.startswith("-")]
-    if unknown:
-        late.error(f"unrecognized arguments: {' '.join(unknown)}")
-    for name in ("nprocs", "engine", "resume"):
-        if getattr(found, name) is not None:
-            setattr(args, name, getattr(found, name))
-    args.overrides = rest
-
-
 def _load(args):
     from gflowdist.config import Config
-
-    _split_options(args)
     from gflowdist.errors import ConfigError
 
-    overrides = list(args.overrides)
+    overrides = split_late_options(args, "gflowdist run", _add_options)
     config_path = args.config
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)  # `gflowdist run --resume DIR key=value`
@@ -90,15 +96,30 @@ def run(args: argparse.Namespace) -> int:
         return _run_here(config, args.resume)
     if in_torch_job():
         return _run_here(config, args.resume)
-    nprocs = args.nprocs or config.launch.nprocs
+    nprocs = args.nprocs if args.nprocs is not None else config.launch.nprocs
+    launcher = _check_before_launch(config, nprocs, from_option=args.nprocs is not None)
     argv = ["-m", "gflowdist", "run", config_path, *overrides]
     if args.resume:
         argv += ["--resume", args.resume]
-    if nprocs == 1 and config.launch.engine != "torch":
+    if launcher is None and config.launch.engine != "torch":
         return _run_here(config, args.resume)
     if config.launch.engine == "torch":
         return _spawn_torch(nprocs, argv, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
-    return _launch_mpi(nprocs, argv, config)
+    return _launch_mpi(nprocs, argv, config, launcher)
+
+
+def _check_before_launch(config, nprocs: int, *, from_option: bool):
+    """Everything :mod:`gflowdist.cli.preflight` checks; the mpiexec to use (None: no mpiexec)."""
+    from gflowdist.cli import preflight
+
+    source = f"-n {nprocs}" if from_option else f"launch.nprocs = {nprocs}"
+    layout = preflight.check_layout_fits(config, nprocs, source=source)
+    preflight.check_roles_named(config, layout)
+    resolved = preflight.resolve_roles(config)
+    uses_mpiexec = nprocs > 1 and config.launch.engine != "torch"
+    launcher = preflight.check_launcher(config, find_mpiexec) if uses_mpiexec else None
+    preflight.check_roles_import(config, resolved, in_child=nprocs > 1)
+    return launcher
 
 
 def _run_here(config, resume) -> int:
@@ -233,13 +254,12 @@ def _reap_leftovers(tracker: DescendantTracker) -> None:
             pass
 
 
-def _launch_mpi(nprocs: int, argv: list[str], config) -> int:
-    mpiexec = find_mpiexec(config.launch.mpiexec)
+def _launch_mpi(nprocs: int, argv: list[str], config, launcher) -> int:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
     # and host, and then aborts the job.
-    cleanup = ["-disable-auto-cleanup"] if is_hydra(mpiexec) else []
-    cmd = [mpiexec, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
+    cleanup = ["-disable-auto-cleanup"] if launcher.is_hydra else []
+    cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = _child_env()
     env["IN_MPI"] = "1"
     become_subreaper()

@@ -11,10 +11,16 @@ Two forms of reference:
 ``Class`` may be dotted (``Outer.Inner``). Every failure is a
 :class:`~gflowdist.errors.ConfigError` naming the config key, never a bare
 ImportError/AttributeError.
+
+:func:`check_class_ref` answers the cheap questions without importing (and so
+without the torch a role module imports): the file exists and parses, it
+defines the class (with the nearest name when not), a package's top-level
+module can be found. ``gflowdist run`` asks it before it imports anything.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -25,7 +31,7 @@ from types import ModuleType
 from gflowdist.config.checks import suggest
 from gflowdist.errors import ConfigError
 
-__all__ = ["load_class"]
+__all__ = ["load_class", "check_class_ref"]
 
 _FILE_MODULES: dict[str, ModuleType] = {}
 """Absolute file path -> module already loaded from it."""
@@ -45,12 +51,17 @@ def _candidates(path: str, file: str | None) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(place) for place in places))
 
 
-def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
+def _find_file(path: str, *, key: str, file: str | None) -> str:
     places = _candidates(path, file)
     found_path = next((place for place in places if os.path.isfile(place)), None)
     if found_path is None:
         raise ConfigError(f"file '{path}' not found (looked in {', '.join(places)})",
                           key=key, file=file)
+    return found_path
+
+
+def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
+    found_path = _find_file(path, key=key, file=file)
     if found_path in _FILE_MODULES:
         return _FILE_MODULES[found_path]
     stem = os.path.splitext(os.path.basename(found_path))[0]
@@ -116,3 +127,71 @@ def load_class(ref: str, *, key: str, file: str | None = None, base: type | None
         raise ConfigError(f"'{ref}' must be a subclass of {base.__module__}.{base.__qualname__}",
                           key=key, file=file)
     return target
+
+
+def check_class_ref(ref: str, *, key: str, file: str | None = None) -> str:
+    """Check ``ref`` as far as possible without running any of the user's code; returns it resolved.
+
+    A file reference: the file exists, parses, and binds the class name at
+    module level (a class, an import or an assignment; a module with
+    ``from x import *`` or a module ``__getattr__`` is given the benefit of
+    the doubt). A module reference: its top-level package can be found. The
+    messages are those :func:`load_class` gives for the same mistake. The
+    result names what ``ref`` resolves to here: ``"/abs/path/file.py:Class"``,
+    or ``"<origin of the top-level package>|pkg.mod:Class"``.
+    """
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
+                          f"found {ref!r}", key=key, file=file)
+    module_name, _, attr_path = ref.rpartition(":")
+    if not _is_file_ref(module_name):
+        top = module_name.split(".")[0]
+        spec = getattr(sys.modules.get(top), "__spec__", None) or importlib.util.find_spec(top)
+        if spec is None:
+            raise ConfigError(f"cannot import module '{module_name}': no module named '{top}'",
+                              key=key, file=file)
+        return f"{spec.origin}|{ref}"
+    path = _find_file(module_name, key=key, file=file)
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except SyntaxError as err:
+        raise ConfigError(f"'{path}' line {err.lineno}: {err.msg}", key=key, file=file) from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read '{path}': {err}", key=key, file=file) from None
+    names, open_ended = _module_level_names(tree.body)
+    first = attr_path.split(".")[0]
+    if first not in names and not open_ended:
+        public = sorted(name for name in names if not name.startswith("_"))
+        raise ConfigError(f"'{module_name}' has no attribute '{first}'{suggest(first, public)}",
+                          key=key, file=file)
+    return f"{path}:{attr_path}"
+
+
+def _module_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
+    """Names a module body binds (descending into if/try/with blocks); True if it may bind others."""
+    names: set[str] = set()
+    open_ended = False
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+            open_ended = open_ended or node.name == "__getattr__"
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                open_ended = open_ended or alias.name == "*"
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            if isinstance(node, ast.For):
+                names.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+            blocks = [getattr(node, field, []) for field in ("body", "orelse", "finalbody")]
+            blocks += [handler.body for handler in getattr(node, "handlers", [])]
+            for block in blocks:
+                inner, inner_open = _module_level_names(block)
+                names |= inner
+                open_ended = open_ended or inner_open
+        elif isinstance(node, (ast.Match, ast.Global)):  # bindings not followed here
+            open_ended = True
+    return names, open_ended

@@ -113,8 +113,10 @@ def section_from_mapping(cls: type, data: Any, key: str) -> Any:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"layout.buffers=2"`` -> ``(["layout", "buffers"], 2)``; the value is parsed as YAML."""
-    if not isinstance(text, str) or "=" not in text:
+    if not isinstance(text, str):
         raise ConfigError(f"an override must look like 'section.key=value', found {found(text)}")
+    if "=" not in text:
+        raise ConfigError(f"'{text}' is not an override: write {text}=VALUE (key.path=value, no spaces)")
     dotted, _, raw = text.partition("=")
     path = dotted.strip().split(".")
     if any(not part for part in path):

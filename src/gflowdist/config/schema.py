@@ -46,6 +46,7 @@ from gflowdist.config.checks import (
 )
 from gflowdist.config.classes import load_class
 from gflowdist.config.loading import (
+    known_keys,
     parse_override,
     read_yaml_file,
     section_from_mapping,
@@ -373,8 +374,16 @@ class Config:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Config:
-        """Read a YAML file, then apply ``overrides`` (see :meth:`apply_overrides`)."""
-        config = cls.from_dict(read_yaml_file(path), file=path)
+        """Read a YAML file, then apply ``overrides`` (see :meth:`apply_overrides`).
+
+        An empty file (nothing, or only comments, or ``{}``) is refused: a run
+        needs at least its role classes, and all defaults is never what was meant.
+        """
+        data = read_yaml_file(path)
+        if data is None or data == {}:
+            raise ConfigError("the file is empty: a config needs at least the role classes (roles.trainer: "
+                              "my_roles.py:MyTrainer); see docs/configuration.md", file=os.fspath(path))
+        config = cls.from_dict(data, file=path)
         return config.apply_overrides(overrides)
 
     def apply_overrides(self, overrides: Iterable[str]) -> Config:
@@ -407,8 +416,10 @@ class Config:
     def _check_override_path(path: list[str], text: str) -> None:
         head = path[0]
         if head not in _TOP_LEVEL:
-            raise ConfigError(f"unknown section '{head}'{suggest(head, _TOP_LEVEL)} in override "
-                              f"'{text}'", key=".".join(path))
+            homes = [name for name, cls in SECTIONS.items() if head in known_keys(cls)]
+            hint = (f" (did you mean '{homes[0]}.{text}'?)" if len(homes) == 1 and len(path) == 1
+                    else suggest(head, _TOP_LEVEL))
+            raise ConfigError(f"unknown section '{head}'{hint} in override '{text}'", key=".".join(path))
         if head == "params":
             if len(path) < 2:
                 raise ConfigError(f"override '{text}' must name a key inside params "

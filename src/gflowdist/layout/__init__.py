@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from gflowdist.layout.hosts import parse_host_list
 from gflowdist.layout.model import Layout, RankPlacement, Role
-from gflowdist.layout.planning import LayoutCounts, plan_layout, resolve_counts, split_evenly
+from gflowdist.layout.planning import (LayoutCounts, describe_fit, fitting_world_sizes, plan_layout,
+                                      resolve_counts, split_evenly)
 
 __all__ = [
     "Role",
@@ -24,5 +25,7 @@ __all__ = [
     "plan_layout",
     "resolve_counts",
     "split_evenly",
+    "fitting_world_sizes",
+    "describe_fit",
     "parse_host_list",
 ]

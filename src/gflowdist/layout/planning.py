@@ -50,7 +50,7 @@ from gflowdist.config.schema import REST, LayoutConfig
 from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.layout.model import Layout, Role
 
-__all__ = ["plan_layout", "split_evenly", "resolve_counts", "LayoutCounts"]
+__all__ = ["plan_layout", "split_evenly", "resolve_counts", "LayoutCounts", "fitting_world_sizes", "describe_fit"]
 
 _ROLE_NAMES = ("trainers", "actors", "buffers")
 
@@ -337,3 +337,32 @@ def plan_layout(world_size: int, layout_cfg: LayoutConfig | Mapping[str, Any],
         chunks = _block_chunks(counts)
     return _assemble(world_size, counts, config.agent_groups, chunks, coordinator, host_names,
                      placement, note)
+
+
+def fitting_world_sizes(layout_cfg: LayoutConfig, *, up_to: int = 256) -> list[int]:
+    """The world sizes ``1..up_to`` whose counts this layout can fill (block arithmetic).
+
+    Host-dependent rules of ``node-local`` placement are not applied: they need
+    the host of every rank.
+    """
+    sizes = []
+    for world_size in range(1, up_to + 1):
+        try:
+            resolve_counts(world_size, layout_cfg)
+        except LayoutError:
+            continue
+        sizes.append(world_size)
+    return sizes
+
+
+def describe_fit(layout_cfg: LayoutConfig, *, up_to: int = 256) -> str:
+    """Which ``-n`` fits this layout: ``"-n 4"``, ``"-n 3 or more"``, ``"-n 2, 4, 6, ..."``, or why none."""
+    sizes = fitting_world_sizes(layout_cfg, up_to=up_to)
+    if not sizes:
+        return f"no number of ranks up to {up_to} fits these counts"
+    if sizes == list(range(sizes[0], up_to + 1)):
+        return f"-n {sizes[0]}" if sizes[0] == up_to else f"-n {sizes[0]} or more"
+    if len(sizes) == 1:
+        return f"-n {sizes[0]}"
+    shown = ", ".join(str(size) for size in sizes[:4])
+    return f"-n {shown}{', ...' if len(sizes) > 4 else ''}"

@@ -1,0 +1,85 @@
+"""Import the configured role classes and check them: ``python -m gflowdist.cli.role_check``.
+
+``gflowdist run`` and ``gflowdist layout`` run this in a child Python before
+they launch anything (see :mod:`gflowdist.cli.preflight`): importing a role
+module imports torch and whatever else the module does at import time
+(a CUDA context, MPI), which the launcher process should not carry.
+
+Command line: ``CONFIG_FILE ROLE=REF ...``. The child prints one line
+starting with :data:`VERDICT_MARK` followed by JSON, ``{"ok": true, "files":
+{...}}`` (every module file the imports loaded, for
+:mod:`gflowdist.cli.role_cache`) or ``{"error": "<the ConfigError's text>"}``;
+anything the user's modules print while being imported comes before it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from gflowdist.errors import ConfigError
+
+__all__ = ["check_role_class", "missing_methods", "REQUIRED_METHODS", "VERDICT_MARK", "main"]
+
+VERDICT_MARK = "gflowdist role check: "
+
+#: What a role class must implement itself (its base class only raises NotImplementedError).
+REQUIRED_METHODS = {"trainer": ("rollout", "loss"), "actor": ("rollout",), "buffer": (), "coordinator": ()}
+
+
+def _base_class(role: str) -> type:
+    from gflowdist.runtime import roles
+
+    return {"trainer": roles.Trainer, "actor": roles.Actor, "buffer": roles.BufferManager,
+            "coordinator": roles.Coordinator}[role]
+
+
+def missing_methods(cls: type, role: str) -> list[str]:
+    """The methods ``role`` needs that ``cls`` leaves to the framework's base class (or abstract)."""
+    from gflowdist.runtime import roles
+
+    missing = set(getattr(cls, "__abstractmethods__", ()))
+    for name in REQUIRED_METHODS[role]:
+        if getattr(cls, name, None) is getattr(roles.Trainer, name, None):
+            missing.add(name)
+    return sorted(missing)
+
+
+def check_role_class(role: str, ref: str, file: str | None) -> type:
+    """Import ``ref`` for ``roles.<role>``: a subclass of that role implementing what it must."""
+    from gflowdist.config import load_class
+
+    base = _base_class(role)
+    key = f"roles.{role}"
+    try:
+        cls = load_class(ref, key=key, file=file, base=base)
+    except SystemExit as exit_request:  # sys.exit() at import time: not an Exception, still the module's fault
+        raise ConfigError(f"importing '{ref}' called sys.exit({exit_request.code!r})", key=key, file=file) from None
+    missing = missing_methods(cls, role)
+    if missing:
+        names = " and ".join(f"{name}()" for name in missing)
+        raise ConfigError(f"'{ref}' does not implement {names}, which every {role} needs "
+                          f"(see gflowdist.runtime.{base.__name__})", key=key, file=file)
+    return cls
+
+
+def main(argv: list[str]) -> int:
+    """Check every ``ROLE=REF`` of ``argv[1:]`` against config file ``argv[0]``; print the verdict."""
+    file = argv[0] or None
+    try:
+        for pair in argv[1:]:
+            role, _, ref = pair.partition("=")
+            check_role_class(role, ref, file)
+    except ConfigError as err:
+        verdict = {"error": str(err)}
+    else:
+        from gflowdist.cli.role_cache import loaded_files
+
+        verdict = {"ok": True, "files": loaded_files()}
+    sys.stdout.flush()
+    print(VERDICT_MARK + json.dumps(verdict), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
