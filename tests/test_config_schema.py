@@ -77,7 +77,7 @@ def test_full_file_loads_and_round_trips(tmp_path: Path) -> None:
     assert cfg.replay.samples_per_insert == 2.0 and isinstance(cfg.replay.samples_per_insert, float)
     assert cfg.faults.peer_timeout_s == 3.0 and isinstance(cfg.faults.peer_timeout_s, float)
     assert cfg.params["lr"] == pytest.approx(0.001)  # YAML 1.2 float, not the string "1e-3"
-    assert cfg.params["nested"] == {"a": [1, 2]}
+    assert cfg.params["nested"] == {"a": (1, 2)}  # read-only: lists are tuples
     again = Config.from_dict(cfg.to_dict())
     assert again == cfg
     assert again.to_dict() == cfg.to_dict()

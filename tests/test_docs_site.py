@@ -97,6 +97,8 @@ def test_the_nav_names_only_pages_that_exist_or_are_planned():
     pages = set(nav_hooks.doc_pages(DOCS))
     planned = set(config["extra"]["planned_pages"])
     assert listed - pages - planned == set(), f"nav names pages that do not exist: {sorted(listed - pages)}"
+    assert planned & pages == set(), f"written pages still listed as planned: {sorted(planned & pages)}"
+    assert pages - listed == set(), f"pages missing from the nav of mkdocs.yml: {sorted(pages - listed)}"
     assert {"index.md", "quickstart.md", "concepts.md", "configuration.md", "cluster.md", "performance.md",
             "troubleshooting.md", "migration.md", "migration-torchgfn.md"} <= listed
 

@@ -48,6 +48,7 @@ def config_reference_markdown() -> str:
                          f"{format_default(spec.default)} | {spec.metadata['doc']} |")
         lines.append("")
     lines += ["### `params`", "",
-              "Free-form mapping with string keys, handed unchanged to the user's role classes "
-              "(for example `ndim`, `height`, `lr`). Default: `{}`.", ""]
+              "Free-form mapping with string keys, handed to the user's role classes as the "
+              "read-only `self.params` (for example `ndim`, `height`, `lr`; lists read as "
+              "tuples). Default: `{}`.", ""]
     return "\n".join(lines)

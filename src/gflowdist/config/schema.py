@@ -21,10 +21,8 @@ A full file (every section optional, every key optional)::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -45,6 +43,7 @@ from gflowdist.config.checks import (
     suggest,
 )
 from gflowdist.config.classes import load_class
+from gflowdist.config.frozen import FrozenMapping, freeze, thaw
 from gflowdist.config.loading import (
     known_keys,
     parse_override,
@@ -117,7 +116,7 @@ class RunConfig(_Section):
     section: ClassVar[str] = "run"
 
     name: str = setting("run", StrCheck(name_like=True),
-                        "Run name; the run's files go to `<out_dir>/<name>/`.")
+                        "Run name; each run's files go to `<out_dir>/<name>-<timestamp>/`.")
     seed: int = setting(0, IntCheck(low=0),
                         "Run seed; every rank's seed is derived from it.")
     steps: int = setting(100, IntCheck(low=1),
@@ -140,8 +139,9 @@ class LaunchConfig(_Section):
     nprocs: int = setting(4, IntCheck(low=1),
                           "Number of ranks to start when gflowdist launches the job itself.")
     mpiexec: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
-                                  "Path of the site's mpiexec; null = the one next to "
-                                  "sys.executable, then the one on PATH.")
+                                  "Path of the site's mpiexec; null = the one the environment "
+                                  "variable GFLOWDIST_MPIEXEC names, else the one next to "
+                                  "sys.executable, else the one on PATH.")
     mpiexec_args: tuple[str, ...] = setting((), StrListCheck(),
                                             "Extra arguments passed to mpiexec before the program.")
 
@@ -315,7 +315,7 @@ def _frozen_params(value: Any) -> Mapping[str, Any]:
         checked = _PARAMS_CHECK(value)
     except ConfigError as err:
         raise ConfigError(err.detail, key="params") from None
-    return types.MappingProxyType(copy.deepcopy(checked))
+    return freeze(checked)
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
-    params: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+    params: Mapping[str, Any] = field(default_factory=FrozenMapping)
     file: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -437,7 +437,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts/lists; ``Config.from_dict(c.to_dict()) == c``."""
         out: dict[str, Any] = {name: getattr(self, name).to_dict() for name in SECTIONS}
-        out["params"] = copy.deepcopy(dict(self.params))
+        out["params"] = thaw(self.params)
         return out
 
     def role_class(self, role: str, *, base: type | None = None) -> type | None:

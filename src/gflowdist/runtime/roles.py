@@ -42,7 +42,7 @@
         def on_summary(self, rank, summary): ...
         def should_stop(self): return False    # end early (default: trainers finish)
 
-Every role gets ``self.params`` (the config's ``params`` mapping),
+Every role gets ``self.params`` (the config's ``params``, read-only: nested mappings too, lists as tuples),
 ``self.rank``, ``self.config`` and ``self.generator`` (a torch.Generator
 seeded from the run seed and the rank).
 """
@@ -53,6 +53,8 @@ from typing import Any, Mapping
 
 import torch
 
+from gflowdist.config.frozen import FrozenMapping
+
 __all__ = ["Role", "Actor", "Trainer", "BufferManager", "Coordinator"]
 
 
@@ -62,7 +64,7 @@ class Role:
     def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None):
         self.rank = rank
         self.config = config
-        self.params: Mapping[str, Any] = dict(config.params) if config is not None else {}
+        self.params: Mapping[str, Any] = config.params if config is not None else FrozenMapping()
         self.generator = generator
         self.context = context
 
