@@ -9,26 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
-__all__ = ["clean_env", "free_port", "parse_result", "run_mpi_workers", "run_torch_workers", "fmt_size"]
+from gflowdist.jobenv import find_mpiexec, free_port, without_launcher
+
+__all__ = ["clean_env", "parse_result", "run_mpi_workers", "run_torch_workers", "fmt_size"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without any outer job's identity, one thread per rank."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_")) and k not in ("IN_MPI", "RANK", "WORLD_SIZE")}
+    env = without_launcher(dict(os.environ))
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_result(output: str):
@@ -40,9 +33,7 @@ def parse_result(output: str):
 
 def run_mpi_workers(script: str, args: list[str], nprocs: int = 2, timeout: float = 600):
     """``mpiexec -n nprocs python script --worker mpi args...``; rank 0's RESULT."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(nprocs), sys.executable, script,
-           "--worker", "mpi", *args]
+    cmd = [find_mpiexec(), "-n", str(nprocs), sys.executable, script, "--worker", "mpi", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env())
     return parse_result(out.stdout + out.stderr)
 

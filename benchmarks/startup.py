@@ -74,11 +74,11 @@ def launcher_probe() -> None:
     args = _argparse.Namespace(config=str(config_path()), overrides=[], nprocs=4, engine=None, resume=None)
     config, _, _ = run_cmd._load(args)
     stamp(marks, "load the config")
-    from gflowdist.jobenv import in_mpi_job, in_torch_job  # what run_cmd.run asks first
+    from gflowdist import jobenv  # what run_cmd.run asks first
 
-    in_mpi_job() or in_torch_job()
+    jobenv.in_mpi_job() or jobenv.in_torch_job()
     stamp(marks, "in-a-job check (gflowdist.jobenv)")
-    mpiexec = run_cmd.find_mpiexec(config.launch.mpiexec)
+    mpiexec = jobenv.find_mpiexec(config.launch.mpiexec)
     run_cmd.is_hydra(mpiexec)
     stamp(marks, "find mpiexec + --version")
     print("RESULT " + json.dumps({"steps": durations(t0, marks), "imports_torch": "torch" in sys.modules}),

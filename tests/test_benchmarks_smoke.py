@@ -8,25 +8,20 @@ whose answer is derived here.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other as siblings
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    """A benchmark as a module (the benchmarks import each other as siblings)."""
+    return load_script(BENCHMARKS / f"{name}.py", f"benchmark_{name}")
 
 
 def run_quick(name: str, *args: str) -> list[str]:

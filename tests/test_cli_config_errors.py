@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from gflowdist.config import Config, ConfigError
-from launching import base_env
-from test_config_schema import MALFORMED, OVERRIDE_ERRORS
+from tests.support.launching import base_env
+from tests.test_config_schema import MALFORMED, OVERRIDE_ERRORS
 
 #: a valid file for the override cases
 GOOD = "run: {name: ok, steps: 3}\n"

@@ -18,7 +18,8 @@ import pytest
 
 from gflowdist.cli import doctor_cmd
 from gflowdist.cli.doctor_cmd import FAILED, MISSING, OK, Check
-from launching import REPO, base_env
+from gflowdist.jobenv import locate_mpiexec
+from tests.support.launching import REPO, base_env, kill_session
 
 DOCTOR_TIMEOUT_S = 120
 
@@ -30,10 +31,7 @@ def doctor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     try:
         out, err = proc.communicate(timeout=DOCTOR_TIMEOUT_S)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_session(proc)
         proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -83,7 +81,7 @@ def test_mpiexec_of_another_mpi_is_diagnosed(tmp_path: Path) -> None:
     fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "fake 1.0"; exit 0; fi\n'
                     'shift 2\nexec "$@"\n')  # drops "-n 2" and runs the program once
     fake.chmod(0o755)
-    check = doctor_cmd._mpi_ping_verdict(doctor_cmd._start_mpi_ping(str(fake), (), 60).finish(), 60)
+    check = doctor_cmd.mpi_ping_verdict(doctor_cmd.start_mpi_ping(str(fake), (), 60).finish(), 60)
     assert check.status == FAILED
     assert "world of 1, not 2" in check.detail
     assert "does not match mpi4py's MPI library" in check.fix
@@ -96,7 +94,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
                f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
                "time.sleep(60)\n")
     start = time.monotonic()
-    [(code, _, killed)] = doctor_cmd._Launched([([sys.executable, "-c", program], base_env())],
+    [(code, _, killed)] = doctor_cmd.Launched([([sys.executable, "-c", program], base_env())],
                                                timeout=1.5).finish()
     assert killed and code == -signal.SIGKILL
     assert time.monotonic() - start < 30
@@ -118,20 +116,20 @@ def _alive(pid: int) -> bool:
 
 def test_mpiexec_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GFLOWDIST_MPIEXEC", "/from/env")
-    assert doctor_cmd.resolve_mpiexec("/from/config") == ("/from/config", "launch.mpiexec")
-    assert doctor_cmd.resolve_mpiexec(None) == ("/from/env", "GFLOWDIST_MPIEXEC")
+    assert locate_mpiexec("/from/config") == ("/from/config", "launch.mpiexec")
+    assert locate_mpiexec(None) == ("/from/env", "GFLOWDIST_MPIEXEC")
     monkeypatch.delenv("GFLOWDIST_MPIEXEC")
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
-        assert doctor_cmd.resolve_mpiexec(None) == (str(beside), "next to this Python")
+        assert locate_mpiexec(None) == (str(beside), "next to this Python")
     on_path = tmp_path / "mpirun"
     on_path.write_text("#!/bin/sh\n")
     on_path.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert doctor_cmd.resolve_mpiexec("mpirun") == (str(on_path), "launch.mpiexec")
+    assert locate_mpiexec("mpirun") == (str(on_path), "launch.mpiexec")
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert doctor_cmd.resolve_mpiexec(None) == (None, "PATH")
+    assert locate_mpiexec(None) == (None, "PATH")
 
 
 @pytest.mark.parametrize("output, expected", [
@@ -141,7 +139,7 @@ def test_mpiexec_resolution_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     ("", "(printed no version)"),
 ])
 def test_mpiexec_version_line(output: str, expected: str) -> None:
-    assert doctor_cmd._mpiexec_version(output) == expected
+    assert doctor_cmd.mpiexec_version(output) == expected
 
 
 def test_only_essential_checks_decide_the_verdict() -> None:
@@ -168,7 +166,7 @@ def test_only_essential_checks_decide_the_verdict() -> None:
 ])
 def test_ping_output_is_read(output: str, status: str, words: str) -> None:
     code = 0 if status == OK else 1
-    check = doctor_cmd._ping_verdict("mpi ping", code, output, failed_fix="fix it",
+    check = doctor_cmd.ping_verdict("mpi ping", code, output, failed_fix="fix it",
                                       wrong_world_fix="another mpiexec")
     assert check.status == status and words in check.detail
     assert check.fix == (None if status == OK else
@@ -178,7 +176,7 @@ def test_ping_output_is_read(output: str, status: str, words: str) -> None:
 def test_configured_mpiexec_that_is_not_executable(tmp_path: Path) -> None:
     plain = tmp_path / "mpiexec"
     plain.write_text("not a program\n")
-    check, found = doctor_cmd._mpiexec_check(str(plain))
+    check, found = doctor_cmd.mpiexec_check(str(plain))
     assert found is None and check.status == MISSING
     assert check.detail == f"{plain} (launch.mpiexec) is not an executable file"
     assert check.fix.startswith("fix launch.mpiexec")

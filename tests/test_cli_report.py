@@ -8,9 +8,7 @@ deadline; its process group is killed whatever happens.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 
 from gflowdist.cli import main
 from gflowdist.timing import Report
-from launching import REPO, base_env
+from tests.support.launching import REPO, base_env, kill_session
 
 RUN_TIMEOUT_S = 240
 
@@ -32,16 +30,9 @@ def gflowdist(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     try:
         out, err = proc.communicate(timeout=60)
     finally:
-        _kill_group(proc)
+        kill_session(proc)
+        proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +46,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_session(proc)
+        proc.wait()
         pytest.fail(f"the example run did not finish in {RUN_TIMEOUT_S} s:\n{proc.stdout.read()}")
     finally:
-        _kill_group(proc)
+        kill_session(proc)
+        proc.wait()
     assert proc.returncode == 0, output
     dirs = [d for d in out.iterdir() if d.is_dir()]
     assert len(dirs) == 1, (dirs, output)

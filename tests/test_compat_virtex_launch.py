@@ -9,8 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from launching import REPO, _kill_group, base_env, free_port, run_mpi
-from test_launchers import lines, run_plain, write
+from tests.support.launching import REPO, base_env, free_port, kill_session, lines, run_mpi, run_plain, write
 
 PY = sys.executable
 
@@ -78,7 +77,7 @@ def test_launch_two_machines_meet_at_one_url(tmp_path):
         outputs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
         for p in procs:
-            _kill_group(p)
+            kill_session(p)
     assert [p.returncode for p in procs] == [0, 0], outputs
     jobs = sorted(line for out in outputs for line in lines(out, "JOB"))
     assert jobs == ["JOB machine RANK 0 SIZE 2 AVG 0.5 IN_PARENT False",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launching import MARKER_VARIABLE, REPO, _kill_group, base_env, new_marker
+from tests.support.launching import MARKER_VARIABLE, REPO, base_env, kill_session, new_marker
 
 DOCKER = REPO / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
@@ -222,10 +222,10 @@ def test_run_hypergrid_launches_through_hydra_ssh_onto_the_hostfile_hosts(tmp_pa
     try:
         output, _ = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_session(proc)
         raise AssertionError(f"run-hypergrid.sh did not finish:\n{proc.communicate()[0]}")
     finally:
-        _kill_group(proc)
+        kill_session(proc)
     assert proc.returncode == 0, output
     asked = log.read_text().split()
     # the script's ssh wait asks each host once, then hydra starts one proxy per host through ssh

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from launching import MARKER_VARIABLE, REPO, _kill_group, base_env, new_marker
+from tests.support.launching import MARKER_VARIABLE, REPO, base_env, kill_session, new_marker
 
 DOCS = REPO / "docs"
 MKDOCS_YML = REPO / "mkdocs.yml"
@@ -65,10 +65,10 @@ def run_marked(argv: list[str], *, cwd: Path, timeout: float) -> tuple[int, str]
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_session(proc)
         raise AssertionError(f"{' '.join(argv)} did not finish in {timeout} s:\n{proc.communicate()[0]}")
     finally:
-        _kill_group(proc)
+        kill_session(proc)
     return proc.returncode, output
 
 

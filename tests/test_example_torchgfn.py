@@ -14,7 +14,6 @@ by ``-ra``), never passed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -30,22 +29,16 @@ from gfn.containers import Trajectories  # noqa: E402
 
 from gflowdist.errors import GflowdistError  # noqa: E402
 from gflowdist.transport import EncodeError, MessageType, decode, encode  # noqa: E402
-from jobs.job import job_factory, read_json  # noqa: E402,F401 (fixture)
-from launching import REPO  # noqa: E402
+from tests.support.jobs import read_json  # noqa: E402
+from tests.support.launching import REPO  # noqa: E402
+from tests.support.scripts import load_script  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "torchgfn_hypergrid"
 CONFIG = EXAMPLE / "config.yaml"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"torchgfn_example_{name}", EXAMPLE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-roles = _load("roles")  # puts the example folder on sys.path, so trajectory_wire is importable
-import trajectory_wire as wire  # noqa: E402
+roles = load_script(EXAMPLE / "roles.py", "torchgfn_example_roles")
+wire = load_script(EXAMPLE / "trajectory_wire.py")  # the module roles.py imported
 
 PARAMS = {"ndim": 2, "height": 8, "hidden": 32, "layers": 2}
 

@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from launching import REPO, run_mpi
-from test_launchers import run_plain
+from tests.support.launching import REPO, run_mpi, run_plain
 
 PY = sys.executable
 FINAL = re.compile(r"FINAL rank (\d+) of (\d+) params (-?[\d.]+)")

@@ -21,12 +21,11 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from jobs.job import Job, layout_rows, namespace_processes
-from netns import hosts, netns_unavailable
+from tests.support.jobs import Job, layout_rows, namespace_processes
+from tests.support.netns import hosts, netns_unavailable
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")

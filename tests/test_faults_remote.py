@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gflowdist.runtime.checkpoints import latest_complete
-from jobs.job import job_factory, layout_rows, namespace_processes, pid_of_rank, read_json  # noqa: F401 (fixture)
-from netns import netns_hosts, netns_unavailable  # noqa: F401 (fixture)
+from tests.support.jobs import layout_rows, namespace_processes, pid_of_rank, read_json
+from tests.support.netns import netns_unavailable
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
-from jobs.job import job_factory, layout_rows, read_json  # noqa: F401 (fixture)
+from tests.support.jobs import layout_rows, read_json
 
 STEPS = 30
 N = 8  # params.n of tests/jobs/toy.yaml

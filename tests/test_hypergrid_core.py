@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "hypergrid"))
+from gflowdist.errors import ConfigError, GflowdistError
+from tests.support.launching import REPO
+from tests.support.scripts import load_script
 
-import bare  # noqa: E402
-import hypergrid_gfn as gfn  # noqa: E402
-from gflowdist.errors import ConfigError, GflowdistError  # noqa: E402
+gfn = load_script(REPO / "examples" / "hypergrid" / "hypergrid_gfn.py")
+bare = load_script(REPO / "examples" / "hypergrid" / "bare.py")
 
 SMALL_GRIDS = [(1, 2), (1, 9), (2, 3), (2, 8), (2, 11), (3, 5), (2, 16), (3, 7)]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gflowdist.jobenv import in_mpi_job, in_torch_job, mpi_world_mismatch
-from launching import REPO, base_env
+from tests.support.launching import REPO, base_env
 
 TOY = REPO / "tests" / "jobs" / "toy.yaml"
 

@@ -1,20 +1,17 @@
 """mpi_fork and fork, for real: jobs in subprocesses, each in its own process group.
 
 Each script prints one line per rank; the tests count and parse them. A
-plain run starts with the launcher variables stripped (tests/launching.py
+plain run starts with the launcher variables stripped (tests/support/launching.py
 base_env), so the launcher under test decides everything. VirTex's launch
 is tested in tests/test_compat_virtex_launch.py.
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-from launching import REPO, _kill_group, base_env, run_mpi, run_torch
+from tests.support.launching import lines, run_mpi, run_plain, run_torch, write
 
 PY = sys.executable
 
@@ -42,32 +39,6 @@ print(f"WORKER {rank} SIZE {omnisafe.world_size()} SUM {int(omnisafe.dist_sum(1)
 if "--fail" in sys.argv and rank == 1:
     raise RuntimeError("worker boom")
 """
-
-def write(tmp_path: Path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-def run_plain(argv: list[str], *, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """One process (it may launch more) in its own process group, killed after ``timeout``."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
-                            cwd=cwd, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{out}")
-    finally:
-        _kill_group(proc)
-    return subprocess.CompletedProcess(argv, proc.returncode, out)
-
-
-def lines(output: str, word: str) -> list[str]:
-    """The reports starting with ``word`` (two ranks' lines may arrive glued together)."""
-    return [m.strip() for m in re.findall(rf"{word} .*?(?={word} |\n|$)", output)]
-
 
 # -- mpi_fork ----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.job import Job, layout_rows, read_json
+from tests.support.jobs import Job, layout_rows, read_json
 
 SEEDS = [0, 1, 2, 3, 4]
 STEPS = 80

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.job import (HYPERGRID, HostRanksJob, job_factory, layout_rows, listening_sockets,  # noqa: F401
-                      namespace_processes, pid_of_rank, read_json)
-from launching import REPO
-from netns import netns_hosts, netns_unavailable  # noqa: F401 (fixture)
+from tests.support.jobs import (HYPERGRID, HostRanksJob, layout_rows, listening_sockets, namespace_processes,
+                                pid_of_rank, read_json)
+from tests.support.launching import REPO
+from tests.support.netns import netns_unavailable
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")

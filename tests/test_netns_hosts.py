@@ -1,6 +1,6 @@
 """Several hosts on one machine: namespace hosts, MPI and torch jobs across them, cut links.
 
-The fixture library is tests/netns.py; docs/multi-host-testing.md explains
+The fixture library is tests/support/netns.py; docs/multi-host-testing.md explains
 the flags. Skipped only where namespaces cannot be made (not root, no ``ip``).
 """
 
@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
-from launching import pytest_summaries
-from netns import (LAUNCHER, NetnsError, cleanup_stale, create, destroy, hosts, leftovers,
-                   missing_caps, netns_hosts, netns_unavailable)  # noqa: F401 (netns_hosts: fixture)
+from tests.support.launching import pytest_summaries
+from tests.support.netns import (LAUNCHER, NetnsError, cleanup_stale, create, destroy, hosts, leftovers,
+                                 missing_caps, netns_unavailable)
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")

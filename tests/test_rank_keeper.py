@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gflowdist.process_tree import is_running
+from gflowdist.process_tree import is_running, kill_group
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the keeper is Linux only")
 
@@ -44,7 +44,7 @@ def finish(proc: subprocess.Popen) -> int:
         return proc.wait(30)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             proc.wait()
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from launching import pytest_summaries, run_mpi, run_torch
+from tests.support.launching import pytest_summaries, run_mpi, run_torch
 
 CONFIGS = [("mpi", 1, None), ("mpi", 2, None), ("mpi", 4, None), ("torch", 2, None), ("torch", 3, None),
            # the context suite also at sizes with a coordinator and two agent groups

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 
-from launching import REPO, free_port, run_torch
+from tests.support.launching import REPO, free_port, run_torch
 
 pytest.importorskip("torch")
 
@@ -30,9 +30,8 @@ PHASES = [("gflowdist", "1"), ("gflowdist", "0"), ("torch", "1")]
 #: classic store, torch's env://), each on its own port; rank 0 prints its listening sockets
 PROGRAM = f"""
 import json, os, sys
-sys.path.insert(0, {str(REPO / "tests")!r})
 import torch.distributed as dist
-from jobs.job import listening_sockets
+from tests.support.jobs import listening_sockets
 from gflowdist.comm.select import release_world_comm, world_comm
 for (how, use_libuv), port in zip({PHASES!r}, sys.argv[1:]):
     os.environ.update(MASTER_PORT=port, USE_LIBUV=use_libuv)
@@ -55,7 +54,8 @@ def store_listeners(tmp_path_factory) -> dict[tuple[str, str], list[str]]:
     script = tmp_path_factory.mktemp("rendezvous") / "listen.py"
     script.write_text(PROGRAM)
     ports = [str(free_port()) for _ in PHASES]
-    result = run_torch(2, [sys.executable, str(script), *ports], timeout=90).check()
+    # the program imports tests.support.jobs: the repository on its PYTHONPATH
+    result = run_torch(2, [sys.executable, str(script), *ports], timeout=90, env={"PYTHONPATH": str(REPO)}).check()
     found = {}
     for line in result.output.splitlines():
         if line.startswith(MARK):

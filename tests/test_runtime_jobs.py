@@ -1,6 +1,6 @@
 """The runtime end to end, through the real CLI, under mpiexec (and once under gloo).
 
-Every job runs in its own session with a deadline (``jobs.job.Job``); each
+Every job runs in its own session with a deadline (``tests.support.jobs.Job``); each
 test checks that no process of the job is left when the launcher has returned.
 """
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jobs.job import job_factory, pid_of_rank, read_json  # noqa: F401 (job_factory: fixture)
+from tests.support.jobs import pid_of_rank, read_json
 
 
 def test_normal_run_balances_and_writes_the_run_directory(job_factory):

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from gflowdist.comm.local import LocalComm
@@ -31,10 +28,8 @@ from gflowdist.context import DistributedContext
 from gflowdist.runtime.collector import LOG_EVERY_REFUSAL, LOG_FIRST_REFUSALS, Collector
 from gflowdist.runtime.wiring import StopFlag, Tags, Wiring
 from gflowdist.transport import MessageType, encode
-from jobs.job import job_factory  # noqa: F401 (fixture)
+from tests.jobs.toy_roles import make_batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "jobs"))
-from toy_roles import make_batch  # noqa: E402
 
 TRAINERS = (0, 1)
 BUFFER = 2

@@ -2,7 +2,7 @@
 
 import sys
 
-from launching import run_torch
+from tests.support.launching import run_torch
 
 PROGRAM = "tests/jobs/exit_without_free.py"
 RUNS = 6  # without the exit hook about 6 runs in 10 abort here, so 6 clean runs are no accident

@@ -1,33 +1,55 @@
-"""Which launcher started this process: environment variables only (imports nothing heavy).
+"""Launcher facts: the variables a launcher and its ranks share, which launcher started this
+process, which ``mpiexec`` to use, and a free port (standard library only: imports nothing heavy).
 
 The ``gflowdist`` command uses this before deciding to re-launch itself, so a
-launcher process never pays for importing torch or initialising MPI.
+launcher process never pays for importing torch or initialising MPI. The CLI,
+the runtime, the tests and the benchmarks all take these facts from here; what
+ends a launched job's processes lives beside it in :mod:`gflowdist.process_tree`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import sys
+from pathlib import Path
 
-__all__ = ["MPI_SIZE_VARIABLES", "MPI_JOB_VARIABLES", "in_mpi_job", "in_torch_job", "launcher_world_size",
-           "describe_environment", "mpi_world_mismatch"]
+__all__ = ["MPI_SIZE_VARIABLES", "MPI_JOB_VARIABLES", "TORCH_JOB_VARIABLES", "LAUNCHER_PREFIXES", "LAUNCHER_NAMES",
+           "IN_MPI_VARIABLE", "MPIEXEC_VARIABLE", "FAILURE_FILE_VARIABLE", "in_mpi_job", "in_torch_job",
+           "launcher_world_size", "describe_environment", "mpi_world_mismatch", "without_launcher",
+           "locate_mpiexec", "find_mpiexec", "free_port"]
 
 #: Environment variables by which MPI launchers announce the world size.
 MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
                       "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 #: Variables whose presence alone means "inside an MPI job".
 MPI_JOB_VARIABLES = ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "HYDRA_CONTROL_FD")
+#: torch's ``env://`` rendezvous: all four set means "inside a torch job".
+TORCH_JOB_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: Set to ``1`` by gflowdist's own MPI launches (``gflowdist run``, ``mpi_fork``).
+IN_MPI_VARIABLE = "IN_MPI"
+#: Prefixes and names of the variables that make a process a rank of some job: a process started
+#: for a job of its own (a ping, a test's job) must not inherit them from an outer one.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
+LAUNCHER_NAMES = TORCH_JOB_VARIABLES + ("LOCAL_RANK", IN_MPI_VARIABLE, "TORCHELASTIC_RUN_ID")
+#: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
+MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
+#: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the
+#: launcher can print it even when MPI's abort kills the ranks before their stderr is forwarded.
+FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
 
 
 def in_mpi_job() -> bool:
     """True when an MPI launcher started this process (mpiexec, mpirun, srun --mpi)."""
-    if os.environ.get("IN_MPI") == "1":
+    if os.environ.get(IN_MPI_VARIABLE) == "1":
         return True
     return any(name in os.environ for name in MPI_JOB_VARIABLES)
 
 
 def in_torch_job() -> bool:
     """True when a torch launcher (torchrun, our spawner) set the rendezvous variables."""
-    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) \
+    return all(name in os.environ for name in TORCH_JOB_VARIABLES) \
         or "TORCHELASTIC_RUN_ID" in os.environ
 
 
@@ -43,7 +65,7 @@ def launcher_world_size() -> int:
 def describe_environment() -> str:
     """One line naming the launcher variables present (for doctor and error messages)."""
     seen = [name for name in MPI_SIZE_VARIABLES + MPI_JOB_VARIABLES +
-            ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK") if name in os.environ]
+            TORCH_JOB_VARIABLES + ("LOCAL_RANK",) if name in os.environ]
     return "launcher variables: " + (", ".join(seen) if seen else "none (a plain process)")
 
 
@@ -68,3 +90,55 @@ def mpi_world_mismatch(size: int) -> str | None:
                     f"belongs to another MPI library than mpi4py's (run `gflowdist doctor`; under srun "
                     f"use --mpi=pmi2 or --mpi=pmix)")
     return None
+
+
+def without_launcher(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less every variable of :data:`LAUNCHER_PREFIXES` and :data:`LAUNCHER_NAMES` (an outer job's identity)."""
+    return {k: v for k, v in env.items() if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES}
+
+
+def locate_mpiexec(configured: str | None = None) -> tuple[str | None, str]:
+    """``(path or None, where it came from)``: gflowdist's one rule for which ``mpiexec`` to use.
+
+    ``configured`` (``launch.mpiexec`` of a config) when set, else
+    ``$GFLOWDIST_MPIEXEC``, else the ``mpiexec`` next to ``sys.executable`` (a
+    venv with MPICH from PyPI), else ``mpiexec`` on ``PATH``. A
+    bare command name (``mpirun``) is given as the file ``PATH`` has for it.
+    The sources are ``"launch.mpiexec"``, ``MPIEXEC_VARIABLE``, ``"next to this
+    Python"`` and ``"PATH"`` (with ``None`` when nothing was found).
+    """
+    if configured:
+        return _on_path(configured), "launch.mpiexec"
+    named = os.environ.get(MPIEXEC_VARIABLE)
+    if named:
+        return _on_path(named), MPIEXEC_VARIABLE
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside), "next to this Python"
+    return shutil.which("mpiexec"), "PATH"
+
+
+def _on_path(name: str) -> str:
+    """A bare command name (``mpirun``) as the file PATH gives, as ``Popen`` would find it."""
+    if os.sep in name:
+        return name
+    return shutil.which(name) or name
+
+
+def find_mpiexec(configured: str | None = None) -> str:
+    """The ``mpiexec`` :func:`locate_mpiexec` finds; :class:`~gflowdist.errors.ConfigError` if none."""
+    path, _ = locate_mpiexec(configured)
+    if path is None:
+        from gflowdist.errors import ConfigError
+
+        raise ConfigError(f"no mpiexec next to {sys.executable} or on PATH: `pip install mpich` (or set "
+                          f"launch.mpiexec or {MPIEXEC_VARIABLE} to your site's, or start the job with your "
+                          f"site's MPI launcher)", key="launch.mpiexec")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it; never a fixed 29500)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running"]
+__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running", "kill_group"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -64,6 +64,19 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to process group ``pgid`` (a child started with ``start_new_session=True``: its
+    pid); a group already gone, or not ours to signal, is left alone.
+
+    Hydra moves each rank into a session of its own, out of reach of this: end
+    a job's ranks with :class:`DescendantTracker` (or, in tests, a marker).
+    """
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def is_running(pid: int) -> bool:

@@ -16,17 +16,18 @@ sender's channel, so the sender's own ledger never counts it.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import inspect
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from toy_roles import ToyTrainer, make_batch  # noqa: E402
+from gflowdist.config.classes import load_class
+from gflowdist.runtime.wiring import Tags
+from gflowdist.transport import MessageType
+from gflowdist.transport.codec import encode
 
-from gflowdist.runtime.wiring import Tags  # noqa: E402
-from gflowdist.transport import MessageType  # noqa: E402
-from gflowdist.transport.codec import encode  # noqa: E402
+# the toy roles beside this file, loaded as a config's "toy_roles.py:ToyTrainer" would be
+ToyTrainer = load_class("toy_roles.py:ToyTrainer", key="roles.trainer", file=__file__)
+make_batch = inspect.getmodule(ToyTrainer).make_batch
 
 
 class WireAbuseTrainer(ToyTrainer):

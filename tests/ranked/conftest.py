@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests.ranked.subgroups import half  # noqa: F401 (a fixture)
+
 ENGINE = os.environ.get("GFLOWDIST_TEST_ENGINE", "local")
 
 

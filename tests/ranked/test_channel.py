@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gflowdist.errors import DeadlineError, ProtocolError
-from gflowdist.transport import MessageType
+from gflowdist.transport import MessageType, encode
 from gflowdist.transport.channel import Channel
 
 
@@ -54,8 +54,8 @@ def test_sequence_gap_is_reported(comm):
     dst = (comm.rank + 1) % comm.size
     src = (comm.rank - 1) % comm.size
     ch.isend(MessageType.METRICS, {"i": 0}, dst)
-    ch._next_seq[dst] += 1  # simulate a lost message
-    ch.isend(MessageType.METRICS, {"i": 2}, dst)
+    # message 1 is lost: message 2 arrives next, encoded as the channel would have
+    comm.send(encode(MessageType.METRICS, {"i": 2}, sender=comm.rank, seq=2), dst, tag=22)
     assert ch.recv(src, timeout=30).body == {"i": 0}
     with pytest.raises(ProtocolError, match="1 lost"):
         ch.recv(src, timeout=30)

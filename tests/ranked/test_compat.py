@@ -15,7 +15,7 @@ import torch
 
 from gflowdist.compat import evorl, omnisafe, spinup, virtex
 from gflowdist.ops.axes import bind_axis, unbind_axis
-from subgroups import half, my_half  # noqa: F401  (half is a fixture)
+from tests.ranked.subgroups import my_half
 
 
 # -- Spinning Up -------------------------------------------------------------------

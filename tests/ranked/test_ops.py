@@ -18,7 +18,7 @@ from gflowdist.comm import ReduceOp
 from gflowdist.ops import (all_gather, as_reduce_op, avg_tensor, barrier, broadcast, dist_avg, dist_max, dist_min,
                            dist_op, dist_sum, gather_distributed_data, rank_seed, rank_seeds, seed_rank,
                            statistics_scalar)
-from subgroups import half, my_half  # noqa: F401  (half is a fixture)
+from tests.ranked.subgroups import my_half
 
 
 def samples_of(rank: int) -> np.ndarray:

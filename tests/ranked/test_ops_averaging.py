@@ -11,7 +11,7 @@ import torch
 
 from gflowdist.ops import (DistributedOptimizer, GradientAverager, average_gradients, average_models,
                            sync_params)
-from subgroups import half, my_half  # noqa: F401  (half is a fixture)
+from tests.ranked.subgroups import my_half
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:

@@ -27,10 +27,10 @@ gloo ping     yes        two Pythons with an ``env://`` rendezvous on a free
                          :class:`~gflowdist.comm.torch_dist.TorchComm`
 ============  =========  ==========================================================
 
-Which ``mpiexec``: ``launch.mpiexec`` of ``--config`` when given and set, else
-the ``GFLOWDIST_MPIEXEC`` environment variable, else the one next to
-``sys.executable``, else the one on ``PATH``: the rule of
-:func:`gflowdist.cli.run_cmd.find_mpiexec`, which ``gflowdist run`` uses.
+Which ``mpiexec``: the rule ``gflowdist run`` follows too,
+:func:`gflowdist.jobenv.locate_mpiexec`: ``launch.mpiexec`` of ``--config``
+when given and set, else the ``GFLOWDIST_MPIEXEC`` environment variable, else
+the one next to ``sys.executable``, else ``mpiexec`` on ``PATH``.
 
 A ping sends ``PING_BYTES`` bytes from rank 0 to rank 1, which sends them
 back; one warm-up exchange, then ``PING_ROUNDS`` timed ones. The reported
@@ -51,7 +51,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,12 +60,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "run", "Check", "run_checks", "resolve_mpiexec", "ping_child",
-           "OK", "MISSING", "FAILED", "PING_ROUNDS", "PING_BYTES", "MPIEXEC_VARIABLE"]
+from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port, locate_mpiexec, without_launcher
+from gflowdist.process_tree import kill_group
+
+__all__ = ["add_parser", "run", "Check", "run_checks", "ping_child", "Launched", "mpiexec_check", "mpiexec_version",
+           "start_mpi_ping", "mpi_ping_verdict", "ping_verdict", "OK", "MISSING", "FAILED", "PING_ROUNDS",
+           "PING_BYTES", "MPIEXEC_VARIABLE"]
 
 OK, MISSING, FAILED = "ok", "MISSING", "FAILED"
-#: Environment variable naming the mpiexec to use (after ``launch.mpiexec`` of a config).
-MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
 #: Timed exchanges per ping (after one warm-up).
 PING_ROUNDS = 20
 #: Bytes per ping message.
@@ -90,10 +91,6 @@ PACKAGES = (
     ("msgpack", "msgpack", "msgpack", "1.0", True),
     ("PyYAML", "yaml", "PyYAML", "6.0", True),
 )
-#: Environment variables a ping child must not inherit (they belong to an outer job).
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
-_LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "IN_MPI",
-                   "TORCHELASTIC_RUN_ID")
 _GLOO_FIX = ("if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; "
              "loopback TCP must be allowed")
 
@@ -192,14 +189,14 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
     and inspects the packages, so the doctor takes about as long as its
     slowest part, not the sum.
     """
-    mpiexec_check, mpiexec = _mpiexec_check(configured_mpiexec)
+    found_check, mpiexec = mpiexec_check(configured_mpiexec)
     installed = {name for name in ("torch", "numpy", "msgpack", "mpi4py")
                  if importlib.util.find_spec(name) is not None}
     can_gloo = {"torch", "numpy", "msgpack"} <= installed
     mpi_ping = gloo_ping = None
     try:
         if mpiexec is not None and can_gloo and "mpi4py" in installed:
-            mpi_ping = _start_mpi_ping(mpiexec, mpiexec_args, timeout)
+            mpi_ping = start_mpi_ping(mpiexec, mpiexec_args, timeout)
         if can_gloo:
             gloo_ping = _start_gloo_ping(timeout)
         checks = [_python_check(), _gflowdist_check()]
@@ -209,12 +206,12 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
         checks.append(_mpi_library_check() if "mpi4py" in have else
                       Check("MPI library", FAILED, "not asked: mpi4py is missing",
                             fix="pip install 'mpi4py>=3.1'"))
-        checks.append(mpiexec_check)
+        checks.append(found_check)
         checks += _torch_checks() if {"torch", "numpy", "msgpack"} <= have else [
             Check("launcher", FAILED, "not looked at: gflowdist.comm needs torch, numpy and "
                                       "msgpack (see above)", essential=False),
             Check("gloo", FAILED, "not looked at: needs torch (see above)")]
-        checks.append(_mpi_ping_verdict(mpi_ping.finish(), timeout) if mpi_ping is not None else
+        checks.append(mpi_ping_verdict(mpi_ping.finish(), timeout) if mpi_ping is not None else
                       Check("mpi ping", FAILED, "not run: needs mpiexec, mpi4py, torch, numpy "
                                                 "and msgpack (see above)"))
         checks.append(_gloo_ping_verdict(gloo_ping.finish(), timeout) if gloo_ping is not None
@@ -279,8 +276,7 @@ def _matplotlib_check() -> Check:
 
 def _child_env(**extra: str) -> dict[str, str]:
     """This environment less any launcher's variables, one thread per rank, unbuffered."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_PREFIXES) and k not in _LAUNCHER_NAMES}
+    env = without_launcher(dict(os.environ))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
@@ -308,33 +304,8 @@ def _mpi_library_check() -> Check:
     return Check("MPI library", OK, " ".join(_last_line(output).split()))
 
 
-def resolve_mpiexec(configured: str | None = None) -> tuple[str | None, str]:
-    """``(path or None, where it came from)`` by the rule of the module docstring."""
-    from gflowdist.cli.run_cmd import find_mpiexec
-    from gflowdist.errors import ConfigError
-
-    if configured:
-        return _on_path(configured), "launch.mpiexec"
-    named = os.environ.get(MPIEXEC_VARIABLE)
-    if named:
-        return _on_path(named), MPIEXEC_VARIABLE
-    try:
-        found = find_mpiexec(None)
-    except ConfigError:
-        return None, "PATH"
-    beside = Path(found).parent == Path(sys.executable).parent
-    return found, "next to this Python" if beside else "PATH"
-
-
-def _on_path(name: str) -> str:
-    """A bare command name (``mpirun``) as the file PATH gives, as ``Popen`` would find it."""
-    if os.sep in name:
-        return name
-    return shutil.which(name) or name
-
-
-def _mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
-    path, source = resolve_mpiexec(configured)
+def mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
+    path, source = locate_mpiexec(configured)
     if path is None:
         return Check("mpiexec", MISSING, "no mpiexec next to this Python or on PATH",
                      fix=f"pip install mpich (or set {MPIEXEC_VARIABLE} / launch.mpiexec to your "
@@ -350,10 +321,10 @@ def _mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
         why = "timed out after 10 s" if timed_out else f"exited {code}: {_last_line(output)}"
         return Check("mpiexec", FAILED, f"{path} ({source}): `mpiexec --version` {why}",
                      fix="pip install mpich, or set GFLOWDIST_MPIEXEC to a working mpiexec"), None
-    return Check("mpiexec", OK, f"{path} ({source}): {_mpiexec_version(output)}"), path
+    return Check("mpiexec", OK, f"{path} ({source}): {mpiexec_version(output)}"), path
 
 
-def _mpiexec_version(output: str) -> str:
+def mpiexec_version(output: str) -> str:
     """``"HYDRA 5.0.2"`` from MPICH's ``Version:`` line, else the first non-empty line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     for line in lines:
@@ -404,12 +375,12 @@ def _ping_command(engine: str) -> list[str]:
             f"from gflowdist.cli.doctor_cmd import ping_child; ping_child({engine!r})"]
 
 
-def _start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> _Launched:
+def start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> Launched:
     argv = [mpiexec, "-n", "2", *mpiexec_args, *_ping_command("mpi")]
-    return _Launched([(argv, _child_env())], timeout)
+    return Launched([(argv, _child_env())], timeout)
 
 
-def _mpi_ping_verdict(results: list[_Result], timeout: float) -> Check:
+def mpi_ping_verdict(results: list[_Result], timeout: float) -> Check:
     code, output, timed_out = results[0]
     mismatch = ("this mpiexec does not match mpi4py's MPI library (compare the 'MPI library' and "
                 "'mpiexec' lines): use that library's mpiexec; `pip install mpich` gives a matching "
@@ -420,13 +391,13 @@ def _mpi_ping_verdict(results: list[_Result], timeout: float) -> Check:
     if timed_out:
         return Check("mpi ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
                                          f"(processes killed)", fix=reproduce)
-    return _ping_verdict("mpi ping", code, output, failed_fix=reproduce, wrong_world_fix=mismatch)
+    return ping_verdict("mpi ping", code, output, failed_fix=reproduce, wrong_world_fix=mismatch)
 
 
-def _start_gloo_ping(timeout: float) -> _Launched:
-    env = _child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_loopback_port()),
+def _start_gloo_ping(timeout: float) -> Launched:
+    env = _child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                      WORLD_SIZE="2")
-    return _Launched([(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
+    return Launched([(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
                       for rank in range(2)], timeout)
 
 
@@ -436,20 +407,11 @@ def _gloo_ping_verdict(results: list[_Result], timeout: float) -> Check:
                                           f"(processes killed)", fix=_GLOO_FIX)
     failed = next(((code, output) for code, output, _ in results if code != 0), None)
     if failed is not None:
-        return _ping_verdict("gloo ping", failed[0], failed[1], failed_fix=_GLOO_FIX)
-    return _ping_verdict("gloo ping", 0, results[0][1], failed_fix=_GLOO_FIX)
+        return ping_verdict("gloo ping", failed[0], failed[1], failed_fix=_GLOO_FIX)
+    return ping_verdict("gloo ping", 0, results[0][1], failed_fix=_GLOO_FIX)
 
 
-def _free_loopback_port() -> int:
-    """A TCP port the OS says is free on 127.0.0.1 now (never a fixed 29500)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
+def ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
                   wrong_world_fix: str | None = None) -> Check:
     """Read rank 0's :data:`PING_MARK` line (see :func:`ping_child`) from a ping's output."""
     marked = [line[len(PING_MARK):] for line in output.splitlines() if line.startswith(PING_MARK)]
@@ -479,11 +441,11 @@ _Result = tuple[int, str, bool]
 """(exit status, output, killed at the deadline) of one process."""
 
 
-class _Launched:
+class Launched:
     """Processes started now, each in its own session, their output in temporary files.
 
     :meth:`finish` waits for them until ``timeout`` seconds after the start;
-    when one fails the others get :data:`_GRACE_S` more seconds; then every
+    when one fails the others get ``_GRACE_S`` (5) more seconds; then every
     process group still alive is killed. A temporary file, unlike a pipe,
     never blocks a chatty child.
     """
@@ -535,20 +497,13 @@ class _Launched:
     def kill(self) -> None:
         """Kill every process group still alive (idempotent)."""
         for proc in self._running():
-            _kill_group(proc)
+            kill_group(proc.pid)
             proc.wait()
 
 
 def _run_processes(jobs: list[tuple[list[str], dict[str, str]]], timeout: float) -> list[_Result]:
-    """Start ``jobs`` (``(argv, env)`` each) and wait for them: :class:`_Launched` at once."""
-    return _Launched(jobs, timeout).finish()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Start ``jobs`` (``(argv, env)`` each) and wait for them: :class:`Launched` at once."""
+    return Launched(jobs, timeout).finish()
 
 
 def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYTES,

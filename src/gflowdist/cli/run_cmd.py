@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +20,8 @@ from pathlib import Path
 
 from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, split_late_options
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
-from gflowdist.process_tree import DescendantTracker, become_subreaper
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, find_mpiexec, free_port
+from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
 __all__ = ["add_parser"]
 
@@ -140,8 +139,6 @@ def _child_env() -> dict:
     return env
 
 
-#: same name as gflowdist.runtime.job.FAILURE_FILE_VARIABLE (not imported: the CLI stays light)
-FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
 _FAILURE_FILES: list[str] = []
 
 
@@ -184,24 +181,6 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> None:
     if code != 0 and message:
         sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
         sys.stderr.flush()
-
-
-def find_mpiexec(configured: str | None) -> str:
-    """``launch.mpiexec``, else ``$GFLOWDIST_MPIEXEC``, else the mpiexec next to this Python, else PATH."""
-    from gflowdist.errors import ConfigError
-
-    if configured:
-        return configured
-    if os.environ.get("GFLOWDIST_MPIEXEC"):
-        return os.environ["GFLOWDIST_MPIEXEC"]
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.exists():
-        return str(local)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise ConfigError("no mpiexec found next to this Python or on PATH: `pip install mpich` "
-                          "(or set launch.mpiexec to your site's)", key="launch.mpiexec")
-    return found
 
 
 def is_hydra(mpiexec: str) -> bool:
@@ -261,22 +240,16 @@ def _launch_mpi(nprocs: int, argv: list[str], config, launcher) -> int:
     cleanup = ["-disable-auto-cleanup"] if launcher.is_hydra else []
     cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = _child_env()
-    env["IN_MPI"] = "1"
+    env[IN_MPI_VARIABLE] = "1"
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
     relay = StderrRelay(proc.stderr)
     return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn_torch(nprocs: int, argv: list[str], *, report_grace_s: float) -> int:
     env = _child_env()
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nprocs))
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
     procs = []
     for rank in range(nprocs):
@@ -307,7 +280,7 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
         interrupted.append(signum)
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signum)
+                kill_group(p.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     tracker = DescendantTracker(os.getpid())
@@ -332,7 +305,7 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_group(p.pid)
             p.wait()
         _reap_leftovers(tracker)
         for sig, handler in previous.items():

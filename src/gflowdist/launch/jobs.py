@@ -15,13 +15,12 @@ inside a job when
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from gflowdist.comm.select import detect_engine
 from gflowdist.errors import GflowdistError
+from gflowdist.jobenv import find_mpiexec
 
 __all__ = ["existing_job", "current_command", "find_mpiexec", "is_open_mpi"]
 
@@ -48,19 +47,6 @@ def current_command() -> list[str]:
         raise GflowdistError("cannot tell how this program was started (sys.orig_argv is missing); "
                              "pass the command explicitly")
     return [sys.executable] + original[1:]
-
-
-def find_mpiexec() -> str:
-    """The ``mpiexec`` next to ``sys.executable`` (a venv with MPICH from PyPI), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    for name in ("mpiexec", "mpirun"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise GflowdistError(f"no mpiexec next to {sys.executable} or on PATH: install MPICH "
-                         "(pip install mpich) or start the job with your site's MPI launcher")
 
 
 def is_open_mpi(mpiexec: str) -> bool:

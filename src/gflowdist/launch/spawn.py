@@ -53,6 +53,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from gflowdist.errors import ConfigError, PeerLostError
+from gflowdist.jobenv import free_port
 from gflowdist.launch.jobs import existing_job
 
 __all__ = ["launch", "resolve_dist_url", "free_port", "DEFAULT_DIST_URL"]
@@ -61,13 +62,6 @@ DEFAULT_DIST_URL = "tcp://127.0.0.1:23456"
 
 #: seconds a stopped worker gets to exit after SIGTERM before SIGKILL
 _GRACE_S = 5.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def resolve_dist_url(dist_url: str, num_machines: int = 1) -> str:

@@ -38,6 +38,7 @@ import yaml
 from gflowdist.comm import world_comm
 from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import GflowdistError, LedgerError, PeerLostError
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE
 from gflowdist.layout import Role
 from gflowdist.runtime import checkpoints, roles
 from gflowdist.runtime.collector import Collector
@@ -141,11 +142,6 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
     finally:
         ctx.cleanup()
     return None
-
-
-#: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the
-#: launcher can print it even when MPI's abort kills the ranks before their stderr is forwarded.
-FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
 
 
 #: How long a failing rank lets its stderr line travel to the launcher before it aborts the job.

@@ -11,26 +11,20 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from gflowdist.jobenv import find_mpiexec, free_port, without_launcher
+from gflowdist.process_tree import kill_group
 
+__all__ = ["REPO", "MARKER_VARIABLE", "JobResult", "base_env", "find_mpiexec", "free_port", "kill_session",
+           "lines", "new_marker", "processes_with_marker", "pytest_summaries", "run_mpi", "run_plain", "run_torch",
+           "write"]
 
-def mpiexec_path() -> str:
-    candidate = BIN / "mpiexec"
-    return str(candidate) if candidate.exists() else "mpiexec"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -46,14 +40,12 @@ class JobResult:
         return self
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the job's process group and every process carrying its marker (hydra moves ranks
-    into sessions of their own, out of reach of the group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    marker = getattr(proc, "gflowdist_marker", None)
+def kill_session(proc: subprocess.Popen, marker: str | None = None) -> None:
+    """SIGKILL the session ``proc`` leads (it was started with ``start_new_session=True``) and every
+    process carrying ``marker`` (default: ``proc.gflowdist_marker``, if set): hydra moves ranks
+    into sessions of their own, out of reach of the group. Does not wait for ``proc``."""
+    kill_group(proc.pid)
+    marker = marker or getattr(proc, "gflowdist_marker", None)
     if marker:
         for pid in processes_with_marker(marker):
             try:
@@ -62,6 +54,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
                 pass
 
 
+#: Set in the environment of every job a test starts, so its processes can be found again in /proc.
 MARKER_VARIABLE = "GFLOWDIST_TEST_JOB"
 
 
@@ -100,11 +93,8 @@ def pytest_summaries(output: str) -> list[str]:
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in list(env):  # never inherit an outer job's identity
-        if name.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_")) or name in (
-                "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "IN_MPI"):
-            del env[name]
+    """This environment for a job of its own: never an outer job's identity, one thread per rank."""
+    env = without_launcher(dict(os.environ))
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
@@ -116,7 +106,7 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | N
 
     ``env`` holds extra variables on top of :func:`base_env`.
     """
-    cmd = [mpiexec_path(), "-n", str(nprocs)] + argv
+    cmd = [find_mpiexec(), "-n", str(nprocs)] + argv
     marker = new_marker()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=base_env(**(env or {}), **{MARKER_VARIABLE: marker}), cwd=cwd,
@@ -126,11 +116,38 @@ def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | N
         out, _ = proc.communicate(timeout=timeout)
         return JobResult(proc.returncode, out, False)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_session(proc)
         out, _ = proc.communicate()
         return JobResult(-9, out or "", True)
     finally:
-        _kill_group(proc)
+        kill_session(proc)
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    """``text`` (dedented) as the file ``tmp_path/name``; returns its path."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run_plain(argv: list[str], *, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """One process (it may launch more) in its own process group, killed after ``timeout``."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s:\n{out}")
+    finally:
+        kill_session(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, out)
+
+
+def lines(output: str, word: str) -> list[str]:
+    """The reports starting with ``word`` (two ranks' lines may arrive glued together)."""
+    return [m.strip() for m in re.findall(rf"{word} .*?(?={word} |\n|$)", output)]
 
 
 def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | None = None,
@@ -164,7 +181,7 @@ def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict |
             time.sleep(0.05)
         for p in procs:
             if p.poll() is None:
-                _kill_group(p)
+                kill_session(p)
                 p.wait()
         output = []
         for rank, log in enumerate(logs):
@@ -175,7 +192,7 @@ def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict |
         return JobResult(code, "\n".join(output), timed_out)
     finally:
         for p in procs:
-            _kill_group(p)
+            kill_session(p)
         for log in logs:
             log.close()
             os.unlink(log.name)

@@ -8,16 +8,15 @@ they share the machine's process table). ``no_process_left()`` scans
 ``/proc`` for that marker; a process-group check would prove nothing, since
 hydra gives every proxy and rank a session of its own.
 
-``job_factory`` is a pytest fixture: import it into a test module
-(``from jobs.job import job_factory``); every job it started is killed and
-its log closed when the test ends, whatever happened.
+``job_factory`` is a pytest fixture (tests/conftest.py offers it to every
+test module); every job it started is killed and its log closed when the test
+ends, whatever happened.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from launching import MARKER_VARIABLE, REPO, base_env, new_marker, processes_with_marker
+from tests.support.launching import MARKER_VARIABLE, REPO, base_env, free_port, kill_session, new_marker, processes_with_marker
 
 #: the toy job (tests/jobs/toy_roles.py): a linear model, a few ms a step
 TOY = REPO / "tests" / "jobs" / "toy.yaml"
@@ -37,7 +36,7 @@ HYPERGRID = REPO / "examples" / "hypergrid" / "config.yaml"
 class Job:
     """``gflowdist run CONFIG run.out_dir=<folder>/runs ARGS...`` in its own session.
 
-    ``env`` adds variables on top of :func:`launching.base_env`.
+    ``env`` adds variables on top of :func:`tests.support.launching.base_env`.
     """
 
     def __init__(self, folder: Path, *args: str, config: Path | None = TOY,
@@ -103,15 +102,7 @@ class Job:
 def kill_job(procs: list[subprocess.Popen], marker: str) -> None:
     """SIGKILL the sessions these processes lead and every process carrying ``marker``; reap ``procs``."""
     for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in processes_with_marker(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_session(proc, marker)
     for proc in procs:
         proc.wait()
 
@@ -180,8 +171,7 @@ class HostRanksJob:
 
     def __init__(self, folder: Path, hs: Any, placement: list[int], *args: str, config: Path = TOY,
                  env: dict[str, str] | None = None):
-        from launching import free_port
-        from netns import IFNAME
+        from tests.support.netns import IFNAME
 
         self.folder = folder
         self.out_dir = folder / "runs"

@@ -32,8 +32,8 @@ docs/multi-host-testing.md for why each flag is needed.
 
 Command line (a persistent set for experiments by hand)::
 
-    python tests/netns.py up [--hosts N]   # prints the mpiexec / torch command lines
-    python tests/netns.py down
+    python -m tests.support.netns up [--hosts N]   # prints the mpiexec / torch command lines
+    python -m tests.support.netns down
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ from typing import Iterator
 
 import pytest
 
-from launching import REPO, JobResult, base_env, free_port, mpiexec_path, run_mpi
+from tests.support.launching import REPO, JobResult, base_env, find_mpiexec, free_port, run_mpi
 
 #: the ssh stand-in hydra (and :meth:`HostSet.exec_argv`) uses to enter a host
-LAUNCHER = Path(__file__).resolve().parent / "netns" / "launch-into-netns.sh"
+LAUNCHER = REPO / "tests" / "netns" / "launch-into-netns.sh"
 #: interface name inside every host (the namespace end of its veth pair)
 IFNAME = "gfdnet0"
 #: every name this module creates starts with it
 PREFIX = "gfn"
-#: tag of the persistent set made by ``python tests/netns.py up``; never removed as stale
+#: tag of the persistent set made by ``python -m tests.support.netns up``; never removed as stale
 MANUAL_TAG = PREFIX + "man"
 #: a name made by a test run: its tag (PREFIX, creator pid, set letter), then what it is
 _RUN_NAME = re.compile(rf"^(?P<tag>{PREFIX}(?P<pid>\d+)[a-z])(?:br|v\d+|h\d+|-files)$")
@@ -600,7 +600,7 @@ def _manual_up(n: int) -> None:
     print("hosts: " + ", ".join(f"{h.name} {h.ip} (cut: ip link set {h.veth} down)" for h in hs.hosts))
     print(f"bridge {hs.bridge} {hs.bridge_ip}/{hs.subnet.prefixlen}")
     print("\nMPI, 2 ranks per host:")
-    print(f"  {env} {shlex.join([mpiexec_path(), *hs.mpiexec_options(2), '-n', str(2 * n)])} "
+    print(f"  {env} {shlex.join([find_mpiexec(), *hs.mpiexec_options(2), '-n', str(2 * n)])} "
           f"{py} -c 'import socket; print(socket.gethostname())'")
     port = free_port()
     print("\ntorch, one process per host (run each line in its own shell):")

@@ -1,0 +1,1 @@
+"""Jobs the tests start: the toy job's config and roles, roles that misbehave on purpose, small programs."""
