@@ -150,7 +150,9 @@ if _out and os.environ.get("PMI_RANK") is not None:
 
 def child_env(**extra: str) -> dict[str, str]:
     """This environment without an enclosing MPI job's variables, one thread per process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    from gflowdist.jobenv import without_launcher
+
+    env = without_launcher(dict(os.environ))
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
     return env
 

@@ -46,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from hypergrid import child_env, load_average, parse_result  # the HyperGrid benchmark's helpers
 
@@ -240,8 +239,9 @@ def worker(kinds: list[str], repeats: int, scale: float) -> None:
 
 
 def run(clients: int, kinds: list[str], repeats: int, scale: float) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(clients + 1), sys.executable, __file__,
+    from gflowdist.jobenv import find_mpiexec
+
+    cmd = [find_mpiexec(), "-n", str(clients + 1), sys.executable, __file__,
            "--worker", "--kinds", ",".join(kinds), "--repeats", str(repeats), "--scale", str(scale)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
     if out.returncode != 0:

@@ -131,8 +131,9 @@ def config_path() -> Path:
 
 
 def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else "mpiexec"
+    from gflowdist.jobenv import find_mpiexec
+
+    return find_mpiexec()
 
 
 def timed(cmd: list[str], **env: str) -> tuple[float, str]:
