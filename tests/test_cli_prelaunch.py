@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from launching import REPO, base_env
+from tests.support.launching import REPO, base_env
 
 README = (REPO / "README.md").read_text()
 ROLES = re.findall(r"```python\n(.*?)```", README, re.S)[0]

@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
 from gflowdist.errors import ConfigError, LayoutError
+from gflowdist.jobenv import MPIEXEC_VARIABLE
+from gflowdist.process_tree import kill_group
 
 __all__ = ["check_layout_fits", "check_roles_named", "resolve_roles", "check_roles_import", "check_launcher", "LauncherFacts"]
 
@@ -134,7 +135,7 @@ def _run_child(command: list[str], timeout: float) -> tuple[str, str, int | None
         out, err = proc.communicate(timeout=timeout)
         return out, err, proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         out, err = proc.communicate()
         return out, err, None
 
@@ -158,9 +159,9 @@ def check_launcher(config, find_mpiexec) -> LauncherFacts:
     if config.launch.mpiexec:
         key, file = "launch.mpiexec", config.file
         fix = "set launch.mpiexec to your site's mpiexec, or remove it to use the one next to this Python"
-    elif os.environ.get("GFLOWDIST_MPIEXEC"):
-        key, file = "GFLOWDIST_MPIEXEC", None
-        fix = "unset GFLOWDIST_MPIEXEC or point it at an mpiexec (`pip install mpich` puts one next to this Python)"
+    elif os.environ.get(MPIEXEC_VARIABLE):
+        key, file = MPIEXEC_VARIABLE, None
+        fix = f"unset {MPIEXEC_VARIABLE} or point it at an mpiexec (`pip install mpich` puts one next to this Python)"
     else:
         key, file = "launch.mpiexec", config.file
         fix = "`pip install mpich`, or set launch.mpiexec to your site's mpiexec"
