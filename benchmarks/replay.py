@@ -143,40 +143,37 @@ class Harness:
         return self.clients * self.samples * self.per_msg
 
     def _client_insert(self) -> None:
-        from gflowdist.runtime.loops import DONE
-        from gflowdist.transport import MessageType
+        from gflowdist.runtime import protocol
 
         data = self.w.data
         for i in range(self.inserts):
-            data.isend(MessageType.TRAJECTORIES, {"batch": self.batch, "seq": i * self.per_msg, "version": 0,
-                                                  "n": self.per_msg}, self.buffer)
-        data.send(MessageType.CONTROL, DONE, self.buffer)
+            data.isend(*protocol.trajectories(self.batch, seq=i * self.per_msg, version=0, n=self.per_msg),
+                       self.buffer)
+        data.send(*protocol.done(), self.buffer)
         data.drain()
 
     def _client_sample(self) -> None:
         from gflowdist.errors import GflowdistError
-        from gflowdist.runtime.loops import DONE
-        from gflowdist.transport import MessageType
+        from gflowdist.runtime import protocol
 
         data = self.w.data
         for _ in range(self.samples):
-            data.isend(MessageType.SAMPLE_REQUEST, {"n": self.per_msg, "version": 0}, self.buffer)
+            data.isend(*protocol.sample_request(self.per_msg, 0), self.buffer)
             reply = data.recv(self.buffer, timeout=120)
             if reply.body.get("batch") is None:
                 raise GflowdistError(f"the buffer could not sample {self.per_msg} items")
-        data.send(MessageType.CONTROL, DONE, self.buffer)
+        data.send(*protocol.done(), self.buffer)
         data.drain()
 
     # -- raw: MPIComm send/recv of the same bytes --------------------------------------------------
     def _encoded(self, reply: bool):
-        from gflowdist.transport import MessageType
+        from gflowdist.runtime import protocol
         from gflowdist.transport.codec import encode
 
         if reply:
-            body = {"batch": self.batch, "versions": self.batch["actions"][:, 0]}
-            return encode(MessageType.SAMPLE_REPLY, body, sender=self.buffer, seq=0)
-        body = {"batch": self.batch, "seq": 0, "version": 0, "n": self.per_msg}
-        return encode(MessageType.TRAJECTORIES, body, sender=self.world.rank, seq=0)
+            return encode(*protocol.sample_reply(self.batch, self.batch["actions"][:, 0]), sender=self.buffer, seq=0)
+        message = protocol.trajectories(self.batch, seq=0, version=0, n=self.per_msg)
+        return encode(*message, sender=self.world.rank, seq=0)
 
     def _serve_raw_insert(self) -> int:
         for _ in range(self.clients * self.inserts):

@@ -25,9 +25,11 @@ import torch
 from gflowdist.comm.local import LocalComm
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
+from gflowdist.runtime import protocol
 from gflowdist.runtime.collector import LOG_EVERY_REFUSAL, LOG_FIRST_REFUSALS, Collector
-from gflowdist.runtime.wiring import StopFlag, Tags, Wiring
-from gflowdist.transport import MessageType, encode
+from gflowdist.runtime.protocol import Tags
+from gflowdist.runtime.wiring import StopFlag, Wiring
+from gflowdist.transport import encode
 from tests.jobs.toy_roles import make_batch
 
 
@@ -38,17 +40,15 @@ BIG = 1 << 20
 
 
 def _trajectory_bytes(n: int) -> int:
-    """Encoded size of a toy trainer's batch of ``n`` (the body of loops._send_trajectories)."""
+    """Encoded size of a toy trainer's batch of ``n`` (built as the trainer builds it)."""
     batch = make_batch(n, torch.Generator().manual_seed(0))
-    return int(encode(MessageType.TRAJECTORIES, {"batch": batch, "seq": BIG, "version": BIG, "n": n},
-                      sender=1, seq=BIG).nbytes)
+    return int(encode(*protocol.trajectories(batch, seq=BIG, version=BIG, n=n), sender=1, seq=BIG).nbytes)
 
 
 def _reply_bytes(n: int) -> int:
     """Encoded size of the buffer's sample reply of ``n`` toy trajectories."""
     batch = make_batch(n, torch.Generator().manual_seed(0))
-    return int(encode(MessageType.SAMPLE_REPLY, {"batch": batch, "versions": torch.arange(n)},
-                      sender=BUFFER, seq=BIG).nbytes)
+    return int(encode(*protocol.sample_reply(batch, torch.arange(n)), sender=BUFFER, seq=BIG).nbytes)
 
 
 def _failure_lines(output: str) -> list[str]:

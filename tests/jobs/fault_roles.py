@@ -21,8 +21,8 @@ import inspect
 import numpy as np
 
 from gflowdist.config.classes import load_class
-from gflowdist.runtime.wiring import Tags
-from gflowdist.transport import MessageType
+from gflowdist.runtime import protocol
+from gflowdist.runtime.protocol import Tags
 from gflowdist.transport.codec import encode
 
 # the toy roles beside this file, loaded as a config's "toy_roles.py:ToyTrainer" would be
@@ -49,8 +49,8 @@ class WireAbuseTrainer(ToyTrainer):
         kind = self.params["abuse"]
         if kind == "oversized":
             n = int(self.params["abuse_trajectories"])
-            body = {"batch": make_batch(n, self.generator), "seq": 0, "version": 0, "n": n}
-            payload = encode(MessageType.TRAJECTORIES, body, sender=self.rank, seq=0)
+            message = protocol.trajectories(make_batch(n, self.generator), seq=0, version=0, n=n)
+            payload = encode(*message, sender=self.rank, seq=0)
             world.isend(payload, buffer, Tags.DATA).wait(30)
         elif kind == "claim":
             from mpi4py import MPI

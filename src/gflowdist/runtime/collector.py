@@ -25,12 +25,12 @@ import logging
 import sys
 import time
 from collections import Counter
-from typing import Any, Callable, TextIO
+from typing import Callable, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
+from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import Throughput, eta_seconds, format_duration
-from gflowdist.transport import MessageType
 
 __all__ = ["Collector", "LOG_FIRST_REFUSALS", "LOG_EVERY_REFUSAL"]
 
@@ -119,7 +119,7 @@ class Collector:
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
             self.w.finished.add(msg.sender)
-        elif msg.type is MessageType.CONTROL and body.get("cmd") == "saved":
+        elif command_of(msg) is Command.SAVED:
             self.note_saved(body["name"], msg.sender)
 
     def note_saved(self, name: str, rank: int) -> None:

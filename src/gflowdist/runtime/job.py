@@ -40,12 +40,11 @@ from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import GflowdistError, LedgerError, PeerLostError
 from gflowdist.jobenv import FAILURE_FILE_VARIABLE
 from gflowdist.layout import Role
-from gflowdist.runtime import checkpoints, roles
+from gflowdist.runtime import checkpoints, protocol, roles
 from gflowdist.runtime.collector import Collector
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.runtime.loops import run_actor, run_buffer, run_trainer, send_final
 from gflowdist.runtime.wiring import StopFlag, Wiring
-from gflowdist.transport import MessageType
 
 __all__ = ["run_job", "JobResult"]
 
@@ -293,7 +292,7 @@ def _coordinate(coordinator, w: Wiring, collector: Collector) -> None:
         if not stop_sent and (w.stop or coordinator.should_stop()):
             reason = w.stop.reason or "the coordinator decided to stop"
             for rank in layout.trainers + layout.actors:
-                w.control.isend(MessageType.CONTROL, {"cmd": "stop", "reason": reason}, rank)
+                w.control.isend(*protocol.stop(reason), rank)
             stop_sent = True
         collector.progress()
         if got:

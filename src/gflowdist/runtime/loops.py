@@ -6,20 +6,20 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
 from gflowdist.comm.base import ReduceOp
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError, ProtocolError
+from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
+from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.wiring import Wiring
-from gflowdist.transport import MessageType
 
 __all__ = ["batch_size", "concat_batches", "run_trainer", "run_actor", "run_buffer", "send_final"]
 
-DONE = {"cmd": "done"}
 log = logging.getLogger("gflowdist.runtime")
 
 #: Test hook: ``GFLOWDIST_INJECT_GARBAGE=<rank>:<every>`` makes that producer send raw garbage
@@ -52,7 +52,7 @@ def concat_batches(fresh: Mapping[str, torch.Tensor], replay: Mapping[str, torch
 def _send_trajectories(w: Wiring, batch: dict, seq: int, version: int, buffer: int) -> int:
     n = batch_size(batch)
     w.ledger.produced += n
-    w.data.isend(MessageType.TRAJECTORIES, {"batch": batch, "seq": seq, "version": version, "n": n}, buffer)
+    w.data.isend(*protocol.trajectories(batch, seq=seq, version=version, n=n), buffer)
     w.ledger.sent += n
     every = _garbage_plan(w.rank)
     if every and (w.ledger.sent // n) % every == 0:
@@ -63,7 +63,7 @@ def _send_trajectories(w: Wiring, batch: dict, seq: int, version: int, buffer: i
 def _finish_client(w: Wiring, buffer: int | None) -> None:
     """Drain my sends, then tell my buffer I am done (after my last trajectory, same tag)."""
     if buffer is not None:
-        w.data.send(MessageType.CONTROL, DONE, buffer)
+        w.data.send(*protocol.done(), buffer)
     w.data.drain()
 
 
@@ -73,7 +73,7 @@ def _send_weights(w: Wiring, trainer, actors, version: int) -> None:
         return
     weights = {k: v.detach() for k, v in trainer.model.state_dict().items()}
     for actor in actors:
-        w.weights.isend(MessageType.WEIGHTS, {"version": version, "state": weights}, actor)
+        w.weights.isend(*protocol.weights(weights, version), actor)
 
 
 def _reply_from(w: Wiring, buffer: int, timeout: float):
@@ -118,7 +118,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
         replay = None
         if replay_n:
             if requested == 0 and cfg.replay.prefetch == 0:
-                w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
+                w.data.isend(*protocol.sample_request(replay_n, version), buffer)
                 requested = 1
             if requested:
                 with timer.phase("wait_replay"), timer.wait_on(buffer, "replay"):
@@ -128,7 +128,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
                     replay = reply.body["batch"]
                     staleness.update((version - reply.body["versions"]).tolist())
             while requested < cfg.replay.prefetch:  # keep `prefetch` requests ahead of use
-                w.data.isend(MessageType.SAMPLE_REQUEST, {"n": replay_n, "version": version}, buffer)
+                w.data.isend(*protocol.sample_request(replay_n, version), buffer)
                 requested += 1
         batch = concat_batches(fresh, replay)
         with timer.phase("loss"):
@@ -151,7 +151,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             if collector is not None:
                 collector.record_metrics(w.rank, metrics)
             else:
-                w.report(MessageType.METRICS, metrics)
+                w.report(protocol.metrics(metrics))
         step += 1
         every = cfg.faults.checkpoint_every
         if every and step % every == 0 and step < cfg.run.steps:
@@ -167,7 +167,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     for _ in range(requested):  # prefetched replies are read, not left on the wire
         _reply_from(w, buffer, timeout)
     for actor in actors:
-        w.weights.isend(MessageType.CONTROL, {"cmd": "stop"}, actor)
+        w.weights.isend(*protocol.stop(), actor)
     w.weights.drain()
     _finish_client(w, buffer)
     state.update(step=step, version=version, seq=seq)
@@ -195,12 +195,12 @@ def _group_stops(w: Wiring, dp) -> bool:
 def _checkpoint_cut(w: Wiring, buffer: int | None, actors, name: str, timeout: float) -> None:
     """A client's side of a periodic checkpoint: marker after my last trajectory, wait, save."""
     for actor in actors:
-        w.weights.isend(MessageType.CONTROL, {"cmd": "checkpoint", "name": name}, actor)
+        w.weights.isend(*protocol.checkpoint(name), actor)
     if buffer is not None:
-        w.data.send(MessageType.CONTROL, {"cmd": "checkpoint", "name": name}, buffer)
+        w.data.send(*protocol.checkpoint(name), buffer)
         with w.timer.phase("checkpoint"), w.timer.wait_on(buffer, "checkpoint"):
             ack = _reply_from(w, buffer, timeout)
-        if ack.type is not MessageType.CONTROL or ack.body.get("name") != name:
+        if command_of(ack) is not Command.CHECKPOINTED or ack.body.get("name") != name:
             raise GflowdistError(f"expected the acknowledgement of checkpoint {name} from buffer rank "
                                  f"{buffer}, got a {ack.type.name} message")
     with w.timer.phase("checkpoint"):
@@ -218,11 +218,12 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
         cuts = []
         msg = w.weights.try_recv(trainer)
         while msg is not None:
-            if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "checkpoint":
+            command = command_of(msg)
+            if command is Command.CHECKPOINT:
                 cuts.append(msg.body["name"])
-            elif msg.type is MessageType.CONTROL:
+            elif command is Command.STOP:
                 stopped = True
-            else:
+            elif msg.type is MessageType.WEIGHTS:
                 latest = msg
             msg = w.weights.try_recv(trainer)
         if latest is not None:
@@ -241,7 +242,7 @@ def run_actor(actor, w: Wiring, state: dict) -> dict:
         w.heartbeat(seq)
     if not stopped:  # stopped by the coordinator: wait for my trainer's stop so no weights stay on the wire
         msg = None
-        while msg is None or msg.type is not MessageType.CONTROL or msg.body.get("cmd") != "stop":
+        while msg is None or not protocol.is_command(msg, Command.STOP):
             msg = w.weights.recv(trainer, timeout=w.config.faults.peer_timeout_s)
     _finish_client(w, buffer)
     state.update(version=version, seq=seq)
@@ -271,7 +272,7 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
             now = time.monotonic()
             if now - last_summary > max(cfg.faults.heartbeat_s, 0.5):
                 last_summary = now
-                w.report(MessageType.USER, manager.summary())
+                w.report(protocol.summary(manager.summary()))
                 w.check_control()
             paused = time.perf_counter()
             backoff.pause()
@@ -291,22 +292,22 @@ def run_buffer(manager, w: Wiring, state: dict) -> dict:
                 n = int(msg.body["n"])
                 if replay.can_sample(n):
                     batch, info = replay.sample(n)
-                    body: dict[str, Any] = {"batch": batch, "versions": info["policy_version"]}
+                    reply = protocol.sample_reply(batch, info["policy_version"])
                 else:
-                    body = {"batch": None}
-                w.data.isend(MessageType.SAMPLE_REPLY, body, msg.sender)
-        elif msg.type is MessageType.CONTROL and msg.body.get("cmd") == "checkpoint":
+                    reply = protocol.sample_reply(None)
+                w.data.isend(*reply, msg.sender)
+        elif command_of(msg) is Command.CHECKPOINT:
             marked.setdefault(msg.body["name"], set()).add(msg.sender)
-        elif msg.type is MessageType.CONTROL and msg.body.get("cmd") == "done":
+        elif command_of(msg) is Command.DONE:
             done.add(msg.sender)
         for name in [n for n, senders in marked.items() if senders | done >= clients]:
             state["latest_version"] = latest_version
             with timer.phase("checkpoint"):
                 w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
             for client in sorted(marked.pop(name)):
-                w.data.isend(MessageType.CONTROL, {"cmd": "checkpointed", "name": name}, client)
+                w.data.isend(*protocol.checkpointed(name), client)
     w.data.drain()
-    w.report(MessageType.USER, manager.summary())
+    w.report(protocol.summary(manager.summary()))
     state["latest_version"] = latest_version
     return state
 
@@ -345,6 +346,6 @@ def send_final(w: Wiring, role: str, extra: dict) -> dict:
     final = {"role": role, "host": w.context.host, "ledger": w.ledger.to_dict(), "timing": w.timer.to_dict(),
              "channels": {"data": w.data.stats.to_dict(), "control": w.control.stats.to_dict()}, **extra}
     if w.rank != w.collector:
-        w.control.send(MessageType.LEDGER, final, w.collector)
+        w.control.send(*protocol.final_report(final), w.collector)
     w.control.drain()
     return final

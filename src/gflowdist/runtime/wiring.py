@@ -1,12 +1,6 @@
-"""What the role loops share: channels, tags, the stop flag, heartbeats, the ledger and timers.
+"""What the role loops share: channels, the stop flag, heartbeats, the ledger and timers.
 
-Tags of the runtime's channels (all on the world communicator):
-
-- ``DATA``: trajectories client -> buffer, sample requests/replies, and the
-  client's final ``done`` notice (sent after its last trajectory on the same
-  tag, so the buffer has every trajectory when it reads it);
-- ``CONTROL``: heartbeats, metrics, summaries, ``stop`` and the final reports;
-- ``WEIGHTS``: trainer -> its actors (weights with their version, or ``stop``).
+The channels and every message on them are in :mod:`gflowdist.runtime.protocol`.
 """
 
 from __future__ import annotations
@@ -20,9 +14,10 @@ from typing import Any, Callable
 
 from gflowdist.comm import Communicator
 from gflowdist.errors import PeerLostError
+from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger
+from gflowdist.runtime.protocol import Command, Outgoing, Tags
 from gflowdist.timing import StepTimer
-from gflowdist.transport import MessageType
 from gflowdist.transport.channel import Channel
 
 __all__ = ["Tags", "Wiring", "StopFlag"]
@@ -32,12 +27,6 @@ log = logging.getLogger("gflowdist.runtime")
 
 #: The config key of the one message size limit (senders and receivers): named in the sender's refusal.
 LIMIT_KEY = "faults.max_message_bytes"
-
-
-class Tags:
-    DATA = 1
-    CONTROL = 2
-    WEIGHTS = 3
 
 
 class StopFlag:
@@ -120,11 +109,11 @@ class Wiring:
             return
         self._last_beat = now
         if self.rank != self.collector:
-            self.control.isend(MessageType.HEARTBEAT, {"step": step, **extra}, self.collector)
+            self.control.isend(*protocol.heartbeat(step, **extra), self.collector)
             return
         for rank in range(self.comm.size):
             if rank != self.rank and rank not in self.finished:
-                self.control.isend(MessageType.HEARTBEAT, {"step": step}, rank)
+                self.control.isend(*protocol.heartbeat(step), rank)
 
     def reset_liveness(self) -> None:
         """Start the liveness clocks now (after every rank finished its setup)."""
@@ -143,7 +132,7 @@ class Wiring:
         msg = self.control.try_recv(self.collector)
         while msg is not None:
             self._collector_seen = now
-            if msg.type is MessageType.CONTROL and msg.body.get("cmd") == "stop":
+            if protocol.is_command(msg, Command.STOP):
                 self.stop.set(msg.body.get("reason", "coordinator"))
             msg = self.control.try_recv(self.collector)
         silent = now - self._collector_seen
@@ -163,9 +152,9 @@ class Wiring:
         if self.rank == self.collector:
             self.on_saved_here(name, self.rank)
         else:
-            self.control.isend(MessageType.CONTROL, {"cmd": "saved", "name": name}, self.collector)
+            self.control.isend(*protocol.saved(name), self.collector)
 
-    def report(self, msg_type: MessageType, body: Any) -> None:
-        """Send something to the collector (or keep it, if I am the collector)."""
+    def report(self, message: Outgoing) -> None:
+        """Send ``message`` (a :mod:`~gflowdist.runtime.protocol` constructor's) to the collector, unless I am it."""
         if self.rank != self.collector:
-            self.control.isend(msg_type, body, self.collector)
+            self.control.isend(*message, self.collector)

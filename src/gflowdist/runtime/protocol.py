@@ -1,0 +1,171 @@
+"""The runtime's protocol: every message one rank sends another, in one place.
+
+Three channels, each a tag on the world communicator (:class:`Tags`). On one
+channel, messages between two ranks arrive in the order they were sent.
+
+| channel | between |
+|---|---|
+| `DATA` | a client (trainer or actor) and its buffer: trajectories, sample requests and replies, checkpoint markers, `done` |
+| `CONTROL` | every rank and the collector (the coordinator, else rank 0): heartbeats, metrics, summaries, `saved`, `stop`, final reports |
+| `WEIGHTS` | a trainer and its actors: weights, checkpoint markers, `stop` |
+
+Every message: its constructor here, its
+:class:`~gflowdist.transport.MessageType` (and :class:`Command`), its channel,
+who sends it to whom, and where it is sent and handled.
+
+| constructor | type | channel | from -> to | sent in / handled in |
+|---|---|---|---|---|
+| :func:`trajectories` | TRAJECTORIES | DATA | client -> its buffer | :func:`loops.run_trainer`, :func:`loops.run_actor` / :func:`loops.run_buffer` |
+| :func:`sample_request` | SAMPLE_REQUEST | DATA | trainer -> its buffer | :func:`loops.run_trainer` / :func:`loops.run_buffer` |
+| :func:`sample_reply` | SAMPLE_REPLY | DATA | buffer -> the trainer that asked | :func:`loops.run_buffer` / :func:`loops.run_trainer` |
+| :func:`done` | CONTROL `done` | DATA | client -> its buffer, after its last trajectory | the client loops / :func:`loops.run_buffer` |
+| :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`loops.run_trainer`, :func:`loops.run_actor` / :func:`loops.run_buffer`, :func:`loops.run_actor` |
+| :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :func:`loops.run_buffer` / the client loops |
+| :func:`weights` | WEIGHTS | WEIGHTS | trainer -> its actors | :func:`loops.run_trainer` / :func:`loops.run_actor` |
+| :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`job.run_job` (coordinator), :func:`loops.run_trainer` / :meth:`Wiring.check_control`, :func:`loops.run_actor` |
+| :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Wiring.heartbeat` / :meth:`Collector.poll`, :meth:`Wiring.check_control` |
+| :func:`metrics` | METRICS | CONTROL | trainer -> collector | :func:`loops.run_trainer` / :meth:`Collector.poll` |
+| :func:`summary` | USER | CONTROL | buffer -> collector | :func:`loops.run_buffer` / :meth:`Collector.poll` |
+| :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Wiring.checkpoint` / :meth:`Collector.poll` |
+| :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :func:`loops.send_final` / :meth:`Collector.poll` |
+
+A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;
+:func:`command_of` reads it. A constructor returns ``(MessageType, body)``,
+what :meth:`Channel.isend` takes first: ``w.data.isend(*protocol.done(), buffer)``.
+
+Two numbers are called a sequence number and are not the same: the body of
+:func:`trajectories` has ``seq``, the producer's number of the batch's first
+trajectory (it counts trajectories: the ledger's and the replay buffer's
+``(producer, seq)``), while :attr:`Message.seq` numbers the messages of one
+channel (the transport's loss check).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Mapping
+
+import torch
+
+from gflowdist.transport import Message, MessageType
+
+__all__ = ["Tags", "Command", "MessageType", "Outgoing", "trajectories", "sample_request", "sample_reply", "done", "checkpoint",
+           "checkpointed", "weights", "stop", "heartbeat", "metrics", "summary", "saved", "final_report",
+           "command_of", "is_command"]
+
+#: What a constructor returns: the message type and the body, as ``Channel.isend`` takes them.
+Outgoing = tuple[MessageType, Any]
+
+
+class Tags:
+    """The runtime's channels: tags on the world communicator (see the module docstring)."""
+
+    DATA = 1
+    CONTROL = 2
+    WEIGHTS = 3
+
+
+class Command(enum.Enum):
+    """The command of a ``CONTROL`` message (its body's ``"cmd"``; the values are on the wire)."""
+
+    #: client -> its buffer (DATA), after its last trajectory: serve me no more
+    DONE = "done"
+    #: trainer -> its actors (WEIGHTS), client -> its buffer (DATA): checkpoint ``name`` is cut here
+    CHECKPOINT = "checkpoint"
+    #: buffer -> a client (DATA): my part of checkpoint ``name`` is saved; go on
+    CHECKPOINTED = "checkpointed"
+    #: rank -> collector (CONTROL): my part of checkpoint ``name`` is saved
+    SAVED = "saved"
+    #: coordinator -> trainers and actors (CONTROL, with a ``reason``), trainer -> its actors (WEIGHTS)
+    STOP = "stop"
+
+
+_COMMANDS = {command.value: command for command in Command}
+
+
+def _command(command: Command, **fields: Any) -> Outgoing:
+    return MessageType.CONTROL, {"cmd": command.value, **fields}
+
+
+# -- constructors: one per message ----------------------------------------------------------------
+
+def trajectories(batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n: int) -> Outgoing:
+    """``n`` trajectories sampled with policy ``version``; ``seq`` numbers the first (see the module docstring)."""
+    return MessageType.TRAJECTORIES, {"batch": batch, "seq": seq, "version": version, "n": n}
+
+
+def sample_request(n: int, version: int) -> Outgoing:
+    """Ask my buffer for ``n`` replayed trajectories; ``version`` is my policy's now."""
+    return MessageType.SAMPLE_REQUEST, {"n": n, "version": version}
+
+
+def sample_reply(batch: Mapping[str, torch.Tensor] | None, versions: torch.Tensor | None = None) -> Outgoing:
+    """A sampled batch and the policy version of each trajectory, or ``batch=None``: not enough stored yet."""
+    if batch is None:
+        return MessageType.SAMPLE_REPLY, {"batch": None}
+    return MessageType.SAMPLE_REPLY, {"batch": batch, "versions": versions}
+
+
+def done() -> Outgoing:
+    """My last trajectory was sent before this (same channel): my buffer may count me finished."""
+    return _command(Command.DONE)
+
+
+def checkpoint(name: str) -> Outgoing:
+    """The cut of periodic checkpoint ``name``: everything I sent before it belongs to the checkpoint."""
+    return _command(Command.CHECKPOINT, name=name)
+
+
+def checkpointed(name: str) -> Outgoing:
+    """The buffer saved its part of checkpoint ``name`` (every client's marker had arrived)."""
+    return _command(Command.CHECKPOINTED, name=name)
+
+
+def weights(state: Mapping[str, torch.Tensor], version: int) -> Outgoing:
+    """A trainer's model weights, stamped with its policy version."""
+    return MessageType.WEIGHTS, {"version": version, "state": state}
+
+
+def stop(reason: str | None = None) -> Outgoing:
+    """End the run: from the coordinator (with its ``reason``) or from a trainer to its actors."""
+    return _command(Command.STOP) if reason is None else _command(Command.STOP, reason=reason)
+
+
+def heartbeat(step: int, **extra: Any) -> Outgoing:
+    """I am alive, at ``step`` (plus plain values, e.g. what a buffer stores)."""
+    return MessageType.HEARTBEAT, {"step": step, **extra}
+
+
+def metrics(values: Mapping[str, Any]) -> Outgoing:
+    """A trainer's metrics of one step (``step``, ``loss``, ``trajectories``, the user's)."""
+    return MessageType.METRICS, dict(values)
+
+
+def summary(values: Mapping[str, Any]) -> Outgoing:
+    """A role's :meth:`~gflowdist.runtime.roles.Role.summary` for the coordinator."""
+    return MessageType.USER, values
+
+
+def saved(name: str) -> Outgoing:
+    """My part of periodic checkpoint ``name`` is on disk."""
+    return _command(Command.SAVED, name=name)
+
+
+def final_report(report: Mapping[str, Any]) -> Outgoing:
+    """My last message: role, host, ledger, timers, channel statistics and the role's extras."""
+    return MessageType.LEDGER, report
+
+
+# -- predicates ---------------------------------------------------------------------------------
+
+def command_of(msg: Message) -> Command | None:
+    """The :class:`Command` of a ``CONTROL`` message; None for any other message or an unknown command."""
+    if msg.type is not MessageType.CONTROL or not isinstance(msg.body, Mapping):
+        return None
+    cmd = msg.body.get("cmd")
+    return _COMMANDS.get(cmd) if isinstance(cmd, str) else None
+
+
+def is_command(msg: Message, command: Command) -> bool:
+    """True when ``msg`` is the ``CONTROL`` message of ``command``."""
+    return command_of(msg) is command

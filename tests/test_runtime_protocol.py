@@ -1,0 +1,48 @@
+"""The runtime's protocol module: each command survives the codec and is read back; others are not commands."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gflowdist.runtime import protocol
+from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
+from gflowdist.transport import decode, encode
+
+
+def wire(message: protocol.Outgoing):
+    """``message`` as a receiver decodes it (rank 3's message number 7)."""
+    return decode(encode(*message, sender=3, seq=7), sender=3)
+
+
+@pytest.mark.parametrize("message, command, fields", [
+    (protocol.done(), Command.DONE, {}),
+    (protocol.checkpoint("gen-0000-step-000000005"), Command.CHECKPOINT, {"name": "gen-0000-step-000000005"}),
+    (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED, {"name": "gen-0000-step-000000005"}),
+    (protocol.saved("gen-0001-step-000000010"), Command.SAVED, {"name": "gen-0001-step-000000010"}),
+    (protocol.stop(), Command.STOP, {}),
+    (protocol.stop("signal SIGINT"), Command.STOP, {"reason": "signal SIGINT"}),
+])
+def test_every_command_is_read_back_with_its_fields(message, command, fields):
+    msg = wire(message)
+    assert msg.type is MessageType.CONTROL and command_of(msg) is command and is_command(msg, command)
+    assert {k: v for k, v in msg.body.items() if k != "cmd"} == fields
+    assert all(not is_command(msg, other) for other in Command if other is not command)
+
+
+def test_data_messages_carry_their_fields_and_are_no_commands():
+    batch = {"x": torch.arange(6, dtype=torch.float32).reshape(3, 2)}
+    sent = wire(protocol.trajectories(batch, seq=30, version=4, n=3))
+    assert sent.type is MessageType.TRAJECTORIES and command_of(sent) is None
+    assert (sent.body["seq"], sent.body["version"], sent.body["n"]) == (30, 4, 3)
+    assert torch.equal(sent.body["batch"]["x"], batch["x"]) and sent.seq == 7  # the message number, not 30
+    reply = wire(protocol.sample_reply(batch, torch.tensor([1, 2, 3])))
+    assert reply.type is MessageType.SAMPLE_REPLY and reply.body["versions"].tolist() == [1, 2, 3]
+    assert wire(protocol.sample_reply(None)).body == {"batch": None}
+    assert wire(protocol.sample_request(8, 2)).body == {"n": 8, "version": 2}
+    assert wire(protocol.heartbeat(5, stored=9)).body == {"step": 5, "stored": 9}
+
+
+@pytest.mark.parametrize("body", [{"cmd": "reboot"}, {"cmd": ["stop"]}, {"cmd": 1}, {}, ["stop"], "stop"])
+def test_an_unknown_or_malformed_command_is_no_command(body):
+    assert command_of(wire((MessageType.CONTROL, body))) is None
