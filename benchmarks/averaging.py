@@ -1,6 +1,6 @@
-"""Gradient averaging: gflowdist's flat-bucket average_gradients vs per-parameter collectives, in one run.
+"""Gradient averaging: gflowdist's in-place average_gradients vs one raw reduction of the same bytes, in one run.
 
-    python benchmarks/averaging.py            # both models, MPI and gloo, ~1 minute
+    python benchmarks/averaging.py            # both models, MPI and gloo, ~2 minutes
     python benchmarks/averaging.py --quick    # fewer repetitions
 
 Launches itself under ``mpiexec -n 2`` (MPI part) and as 2 gloo processes
@@ -8,21 +8,29 @@ Launches itself under ``mpiexec -n 2`` (MPI part) and as 2 gloo processes
 parameters are 10 tensors, and a deep narrow stack whose parameters are 100
 tensors. Per call, median over many repetitions, on rank 0:
 
-- ``raw``: one in-place ``Allreduce`` (MPI) / ``all_reduce`` (gloo) over a
-  contiguous buffer of the same number of bytes: the physical limit;
-- ``ours (views)``: ``average_gradients(model)`` when the gradients are
-  already views of its bucket (after the first call, with
-  ``zero_grad(set_to_none=False)``): reduce + divide;
-- ``ours (fresh)``: ``average_gradients(model)`` when backward left fresh
-  gradient tensors (``zero_grad()`` default): copy in + reduce + divide;
+- ``raw``: one in-place ``Allreduce(MPI.IN_PLACE, ...)`` (mpi4py) / one
+  ``dist.all_reduce`` (gloo) of a contiguous buffer of the same number of
+  bytes: the physical limit (a sum, so it does not even divide);
+- ``views``: ``average_gradients(model)`` when the gradients already live in
+  its buckets (``zero_grad(set_to_none=False)`` and backward): reduce + divide;
+- ``fresh``: ``average_gradients(model)`` right after torch's default
+  ``zero_grad()`` and a backward pass: backward made new gradient tensors
+  and the post-accumulate-grad hooks moved them into the buckets;
+- ``assigned``: the caller assigned new ``p.grad`` tensors itself (no
+  backward, so no hook ran): the call copies them into the buckets first;
 - ``spinup``: Spinning Up's ``mpi_avg_grads``, one ``Allreduce`` per
-  parameter through numpy (MPI only);
-- ``torch per-param``: ``dist.all_reduce(p.grad)`` then ``/= n`` per
-  parameter (gloo only).
+  parameter through numpy (MPI only); ``per-param``: ``dist.all_reduce(p.grad)``
+  then ``/= n`` per parameter (gloo only).
 
-The table gives medians in ms, then ratios of medians with the ratios of
-the minimum times (the calls least disturbed by other processes on a busy
-machine) in parentheses.
+Every variant is in place: each ``p.grad`` keeps its identity and receives
+the mean. Where the hooks move gradients during backward, that work is not
+in ``fresh``: the second table gives backward's time with and without them.
+Ratios are of medians, with the ratio of the minimum times (the calls least
+disturbed by other processes on a busy machine) in parentheses.
+
+Importable: :func:`measure` returns the numbers of one engine,
+:func:`table` and :func:`backward_table` format them, :func:`summary_rows`
+gives ``(label, ms, raw ms, ratio)`` rows for a combined report.
 """
 
 from __future__ import annotations
@@ -31,12 +39,16 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from harness import run_mpi_workers, run_torch_workers
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # harness, also when imported from elsewhere
+from harness import run_mpi_workers, run_torch_workers  # noqa: E402
+
+__all__ = ["measure", "table", "backward_table", "summary_rows", "TARGET_RATIO"]
+
+#: the goal: views and fresh within this factor of one raw reduction
+TARGET_RATIO = 1.25
 
 
 def make_models():
@@ -55,29 +67,15 @@ def warm(tensors) -> None:
         t.sum()
 
 
-def grad_setters(model, comm):
-    """``(fresh, views)``: callables giving the model fresh random gradients, or views of its bucket.
-
-    Each also warms the gradients it installs (see :func:`warm`).
-    """
+def backward_of(model, rank: int):
+    """A callable running one backward pass of ``model`` (gradients differ between ranks)."""
     import torch
 
-    from gflowdist.ops import average_gradients
+    x = torch.randn(8, model[0].in_features, generator=torch.Generator().manual_seed(rank))
 
-    fresh = [torch.randn_like(p) for p in model.parameters()]
-    for p, g in zip(model.parameters(), fresh):
-        p.grad = g
-    average_gradients(model, comm)  # copies them into the bucket; the grads become its views
-    views = [p.grad for p in model.parameters()]
-
-    def setter(grads):
-        def set_grads() -> None:
-            for p, g in zip(model.parameters(), grads):
-                p.grad = g
-            warm(grads)
-        return set_grads
-
-    return setter(fresh), setter(views)
+    def run() -> None:
+        model(x).square().mean().backward()
+    return run
 
 
 def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
@@ -103,13 +101,62 @@ def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
     return out
 
 
+def averaging_cases(model, comm, rank: int, raw) -> dict:
+    """Every case of one model (see the module docstring); ``raw`` is the raw reduction's ``(fn, warm)``.
+
+    Before each timed call every case runs one backward pass (untimed), so
+    all cases leave the same burst of work behind them: on a loaded machine
+    the scheduler treats a process that just computed differently from one
+    that idled, and that must not favour one case.
+    """
+    import copy
+
+    import torch
+
+    from gflowdist.ops import average_gradients
+
+    bare = copy.deepcopy(model)  # never averaged: no hooks, torch's own backward
+    run_backward, run_bare = backward_of(model, rank), backward_of(bare, rank)
+    run_backward()
+    average_gradients(model, comm)  # the first call: buckets and hooks from here on
+    params = list(model.parameters())
+    raw_fn, raw_warm = raw
+
+    def raw_before() -> None:
+        run_bare()
+        raw_warm()
+
+    def views() -> None:
+        model.zero_grad(set_to_none=False)
+        run_backward()
+        warm([p.grad for p in params])
+
+    def fresh() -> None:
+        model.zero_grad()
+        run_backward()
+        warm([p.grad for p in params])
+
+    def assigned() -> None:
+        run_bare()
+        for p in params:
+            p.grad = torch.randn_like(p)
+
+    return {
+        "raw": (raw_fn, raw_before),
+        "views": (lambda: average_gradients(model, comm), views),
+        "fresh": (lambda: average_gradients(model, comm), fresh),
+        "assigned": (lambda: average_gradients(model, comm), assigned),
+        "bwd_hooks": (run_backward, model.zero_grad),
+        "bwd_bare": (run_bare, bare.zero_grad),
+    }
+
+
 def mpi_worker(reps: int) -> None:
     import numpy as np
     import torch
     from mpi4py import MPI
 
     from gflowdist.comm.mpi import MPIComm
-    from gflowdist.ops import average_gradients
 
     world = MPI.COMM_WORLD
     raw_comm = world.Dup()
@@ -128,15 +175,19 @@ def mpi_worker(reps: int) -> None:
     for name, model in make_models().items():
         numel = sum(p.numel() for p in model.parameters())
         buf = np.ones(numel, dtype=np.float32)
-        restore_fresh, restore_views = grad_setters(model, comm)
+        baseline = make_models()[name]
+        run_baseline = backward_of(baseline, world.Get_rank())
 
+        def spinup_before() -> None:
+            baseline.zero_grad()
+            run_baseline()
+
+        cases = averaging_cases(model, comm, world.Get_rank(),
+                                (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                                 lambda: warm([torch.from_numpy(buf)])))
+        cases["baseline"] = (lambda: spinup_avg_grads(baseline), spinup_before)
         row = {"tensors": len(list(model.parameters())), "params": numel}
-        row.update(median_times({
-            "raw": (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), lambda: warm([torch.from_numpy(buf)])),
-            "views": (lambda: average_gradients(model, comm), restore_views),
-            "fresh": (lambda: average_gradients(model, comm), restore_fresh),
-            "spinup": (lambda: spinup_avg_grads(model), restore_fresh),
-        }, reps, world.Barrier))
+        row.update(median_times(cases, reps, world.Barrier))
         results[name] = row
     if world.Get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -147,7 +198,6 @@ def torch_worker(reps: int) -> None:
     import torch.distributed as dist
 
     from gflowdist.comm.torch_dist import TorchComm
-    from gflowdist.ops import average_gradients
 
     dist.init_process_group("gloo")
     comm = TorchComm()
@@ -162,15 +212,17 @@ def torch_worker(reps: int) -> None:
     for name, model in make_models().items():
         numel = sum(p.numel() for p in model.parameters())
         buf = torch.ones(numel)
-        restore_fresh, restore_views = grad_setters(model, comm)
+        baseline = make_models()[name]
+        run_baseline = backward_of(baseline, dist.get_rank())
 
+        def baseline_before() -> None:
+            baseline.zero_grad()
+            run_baseline()
+
+        cases = averaging_cases(model, comm, dist.get_rank(), (lambda: dist.all_reduce(buf), lambda: warm([buf])))
+        cases["baseline"] = (lambda: per_param(baseline), baseline_before)
         row = {"tensors": len(list(model.parameters())), "params": numel}
-        row.update(median_times({
-            "raw": (lambda: dist.all_reduce(buf), lambda: warm([buf])),
-            "views": (lambda: average_gradients(model, comm), restore_views),
-            "fresh": (lambda: average_gradients(model, comm), restore_fresh),
-            "per_param": (lambda: per_param(model), restore_fresh),
-        }, reps, dist.barrier))
+        row.update(median_times(cases, reps, dist.barrier))
         results[name] = row
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -178,29 +230,51 @@ def torch_worker(reps: int) -> None:
     dist.destroy_process_group()
 
 
-def run_mpi(reps: int) -> dict:
-    return run_mpi_workers(__file__, ["--reps", str(reps)])
+def measure(engine: str, reps: int = 200) -> dict:
+    """Run the workers of ``engine`` (``"mpi"`` or ``"torch"``, 2 ranks); per model, seconds per call."""
+    runner = run_mpi_workers if engine == "mpi" else run_torch_workers
+    return runner(os.path.abspath(__file__), ["--reps", str(reps)])
 
 
-def run_torch(reps: int) -> dict:
-    return run_torch_workers(__file__, ["--reps", str(reps)])
+BASELINE_LABEL = {"mpi": "spinup", "torch": "per-param"}
 
 
-def table(title: str, results: dict, baseline: str, label: str) -> str:
+def _ratio(r: dict, a: str, b: str) -> str:
+    return f"{r[a] / r[b]:.2f} ({r[a + '_min'] / r[b + '_min']:.2f})"
+
+
+def table(engine: str, results: dict) -> str:
     """Median ms per call, then ratios of medians with ratios of minimums in parentheses."""
-    def ratio(a: str, b: str, r: dict) -> str:
-        return f"{r[a] / r[b]:.2f} ({r[a + '_min'] / r[b + '_min']:.2f})"
-
+    label = BASELINE_LABEL[engine]
+    raw = "raw Allreduce" if engine == "mpi" else "raw all_reduce"
     head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | "
-            f"{label + ' ms':>12} | "
-            f"{'views/raw':>11} | {'fresh/raw':>11} | {label + '/views':>15} | {label + '/fresh':>15}")
-    lines = [f"\n{title}", head, "-" * len(head)]
+            f"{'assigned ms':>11} | {label + ' ms':>12} | {'views/raw':>11} | {'fresh/raw':>11} | "
+            f"{'assigned/raw':>12} | {label + '/fresh':>15}")
+    lines = [f"\n{engine}: in-place average_gradients vs one {raw} of the same bytes (raw) and {label}",
+             head, "-" * len(head)]
     for name, r in results.items():
         lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
-                     f"{r['fresh'] * 1e3:8.2f} | {r[baseline] * 1e3:12.2f} | "
-                     f"{ratio('views', 'raw', r):>11} | {ratio('fresh', 'raw', r):>11} | "
-                     f"{ratio(baseline, 'views', r):>15} | {ratio(baseline, 'fresh', r):>15}")
+                     f"{r['fresh'] * 1e3:8.2f} | {r['assigned'] * 1e3:11.2f} | {r['baseline'] * 1e3:12.2f} | "
+                     f"{_ratio(r, 'views', 'raw'):>11} | {_ratio(r, 'fresh', 'raw'):>11} | "
+                     f"{_ratio(r, 'assigned', 'raw'):>12} | {_ratio(r, 'baseline', 'fresh'):>15}")
     return "\n".join(lines)
+
+
+def backward_table(engine: str, results: dict) -> str:
+    """Backward's time with the hooks that move fresh gradients into the buckets, and without."""
+    head = f"{'model':>9} | {'bwd ms':>6} | {'bwd+hooks ms':>12} | {'hooks cost ms':>13} | {'ratio':>11}"
+    lines = [f"\n{engine}: one backward pass (batch 8) after zero_grad(), torch alone vs with the hooks",
+             head, "-" * len(head)]
+    for name, r in results.items():
+        lines.append(f"{name:>9} | {r['bwd_bare'] * 1e3:6.2f} | {r['bwd_hooks'] * 1e3:12.2f} | "
+                     f"{(r['bwd_hooks'] - r['bwd_bare']) * 1e3:13.2f} | {_ratio(r, 'bwd_hooks', 'bwd_bare'):>11}")
+    return "\n".join(lines)
+
+
+def summary_rows(engine: str, results: dict) -> list[tuple[str, float, float, float]]:
+    """``(label, ms per call, raw ms, ratio of medians)`` for views and fresh of each model."""
+    return [(f"average_gradients {engine} {name} {case}", r[case] * 1e3, r["raw"] * 1e3, r[case] / r["raw"])
+            for name, r in results.items() for case in ("views", "fresh")]
 
 
 def main() -> int:
@@ -214,15 +288,15 @@ def main() -> int:
         (mpi_worker if args.worker == "mpi" else torch_worker)(args.reps)
         return 0
     reps = 40 if args.quick else args.reps
-    print(f"gradient averaging between 2 ranks on {socket.gethostname()}; median per call over {reps} calls")
-    engines = args.engines.split(",")
-    if "mpi" in engines:
-        print(table("MPI: gflowdist average_gradients vs one raw Allreduce (raw) and Spinning Up mpi_avg_grads",
-                    run_mpi(reps), "spinup", "spinup"))
-    if "torch" in engines:
-        print(table("gloo: gflowdist average_gradients vs one raw all_reduce (raw) and one all_reduce per parameter",
-                    run_torch(reps), "per_param", "per-param"))
-    print("\ntargets: ours within 1.25x of raw on both models; >= 2x faster than Spinning Up on mlp-10")
+    load = os.getloadavg()[0]
+    print(f"gradient averaging between 2 ranks on {socket.gethostname()}; median per call over {reps} calls; "
+          f"load average {load:.2f} at start")
+    for engine in args.engines.split(","):
+        results = measure(engine, reps)
+        print(table(engine, results))
+        print(backward_table(engine, results))
+    print(f"\ntarget: views and fresh within {TARGET_RATIO}x of raw on both models; "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import gflowdist.compat.torchgfn as tg
-from gflowdist.compat.torchgfn_context import torchgfn_layout_config, world_for
+from gflowdist.comm.native import NotAMemberError
+from gflowdist.compat.torchgfn_context import torchgfn_layout_config
+from gflowdist.compat.torchgfn_groups import world_for
 from gflowdist.errors import ConfigError, DeadlineError, GflowdistError, LayoutError, ProtocolError
 from gflowdist.layout import plan_layout
 from gflowdist.transport import EncodeError
@@ -228,13 +230,26 @@ def test_bad_backend_names_raise():
         tg.barrier(group="world")
 
 
-def test_non_member_group_reports_minus_one_and_refuses_collectives():
-    group = tg.NonMemberGroup("train_global_group", [0, 1], rank=2)
-    assert tg.get_rank(group=group) == -1 and tg.get_world_size(group=group) == -1
-    with pytest.raises(GflowdistError, match="all_reduce: rank 2 is not a member of train_global_group"):
-        tg.all_reduce(torch.ones(1), group=group)
-    with pytest.raises(GflowdistError, match="not a member"):
-        tg.average_models(torch.nn.Linear(1, 1), training_group=group)
+def test_non_member_handle_reports_minus_one_and_refuses_collectives():
+    """What torch gives a rank outside a group: get_rank/get_world_size say -1, collectives raise."""
+    import torch.distributed as dist
+
+    outside = dist.GroupMember.NON_GROUP_MEMBER
+    assert tg.get_rank(group=outside) == -1 and tg.get_world_size("torch", group=outside) == -1
+    with pytest.raises(NotAMemberError, match="all_reduce: this rank is not a member of the group"):
+        tg.all_reduce(torch.ones(1), group=outside)
+    with pytest.raises(NotAMemberError, match="average_models: this rank is not a member"):
+        tg.average_models(torch.nn.Linear(1, 1), training_group=outside)
+
+
+def test_hand_built_context_follows_torchgfn_2_4_1():
+    """torchgfn 2.4.1's DDP scripts build the context by hand: ranks past the trainers are buffers."""
+    ctx = tg.DistributedContext(my_rank=3, world_size=4, num_training_ranks=3, agent_group_size=3,
+                                train_global_group=None, assigned_training_ranks=[0, 1, 2])
+    assert ctx.is_buffer_rank() and not ctx.is_training_rank() and ctx.buffer_rank_set == {3}
+    trainer = tg.DistributedContext(my_rank=1, world_size=4, num_training_ranks=3, agent_group_size=3)
+    assert trainer.is_training_rank() and not trainer.is_buffer_rank()
+    assert tg.DistributedContextmpi4py is tg.DistributedContextMPI4Py  # 2.4.1's spelling
 
 
 def test_loopback_payloads_and_channels():

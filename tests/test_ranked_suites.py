@@ -1,4 +1,4 @@
-"""Run tests/ranked/ under real ranks: mpiexec -n 1, 2, 4 and 2-3 gloo processes.
+"""Run tests/ranked/ under real ranks: mpiexec -n 1, 2, 4 and 2-3 gloo processes (some files at 3-5 more).
 
 One launch per configuration runs every ranked file (a launch costs seconds of
 interpreter and torch start-up per rank); the inner pytest output, printed on
@@ -14,16 +14,18 @@ import pytest
 
 from tests.support.launching import pytest_summaries, run_mpi, run_torch
 
-CONFIGS = [("mpi", 1, None), ("mpi", 2, None), ("mpi", 4, None), ("torch", 2, None), ("torch", 3, None),
+CONFIGS = [("mpi", 1, ()), ("mpi", 2, ()), ("mpi", 4, ()), ("torch", 2, ()), ("torch", 3, ()),
            # the context suite also at sizes with a coordinator and two agent groups
-           ("mpi", 5, "test_context.py"), ("torch", 4, "test_context.py")]
+           ("mpi", 5, ("test_context.py",)), ("torch", 4, ("test_context.py",)),
+           # native groups (the context's and a user's Split) also at an odd MPI size
+           ("mpi", 3, ("test_compat_native_groups.py",))]
 
 
 @pytest.mark.parametrize("engine,nprocs,only", CONFIGS,
-                         ids=[f"{e}-{n}" + (f"-{o[:-3]}" if o else "") for e, n, o in CONFIGS])
+                         ids=[f"{e}-{n}" + "".join(f"-{o[:-3]}" for o in only) for e, n, only in CONFIGS])
 def test_ranked_suites(engine, nprocs, only):
-    target = f"tests/ranked/{only}" if only else "tests/ranked"
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120", target]
+    targets = [f"tests/ranked/{name}" for name in only] or ["tests/ranked"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120", *targets]
     runner = run_mpi if engine == "mpi" else run_torch
     result = runner(nprocs, argv, timeout=480, env={"GFLOWDIST_TEST_ENGINE": engine})
     result.check()

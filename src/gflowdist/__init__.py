@@ -24,7 +24,8 @@ _COMPAT_SPINUP = ("proc_id", "num_procs", "msg", "allreduce", "mpi_op", "mpi_sum
 _COMPAT_OMNISAFE = ("setup_distributed", "get_rank", "world_size", "is_master", "fork", "dist_op", "dist_sum",
                     "dist_max", "dist_min", "dist_avg", "avg_tensor", "avg_grads", "avg_params",
                     "dist_statistics_scalar")
-_COMPAT_VIRTEX = ("launch", "synchronize", "is_master_process", "average_across_processes", "gpu_mem_usage")
+_COMPAT_VIRTEX = ("launch", "synchronize", "get_world_size", "is_master_process", "average_across_processes",
+                  "gpu_mem_usage")
 _COMPAT_EVORL = ("DP_AXIS_NAME", "POP_AXIS_NAME", "pmean", "psum", "pmax", "pmin", "all_gather", "get_process_id",
                  "get_global_ranks", "is_dist_initialized", "split_key_to_devices", "tree_device_put",
                  "gradient_update", "agent_gradient_update", "shmap_map", "shmap_vmap")

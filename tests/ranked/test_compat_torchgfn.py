@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import gflowdist.compat.torchgfn as tg
-from gflowdist.compat.torchgfn_context import world_for
+from gflowdist.compat.torchgfn_groups import world_for
 from gflowdist.errors import GflowdistError, LayoutError, ProtocolError
 from gflowdist.transport import EncodeError
 
@@ -253,16 +253,24 @@ def test_cleanup_never_raises_and_is_idempotent(comm):
     tg.barrier(backend_of(comm))  # MPI and the process group still work
 
 
-def test_non_members_cannot_use_a_group(comm):
+def test_non_members_hold_what_torchgfn_gives_and_cannot_use_the_group(comm):
     if comm.size == 1:
         pytest.skip("needs a buffer rank")
     ctx = make_context(comm, 1)
+    if comm.engine == "torch":
+        outside = dist.GroupMember.NON_GROUP_MEMBER
+    else:
+        from mpi4py import MPI
+
+        outside = MPI.COMM_NULL
     if ctx.is_buffer_rank():
+        assert ctx.train_global_group == outside and all(g == outside for g in ctx.agent_groups)
         assert tg.get_rank(group=ctx.train_global_group) == -1
-        with pytest.raises(GflowdistError, match="not a member of train_global_group"):
+        with pytest.raises(GflowdistError, match="barrier: this rank is not a member of the group"):
             tg.barrier(backend_of(comm), ctx.train_global_group)
     else:
-        with pytest.raises(GflowdistError, match="not a member of buffer_group"):
+        assert ctx.buffer_group == outside
+        with pytest.raises(GflowdistError, match="all_reduce: this rank is not a member of the group"):
             tg.all_reduce(torch.ones(1), group=ctx.buffer_group)
     ctx.cleanup()
 
@@ -303,8 +311,8 @@ def test_initialize_distributed_compute(comm):
     assert dist.is_initialized() and ctx.training_ranks == [r for r, t in enumerate(is_trainer) if t]
     if ctx.is_training_rank():
         for backend in ("torch", "mpi") if owned else ("torch",):
-            group = ctx.get_train_group(backend)
-            assert group.engine == backend
+            group = ctx.get_train_group(backend)  # torchgfn's handles: a ProcessGroup, an mpi4py Intracomm
+            assert isinstance(group, dist.ProcessGroup) if backend == "torch" else type(group).__name__ == "Intracomm"
             total = torch.tensor([float(comm.rank)])
             tg.all_reduce(total, backend=backend, group=group)
             assert float(total) == sum(ctx.training_ranks)

@@ -27,6 +27,7 @@ from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, R
                                  take_from_inbox,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import BufferPool, as_byte_array
+from gflowdist.comm.native import register
 from gflowdist.comm.polling import Backoff, poll_until
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.errors import ProtocolError
@@ -85,6 +86,7 @@ class MPIComm(Communicator):
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
         self._freed = False
+        register(self, comm)  # found again from the mpi4py communicator
 
     @property
     def mpi_comm(self) -> "MPI.Comm":

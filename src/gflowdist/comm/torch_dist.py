@@ -43,6 +43,7 @@ from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, R
                                  take_from_inbox,
                                  require_float_for_avg)
 from gflowdist.comm.buffers import BufferPool, as_byte_array, read_only_tensor
+from gflowdist.comm.native import register
 from gflowdist.errors import DeadlineError, ProtocolError, TransportError
 
 __all__ = ["TorchComm"]
@@ -150,6 +151,7 @@ class TorchComm(Communicator):
         self._closed_by: set[int] = set()  # peers whose close notice arrived (see free)
         self._serial = next(_SERIALS)
         _OPEN.add(self)
+        register(self, group if group is not None else dist.group.WORLD)  # found again from the group
         # Receive from the start: a peer's send completes only once a receive is posted here.
         self._start_receiver()
 

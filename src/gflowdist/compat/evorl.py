@@ -34,10 +34,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from gflowdist.comm.base import Communicator, ReduceOp
+from gflowdist.comm.base import ReduceOp
+from gflowdist.comm.native import Group
 from gflowdist.ops.averaging import average_gradients
 from gflowdist.ops.axes import DP_AXIS_NAME, POP_AXIS_NAME, axis_group
-from gflowdist.ops.collectives import group_or_world
+from gflowdist.ops.collectives import rank_and_size
 from gflowdist.ops.trees import tree_leaves, tree_map
 
 __all__ = ["DP_AXIS_NAME", "POP_AXIS_NAME", "pmean", "psum", "pmax", "pmin", "all_gather", "get_process_id",
@@ -51,27 +52,27 @@ def _reduce(x: Any, op: ReduceOp, axis_name: Any) -> Any:
     return axis_group(axis_name).all_reduce(out, op)
 
 
-def pmean(x: Any, axis_name: str | Communicator | None = None) -> Any:
+def pmean(x: Any, axis_name: str | Group | None = None) -> Any:
     """Mean over the axis as a new tensor; ``x`` itself when ``axis_name`` is None."""
     return _reduce(x, ReduceOp.AVG, axis_name)
 
 
-def psum(x: Any, axis_name: str | Communicator | None = None) -> Any:
+def psum(x: Any, axis_name: str | Group | None = None) -> Any:
     """Sum over the axis as a new tensor; ``x`` itself when ``axis_name`` is None."""
     return _reduce(x, ReduceOp.SUM, axis_name)
 
 
-def pmax(x: Any, axis_name: str | Communicator | None = None) -> Any:
+def pmax(x: Any, axis_name: str | Group | None = None) -> Any:
     """Element-wise max over the axis as a new tensor; ``x`` itself when ``axis_name`` is None."""
     return _reduce(x, ReduceOp.MAX, axis_name)
 
 
-def pmin(x: Any, axis_name: str | Communicator | None = None) -> Any:
+def pmin(x: Any, axis_name: str | Group | None = None) -> Any:
     """Element-wise min over the axis as a new tensor; ``x`` itself when ``axis_name`` is None."""
     return _reduce(x, ReduceOp.MIN, axis_name)
 
 
-def all_gather(x: Any, axis_name: str | Communicator | None = None, tiled: bool = False) -> Any:
+def all_gather(x: Any, axis_name: str | Group | None = None, tiled: bool = False) -> Any:
     """Every rank's ``x`` along a new leading axis (or concatenated on dim 0 when ``tiled``)."""
     if axis_name is None:
         return x
@@ -79,19 +80,19 @@ def all_gather(x: Any, axis_name: str | Communicator | None = None, tiled: bool 
     return torch.cat(parts) if tiled else torch.stack(parts)
 
 
-def get_process_id(group: Communicator | None = None) -> int:
+def get_process_id(group: Group | None = None) -> int:
     """Rank of this process (0 alone)."""
-    return group_or_world(group).rank
+    return rank_and_size(group)[0]
 
 
-def get_global_ranks(group: Communicator | None = None) -> torch.Tensor:
+def get_global_ranks(group: Group | None = None) -> torch.Tensor:
     """``tensor([rank])``: the ranks of this process's devices (one per process here)."""
     return torch.tensor([get_process_id(group)])
 
 
-def is_dist_initialized(group: Communicator | None = None) -> bool:
+def is_dist_initialized(group: Group | None = None) -> bool:
     """True only in a job of more than one process."""
-    return group_or_world(group).size > 1
+    return rank_and_size(group)[1] > 1
 
 
 def split_key_to_devices(seed: int, devices: Sequence[Any]) -> torch.Tensor:
@@ -117,7 +118,7 @@ def _split_loss(out: Any, has_aux: bool) -> tuple[torch.Tensor, Any]:
 
 
 def gradient_update(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
-                    dp_axis_name: str | Communicator | None, has_aux: bool = False) -> Callable[..., tuple]:
+                    dp_axis_name: str | Group | None, has_aux: bool = False) -> Callable[..., tuple]:
     """``f(optimizer, module, *args) -> (loss value, module, optimizer)`` taking one averaged step.
 
     ``optimizer`` given here is used when ``f`` is called with ``None``.
@@ -154,7 +155,7 @@ def _detach_params_from_agent_state(agent_state: Any) -> torch.nn.Module:
 
 
 def agent_gradient_update(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
-                          dp_axis_name: str | Communicator | None = None, has_aux: bool = False,
+                          dp_axis_name: str | Group | None = None, has_aux: bool = False,
                           attach_fn: Callable[[Any, torch.nn.Module], Any] = _attach_params_to_agent_state,
                           detach_fn: Callable[[Any], torch.nn.Module] = _detach_params_from_agent_state
                           ) -> Callable[..., tuple]:
@@ -231,7 +232,7 @@ def shmap_map(fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, ou
               ) -> Callable[..., Any]:
     """Run ``fn`` on each member of the population, sharded over the mesh's ranks (see module docstring).
 
-    ``mesh``: an axis name or communicator (None: the POP axis).
+    ``mesh``: an axis name, a communicator or a native group (None: the POP axis).
     ``in_specs``: one entry per argument; None / False marks an argument
     passed whole to every call instead of being split along dim 0.
     """

@@ -30,12 +30,13 @@ from typing import Any
 
 import torch
 
-from gflowdist.comm.base import Communicator, ReduceOp
+from gflowdist.comm.base import ReduceOp
+from gflowdist.comm.native import Group
 from gflowdist.launch.threads import share_torch_threads
 from gflowdist.launch.torchrun import fork
 from gflowdist.ops.averaging import average_gradients, average_models, sync_params as _sync_params
 from gflowdist.ops.collectives import (as_reduce_op, avg_tensor, dist_avg, dist_max, dist_min, dist_op, dist_sum,
-                                       group_or_world)
+                                       group_or_world, rank_and_size)
 from gflowdist.ops.statistics import statistics_scalar
 
 __all__ = ["setup_distributed", "get_rank", "is_master", "world_size", "fork", "avg_tensor", "avg_grads",
@@ -43,22 +44,22 @@ __all__ = ["setup_distributed", "get_rank", "is_master", "world_size", "fork", "
            "dist_statistics_scalar", "reduce", "all_reduce", "gather", "all_gather", "broadcast", "scatter"]
 
 
-def get_rank(group: Communicator | None = None) -> int:
+def get_rank(group: Group | None = None) -> int:
     """Rank of this process in the running job (0 without one)."""
-    return group_or_world(group).rank
+    return rank_and_size(group)[0]
 
 
-def world_size(group: Communicator | None = None) -> int:
+def world_size(group: Group | None = None) -> int:
     """Number of processes in the running job (1 without one)."""
-    return group_or_world(group).size
+    return rank_and_size(group)[1]
 
 
-def is_master(group: Communicator | None = None) -> bool:
+def is_master(group: Group | None = None) -> bool:
     """True on rank 0."""
     return get_rank(group) == 0
 
 
-def setup_distributed(group: Communicator | None = None) -> None:
+def setup_distributed(group: Group | None = None) -> None:
     """Give torch ``max(int(threads / world), 1)`` threads when it has more than one; print what changed."""
     before, after = share_torch_threads(world_size(group))
     if after != before:
@@ -66,23 +67,23 @@ def setup_distributed(group: Communicator | None = None) -> None:
               flush=True)
 
 
-def avg_grads(module: torch.nn.Module, group: Communicator | None = None) -> None:
+def avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
     """Average every gradient over the job, in place; ``None`` gradients are skipped."""
     average_gradients(module, group)
 
 
-def sync_params(module: torch.nn.Module, group: Communicator | None = None) -> None:
+def sync_params(module: torch.nn.Module, group: Group | None = None) -> None:
     """Broadcast every parameter from rank 0, in place."""
     _sync_params(module, group)
 
 
-def avg_params(module: torch.nn.Module, group: Communicator | None = None) -> None:
+def avg_params(module: torch.nn.Module, group: Group | None = None) -> None:
     """Replace every parameter by its mean over the job, in place."""
     average_models(module, group)
 
 
 def dist_statistics_scalar(value: Any, with_min_and_max: bool = False,
-                           group: Communicator | None = None) -> tuple[torch.Tensor, ...]:
+                           group: Group | None = None) -> tuple[torch.Tensor, ...]:
     """Pooled ``(mean, std)`` or ``(mean, std, min, max)`` of all ranks' samples as 0-d float32 tensors.
 
     Population std (ddof 0); ranks may hold different numbers of samples or
@@ -109,27 +110,27 @@ def _done(async_op: bool) -> _Completed | None:
     return _Completed() if async_op else None
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Communicator | None = None,
+def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Group | None = None,
                async_op: bool = False) -> _Completed | None:
     """``torch.distributed.all_reduce``: reduce ``tensor`` in place over the group."""
     group_or_world(group).all_reduce(tensor.data, as_reduce_op(op))
     return _done(async_op)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Communicator | None = None,
+def reduce(tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Group | None = None,
            async_op: bool = False) -> _Completed | None:
     """``torch.distributed.reduce``: the result lands on ``dst`` (here on every rank, as an all-reduce)."""
     return all_reduce(tensor, op, group, async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: Communicator | None = None,
+def broadcast(tensor: torch.Tensor, src: int, group: Group | None = None,
               async_op: bool = False) -> _Completed | None:
     """``torch.distributed.broadcast``: overwrite ``tensor`` with rank ``src``'s, in place."""
     group_or_world(group).broadcast(tensor.data, src)
     return _done(async_op)
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Communicator | None = None,
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Group | None = None,
                async_op: bool = False) -> _Completed | None:
     """``torch.distributed.all_gather``: ``tensor_list[r]`` receives rank ``r``'s ``tensor``."""
     for slot, value in zip(tensor_list, group_or_world(group).all_gather(tensor.detach()), strict=True):
@@ -138,7 +139,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Com
 
 
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0,
-           group: Communicator | None = None, async_op: bool = False) -> _Completed | None:
+           group: Group | None = None, async_op: bool = False) -> _Completed | None:
     """``torch.distributed.gather``: on ``dst``, ``gather_list[r]`` receives rank ``r``'s ``tensor``."""
     parts = group_or_world(group).gather(tensor.detach(), dst)
     if parts is not None:
@@ -150,7 +151,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0,
-            group: Communicator | None = None, async_op: bool = False) -> _Completed | None:
+            group: Group | None = None, async_op: bool = False) -> _Completed | None:
     """``torch.distributed.scatter``: ``tensor`` receives ``scatter_list[rank]`` of rank ``src``.
 
     Runs as one broadcast of the stacked list (every rank receives all parts).

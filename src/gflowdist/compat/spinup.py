@@ -21,44 +21,45 @@ from typing import Any
 import numpy as np
 import torch
 
-from gflowdist.comm.base import Communicator, ReduceOp
+from gflowdist.comm.base import ReduceOp
+from gflowdist.comm.native import Group
 from gflowdist.launch.mpiexec import mpi_fork
 from gflowdist.launch.threads import share_torch_threads
 from gflowdist.ops.averaging import average_gradients, sync_params as _sync_params
-from gflowdist.ops.collectives import as_reduce_op, group_or_world
+from gflowdist.ops.collectives import as_reduce_op, group_or_world, rank_and_size
 from gflowdist.ops.statistics import statistics_scalar
 
 __all__ = ["mpi_fork", "msg", "proc_id", "num_procs", "allreduce", "broadcast", "mpi_op", "mpi_sum", "mpi_avg",
            "mpi_statistics_scalar", "setup_pytorch_for_mpi", "mpi_avg_grads", "sync_params"]
 
 
-def proc_id(group: Communicator | None = None) -> int:
+def proc_id(group: Group | None = None) -> int:
     """Rank of this process (0 in a plain process)."""
-    return group_or_world(group).rank
+    return rank_and_size(group)[0]
 
 
-def num_procs(group: Communicator | None = None) -> int:
+def num_procs(group: Group | None = None) -> int:
     """Number of ranks (1 in a plain process)."""
-    return group_or_world(group).size
+    return rank_and_size(group)[1]
 
 
-def msg(m: Any, string: str = "", group: Communicator | None = None) -> None:
+def msg(m: Any, string: str = "", group: Group | None = None) -> None:
     """Print ``m`` prefixed with this process's rank."""
     print(f"Message from {proc_id(group)}: {string} \t {m}")
 
 
-def allreduce(sendbuf: Any, recvbuf: Any, op: Any = "sum", group: Communicator | None = None) -> None:
+def allreduce(sendbuf: Any, recvbuf: Any, op: Any = "sum", group: Group | None = None) -> None:
     """``recvbuf[...] = reduce(sendbuf)`` over the ranks (arrays or tensors of one shape)."""
     np.copyto(recvbuf, sendbuf) if isinstance(recvbuf, np.ndarray) else recvbuf.copy_(torch.as_tensor(sendbuf))
     group_or_world(group).all_reduce(recvbuf, as_reduce_op(op))
 
 
-def broadcast(x: Any, root: int = 0, group: Communicator | None = None) -> None:
+def broadcast(x: Any, root: int = 0, group: Group | None = None) -> None:
     """Overwrite the array or tensor ``x`` with rank ``root``'s, in place."""
     group_or_world(group).broadcast(x.data if isinstance(x, torch.Tensor) else x, root)
 
 
-def mpi_op(x: Any, op: Any, group: Communicator | None = None) -> Any:
+def mpi_op(x: Any, op: Any, group: Group | None = None) -> Any:
     """Reduce a scalar, list, array or CPU tensor as float32; a scalar in gives a numpy float32 scalar out."""
     scalar = np.isscalar(x) or (isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 0)
     if isinstance(x, torch.Tensor):
@@ -68,17 +69,17 @@ def mpi_op(x: Any, op: Any, group: Communicator | None = None) -> Any:
     return buff[0] if scalar else buff
 
 
-def mpi_sum(x: Any, group: Communicator | None = None) -> Any:
+def mpi_sum(x: Any, group: Group | None = None) -> Any:
     """Sum over ranks (see :func:`mpi_op`)."""
     return mpi_op(x, ReduceOp.SUM, group)
 
 
-def mpi_avg(x: Any, group: Communicator | None = None) -> Any:
+def mpi_avg(x: Any, group: Group | None = None) -> Any:
     """Mean over ranks of a scalar, list, array or CPU tensor, as float32 (scalar in, scalar out)."""
     return mpi_sum(x, group) / num_procs(group)
 
 
-def mpi_statistics_scalar(x: Any, with_min_and_max: bool = False, group: Communicator | None = None) -> tuple:
+def mpi_statistics_scalar(x: Any, with_min_and_max: bool = False, group: Group | None = None) -> tuple:
     """Pooled mean and population std (ddof 0) of every rank's samples; optionally global min and max.
 
     See :mod:`gflowdist.ops.statistics` for the formulas; ranks may hold
@@ -87,16 +88,16 @@ def mpi_statistics_scalar(x: Any, with_min_and_max: bool = False, group: Communi
     return statistics_scalar(x, with_min_and_max, group)
 
 
-def setup_pytorch_for_mpi(group: Communicator | None = None) -> None:
+def setup_pytorch_for_mpi(group: Group | None = None) -> None:
     """Give torch ``max(int(threads / world), 1)`` threads when it has more than one."""
     share_torch_threads(num_procs(group))
 
 
-def mpi_avg_grads(module: torch.nn.Module, group: Communicator | None = None) -> None:
+def mpi_avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
     """Average every parameter's gradient over the ranks, in place; ``None`` gradients are skipped."""
     average_gradients(module, group)
 
 
-def sync_params(module: torch.nn.Module, group: Communicator | None = None) -> None:
+def sync_params(module: torch.nn.Module, group: Group | None = None) -> None:
     """Broadcast every parameter from rank 0, in place."""
     _sync_params(module, group)

@@ -14,10 +14,14 @@ Every public name of the original, with the same parameters:
 
 ``backend`` is ``"mpi"`` (the default, as in torchgfn) or ``"torch"``; with
 ``group=None`` it picks that engine's world communicator
-(:func:`~gflowdist.compat.torchgfn_context.world_for`). ``group`` is one of
-the gflowdist communicators the contexts hold, and then decides the engine
-itself. Without any launcher everything is a world of one: sends to rank 0
-loop back, collectives return what a 1-rank job returns.
+(:func:`~gflowdist.compat.torchgfn_groups.world_for`). Any other ``group``
+decides the engine itself: a torch.distributed process group or an mpi4py
+communicator — the contexts' groups, or one the user built with
+``dist.new_group`` or ``MPI.COMM_WORLD.Split`` / ``Create`` — or a gflowdist
+:class:`~gflowdist.comm.Communicator`. Native groups are wrapped once and
+cached (:mod:`gflowdist.comm.native`). Without any launcher everything is a
+world of one: sends to rank 0 loop back, collectives return what a 1-rank
+job returns.
 
 Fixed behaviour (each has a test in tests/ranked/test_compat_torchgfn.py):
 
@@ -42,15 +46,15 @@ from typing import Any
 import torch
 
 from gflowdist.comm import AsyncSendHandle, Communicator
+from gflowdist.comm.native import Group, rank_and_size
 from gflowdist.compat.torchgfn_context import (
     DistributedContext,
     DistributedContextMPI4Py,
-    NonMemberGroup,
+    DistributedContextmpi4py,
     initialize_distributed_compute,
     initialize_distributed_compute_mpi4py,
-    resolve_group,
-    world_for,
 )
+from gflowdist.compat.torchgfn_groups import engine_of, resolve_group, world_for
 from gflowdist.timing import report_load_imbalance, report_time_info
 from gflowdist.transport import EncodeError, MessageType, decode, encode
 
@@ -58,8 +62,8 @@ __all__ = [
     "AsyncSendHandle",
     "DistributedContext",
     "DistributedContextMPI4Py",
+    "DistributedContextmpi4py",
     "Group",
-    "NonMemberGroup",
     "all_gather",
     "all_reduce",
     "average_gradients",
@@ -82,8 +86,6 @@ __all__ = [
 
 
 default_backend = "mpi"
-#: What ``group`` may be: None, a gflowdist Communicator, torch's group.WORLD or MPI.COMM_WORLD.
-Group = Any
 
 _SEQ = itertools.count()
 
@@ -161,17 +163,19 @@ def barrier(backend: str = default_backend, group: Group | None = None) -> None:
 
 
 def get_rank(backend: str = default_backend, group: Group | None = None) -> int:
-    """This rank's rank in ``group`` (None: the world of ``backend``); -1 if not a member."""
-    if isinstance(group, NonMemberGroup):
-        return -1
-    return resolve_group(backend, group, "get_rank").rank
+    """This rank's rank in ``group`` (None: the world of ``backend``); -1 if not a member. No communication."""
+    if group is None:
+        return resolve_group(backend, None, "get_rank").rank
+    engine_of(backend)
+    return rank_and_size(group)[0]
 
 
 def get_world_size(backend: str = default_backend, group: Group | None = None) -> int:
-    """The number of ranks in ``group`` (None: the world of ``backend``); -1 if not a member."""
-    if isinstance(group, NonMemberGroup):
-        return -1
-    return resolve_group(backend, group, "get_world_size").size
+    """The number of ranks in ``group`` (None: the world of ``backend``); -1 if not a member. No communication."""
+    if group is None:
+        return resolve_group(backend, None, "get_world_size").size
+    engine_of(backend)
+    return rank_and_size(group)[1]
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = "SUM", backend: str = default_backend,

@@ -1,13 +1,10 @@
 """torchgfn's distributed contexts, built on :class:`gflowdist.context.DistributedContext`.
 
 Private helper of :mod:`gflowdist.compat.torchgfn` (import from there). It holds
-
-- which world communicator a torchgfn ``backend`` name means (:func:`world_for`,
-  :func:`resolve_group`);
-- the two context dataclasses, :class:`DistributedContext` and
-  :class:`DistributedContextMPI4Py`, with torchgfn's field names;
-- the two entry points that build them, :func:`initialize_distributed_compute`
-  and :func:`initialize_distributed_compute_mpi4py`.
+the two context dataclasses, :class:`DistributedContext` and
+:class:`DistributedContextMPI4Py`, with torchgfn's field names, and the two
+entry points that build them, :func:`initialize_distributed_compute` and
+:func:`initialize_distributed_compute_mpi4py`.
 
 Rank assignment is torchgfn's (``RankLayout.build`` / ``from_hostnames``),
 computed by :func:`gflowdist.layout.plan_layout` with the layout config of
@@ -20,14 +17,17 @@ consecutive slices of ``T/G`` trainers. When ``B`` is a multiple of the number
 of hosts, buffers are placed on their trainers' host (node-local); when the
 hosts do not allow that, the arithmetic (block) rule applies.
 
-Where torchgfn hands out ``torch.distributed`` process groups or mpi4py
-communicators, these contexts hand out gflowdist
-:class:`~gflowdist.comm.Communicator` objects (pass them to the functions of
-:mod:`gflowdist.compat.torchgfn`, or use their own methods). A rank that is
-not a member of a group gets a :class:`NonMemberGroup` in that attribute:
-``get_rank`` / ``get_world_size`` report -1 for it (as torch.distributed does
-for a non-member) and every collective on it raises, instead of silently
-running over some other group.
+The groups are what torchgfn hands out: on the torch backend
+``train_global_group``, ``agent_groups`` and ``buffer_group`` are
+``torch.distributed`` process groups (``dist.barrier(group=...)``,
+``dist.broadcast(..., group=pg)`` work on them), and the fields of
+``dc_mpi4py`` are mpi4py communicators (``Barrier()``, ``Get_size()``,
+``Allreduce``, ``allgather``). A rank outside a group holds what torchgfn
+gives it: ``GroupMember.NON_GROUP_MEMBER`` or ``MPI.COMM_NULL``. gflowdist's
+communicator over each group stays in the context's ``core`` (and every
+function of :mod:`gflowdist.compat.torchgfn` finds it from the native group,
+:mod:`gflowdist.comm.native`). In a world of one there is no native group:
+the groups are None, which every function reads as the world of one.
 """
 
 from __future__ import annotations
@@ -35,153 +35,32 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
-from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, launcher_world_size, world_comm
+from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_comm
 from gflowdist.comm.select import reset_world_comm
+from gflowdist.compat.torchgfn_groups import engine_of, forget_world, native_handle, torch_initialized, world_for
 from gflowdist.context import DistributedContext as CoreContext
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
 from gflowdist.layout import Layout, Role
 
 __all__ = [
-    "BACKENDS",
-    "NonMemberGroup",
     "DistributedContext",
     "DistributedContextMPI4Py",
+    "DistributedContextmpi4py",
     "initialize_distributed_compute",
     "initialize_distributed_compute_mpi4py",
     "torchgfn_layout_config",
-    "world_for",
-    "resolve_group",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: torchgfn's ``backend`` names and the gflowdist engine each one means.
-BACKENDS = {"mpi": "mpi", "torch": "torch"}
 #: torch.distributed backends ``initialize_distributed_compute`` accepts (torchgfn's list).
 DIST_BACKENDS = ("ccl", "mpi", "gloo")
 
-#: World communicator per engine, once resolved (the same object for every call).
-_WORLDS: dict[str, Communicator] = {}
 #: True while a process group that initialize_distributed_compute created is alive.
 _OWNS_PROCESS_GROUP = False
-
-
-# -- backends and groups --------------------------------------------------------------------
-
-
-def engine_of(backend: str) -> str:
-    """The gflowdist engine of a torchgfn ``backend`` name (``"mpi"`` or ``"torch"``)."""
-    engine = BACKENDS.get(backend) if isinstance(backend, str) else None
-    if engine is None:
-        raise ConfigError(f"unknown backend {backend!r}; expected 'mpi' or 'torch'", key="backend")
-    return engine
-
-
-def _torch_initialized() -> bool:
-    if "torch.distributed" not in sys.modules:
-        return False
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def world_for(engine: str) -> Communicator:
-    """The world communicator that torchgfn's backend name ``engine`` means in this job.
-
-    - The job's world (:func:`gflowdist.comm.world_comm`) when it runs on that engine.
-    - In a plain process (a world of one) the one local communicator, for both names.
-    - ``"mpi"`` in a job started by an MPI launcher whose world is torch.distributed
-      (torchgfn's mpiexec + gloo setup): an MPI communicator over ``COMM_WORLD``.
-    - ``"torch"`` in an MPI job once a torch.distributed process group exists.
-
-    Anything else raises :class:`GflowdistError` saying which backend the job has.
-    The answer is remembered, so every call with one name uses the same
-    communicator (and its point-to-point channel).
-    """
-    known = _WORLDS.get(engine)
-    if known is not None:
-        return known
-    current = world_comm()
-    if current.engine == "local" and not (engine == "torch" and _torch_initialized()):
-        return current  # not remembered: the job may set up an engine later
-    if current.engine == engine:
-        comm = current
-    elif engine == "mpi":
-        if not in_mpi_job():
-            raise GflowdistError(
-                f"backend 'mpi' was requested, but this is a {current.engine} job of {current.size} "
-                "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)")
-        from mpi4py import MPI
-
-        from gflowdist.comm.mpi import MPIComm
-
-        comm = MPIComm(MPI.COMM_WORLD)
-    else:
-        if not (_torch_initialized() or in_torch_job()):
-            raise GflowdistError(
-                f"backend 'torch' was requested, but this {current.engine} job of {current.size} ranks "
-                "has no torch.distributed process group; call initialize_distributed_compute(...) "
-                "first, or pass backend='mpi'")
-        if current.engine == "mpi":
-            _WORLDS.setdefault("mpi", current)
-        comm = world_comm("torch")
-    _WORLDS[engine] = comm
-    return comm
-
-
-class NonMemberGroup:
-    """Stands in for a group this rank is not a member of (torch's non-member handle, MPI's COMM_NULL).
-
-    ``name`` is the context attribute (``"train_global_group"``) and
-    ``members`` the world ranks of the group.
-    """
-
-    def __init__(self, name: str, members: Sequence[int], rank: int):
-        self.name = name
-        self.members = tuple(members)
-        self.rank = rank
-
-    def error(self, what: str) -> GflowdistError:
-        members = ", ".join(map(str, self.members)) or "none"
-        return GflowdistError(f"{what}: rank {self.rank} is not a member of {self.name} "
-                              f"(world ranks {members}); only its members may use it")
-
-    def __repr__(self) -> str:
-        return f"<NonMemberGroup {self.name} (rank {self.rank} is not one of {list(self.members)})>"
-
-
-def resolve_group(backend: str, group: Any, what: str) -> Communicator:
-    """The communicator a torchgfn call means by ``(backend, group)``.
-
-    ``group=None`` is the world of ``backend`` (:func:`world_for`). A gflowdist
-    :class:`Communicator` (what this module's contexts hold) is used as it is:
-    it knows its engine, so ``backend`` is only checked for a valid name.
-    ``torch.distributed.group.WORLD`` and ``MPI.COMM_WORLD`` mean the world of
-    their engine. A :class:`NonMemberGroup` raises, naming ``what`` was tried.
-    """
-    engine = engine_of(backend)
-    if group is None:
-        return world_for(engine)
-    if isinstance(group, Communicator):
-        return group
-    if isinstance(group, NonMemberGroup):
-        raise group.error(what)
-    if "torch.distributed" in sys.modules:
-        import torch.distributed as dist
-
-        if dist.is_available() and group is dist.group.WORLD:
-            return world_for("torch")
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and isinstance(group, mpi.Comm) and group == mpi.COMM_WORLD:
-        return world_for("mpi")
-    raise TypeError(
-        f"{what}: group must be None, a gflowdist Communicator (the groups of this module's "
-        f"DistributedContext), torch.distributed.group.WORLD or MPI.COMM_WORLD; got "
-        f"{type(group).__module__}.{type(group).__qualname__}")
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -236,9 +115,13 @@ def _layout_facts(layout: Layout) -> dict[str, Any]:
     return facts
 
 
-def _context_fields(core: CoreContext) -> dict[str, Any]:
-    """torchgfn's context fields for this rank, from a gflowdist context."""
-    layout, rank = core.layout, core.rank
+def _context_fields(core: CoreContext, engine: str | None = None) -> dict[str, Any]:
+    """torchgfn's context fields for this rank, from a gflowdist context.
+
+    The groups are the native handles of ``engine`` (default: the core's);
+    ``"local"`` gives None for every group (torchgfn's single-process mode).
+    """
+    layout, rank, engine = core.layout, core.rank, engine or core.world.engine
     role = layout.role_of(rank)
     groups = layout.agent_groups
     if role is Role.TRAINER:
@@ -247,25 +130,17 @@ def _context_fields(core: CoreContext) -> dict[str, Any]:
         group_id = layout.group_of[layout.clients_of[rank][0]]
     else:  # torchgfn: 0 for the coordinator
         group_id = 0
-    dp = core.comm("DP")
-    agent_groups: list[Any] = [
-        dp if role is Role.TRAINER and index == group_id else
-        NonMemberGroup(f"agent_groups[{index}]", members, rank)
-        for index, members in enumerate(groups)]
-    trainers = core.comm("trainers")
-    buffers = core.comm("buffers")
+    mine = core.comm("DP") if role is Role.TRAINER else None
     return dict(
         my_rank=rank,
         world_size=core.size,
         num_training_ranks=len(layout.trainers),
         agent_group_size=len(layout.trainers) // len(groups),
-        agent_groups=agent_groups,
+        agent_groups=[native_handle(mine if index == group_id else None, engine) for index in range(len(groups))],
         agent_group_id=group_id,
-        train_global_group=trainers if trainers is not None else
-        NonMemberGroup("train_global_group", layout.trainers, rank),
+        train_global_group=native_handle(core.comm("trainers"), engine),
         assigned_buffer=layout.buffer_of.get(rank),
-        buffer_group=None if not layout.buffers else buffers if buffers is not None else
-        NonMemberGroup("buffer_group", layout.buffers, rank),
+        buffer_group=native_handle(core.comm("buffers"), engine) if layout.buffers else None,
         assigned_training_ranks=list(layout.clients_of[rank]) if role is Role.BUFFER else None,
         buffer_rank_set=set(layout.buffers),
         coordinator_rank=layout.coordinator,
@@ -291,8 +166,15 @@ class _RankFacts:
     buffer_group: Optional[Any] = None
     assigned_training_ranks: Optional[list[int]] = None
     if TYPE_CHECKING:  # fields of the subclasses, each at its place in torchgfn's order
-        buffer_rank_set: set[int]
+        buffer_rank_set: Optional[set[int]]
         coordinator_rank: Optional[int]
+
+    def __post_init__(self) -> None:
+        if self.buffer_rank_set is None:
+            # Built by hand without it (torchgfn 2.4.1's own scripts do): 2.4.1's rule,
+            # every rank past the trainers (other than the coordinator) is a buffer.
+            self.buffer_rank_set = {r for r in range(self.num_training_ranks, self.world_size)
+                                    if r != self.coordinator_rank}
 
     def is_buffer_rank(self) -> bool:
         """True for a replay-buffer rank (never the coordinator)."""
@@ -311,13 +193,15 @@ class _RankFacts:
 class DistributedContextMPI4Py(_RankFacts):
     """torchgfn's ``DistributedContextMPI4Py``: this rank's role, peers and groups.
 
-    Same fields as torchgfn, in its order; the groups are gflowdist
-    communicators (see the module docstring). ``core`` is the
+    Same fields as torchgfn, in its order; the groups are mpi4py
+    communicators (``MPI.COMM_NULL`` where this rank is not a member; see
+    the module docstring). ``core`` is the
     :class:`gflowdist.context.DistributedContext` that owns them (None for a
-    context built by hand).
+    context built by hand). ``buffer_rank_set`` left out (None) means
+    torchgfn 2.4.1's rule: the ranks from ``num_training_ranks`` on.
     """
 
-    buffer_rank_set: set[int] = field(default_factory=set)
+    buffer_rank_set: Optional[set[int]] = None
     coordinator_rank: Optional[int] = None
     core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
 
@@ -332,15 +216,17 @@ class DistributedContext(_RankFacts):
     """torchgfn's ``DistributedContext``: this rank's role, peers and groups.
 
     Same fields as torchgfn, in its order. ``train_global_group``,
-    ``agent_groups`` and ``buffer_group`` are the groups of
-    ``backend="torch"``; ``dc_mpi4py`` holds the MPI ones when an MPI launcher
-    started the job. ``core`` is the :class:`gflowdist.context.DistributedContext`
-    that owns the torch groups.
+    ``agent_groups`` and ``buffer_group`` are ``torch.distributed`` process
+    groups (``GroupMember.NON_GROUP_MEMBER`` where this rank is not a
+    member); ``dc_mpi4py`` holds the MPI ones when an MPI launcher started
+    the job. ``core`` is the :class:`gflowdist.context.DistributedContext`
+    that owns the torch groups. ``buffer_rank_set`` left out (None) means
+    torchgfn 2.4.1's rule: the ranks from ``num_training_ranks`` on.
     """
 
     dc_mpi4py: Optional[DistributedContextMPI4Py] = None
     coordinator_rank: Optional[int] = None
-    buffer_rank_set: set[int] = field(default_factory=set)
+    buffer_rank_set: Optional[set[int]] = None
     training_ranks: list[int] = field(default_factory=list)
     core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
 
@@ -367,6 +253,10 @@ class DistributedContext(_RankFacts):
             return self.train_global_group  # a world of one has one group for both names
         raise GflowdistError("get_train_group('mpi'): this job has no MPI groups (no MPI launcher "
                              "started it); use get_train_group('torch')")
+
+
+#: torchgfn 2.4.1's name of the MPI context class.
+DistributedContextmpi4py = DistributedContextMPI4Py
 
 
 # -- entry points ---------------------------------------------------------------------------
@@ -497,10 +387,10 @@ def _release_process_group() -> None:
     if not _OWNS_PROCESS_GROUP:
         return
     _OWNS_PROCESS_GROUP = False
-    torch_world = _WORLDS.pop("torch", None)
+    torch_world = forget_world("torch")
     if torch_world is not None:
         torch_world.free()
-    if _torch_initialized():
+    if torch_initialized():
         import torch.distributed as dist
 
         dist.destroy_process_group()
@@ -525,11 +415,11 @@ def initialize_distributed_compute(
     torchgfn_layout_config(num_remote_buffers, num_agent_groups, 1 if use_coordinator else 0)
     _check_dist_backend(dist_backend)
     coordinators = 1 if use_coordinator else 0
-    if not _torch_initialized():
+    if not torch_initialized():
         size = launcher_world_size()
         if size <= 1:
             core = _create_core(world_comm(), num_remote_buffers, num_agent_groups, coordinators)
-            return DistributedContext(training_ranks=[0], **_context_fields(core))
+            return DistributedContext(training_ranks=[0], **_context_fields(core, "local"))
         _init_process_group(dist_backend, size)
     world = world_for("torch")
     core = _create_core(world, num_remote_buffers, num_agent_groups, coordinators)

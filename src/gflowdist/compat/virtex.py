@@ -19,39 +19,40 @@ from typing import Any
 
 import torch
 
-from gflowdist.comm.base import Communicator, ReduceOp
+from gflowdist.comm.base import ReduceOp
+from gflowdist.comm.native import Group
 from gflowdist.launch.spawn import launch
 from gflowdist.ops.buckets import reduce_tensors
-from gflowdist.ops.collectives import group_or_world
+from gflowdist.ops.collectives import group_or_world, rank_and_size
 from gflowdist.ops.trees import tree_leaves
 
 __all__ = ["launch", "synchronize", "get_world_size", "get_rank", "is_master_process",
            "average_across_processes", "gpu_mem_usage"]
 
 
-def synchronize(group: Communicator | None = None) -> None:
+def synchronize(group: Group | None = None) -> None:
     """Barrier over the job; nothing to wait for in a world of one."""
     comm = group_or_world(group)
     if comm.size > 1:
         comm.barrier()
 
 
-def get_world_size(group: Communicator | None = None) -> int:
+def get_world_size(group: Group | None = None) -> int:
     """Number of processes in the job (1 without one)."""
-    return group_or_world(group).size
+    return rank_and_size(group)[1]
 
 
-def get_rank(group: Communicator | None = None) -> int:
+def get_rank(group: Group | None = None) -> int:
     """Rank of this process (0 without a job)."""
-    return group_or_world(group).rank
+    return rank_and_size(group)[0]
 
 
-def is_master_process(group: Communicator | None = None) -> bool:
+def is_master_process(group: Group | None = None) -> bool:
     """True on rank 0."""
     return get_rank(group) == 0
 
 
-def average_across_processes(t: torch.Tensor | dict[str, Any], group: Communicator | None = None) -> None:
+def average_across_processes(t: torch.Tensor | dict[str, Any], group: Group | None = None) -> None:
     """Replace a tensor, or every tensor of a (nested) dict, by its mean over the job, in place.
 
     Every leaf must be a floating-point tensor; anything else raises

@@ -9,13 +9,15 @@ data-parallel axis. Here an axis name stands for a communicator:
 
 A distributed context binds them (:func:`bind_axis`) when it builds its
 groups. Unbound, both mean the whole world, which is right for a job
-without groups. Any other name must be bound first; a communicator can also
-be passed directly wherever an axis name is accepted.
+without groups. Any other name must be bound first; a communicator or a native group (torch process group,
+mpi4py communicator) can also be passed directly wherever an axis name is
+accepted.
 """
 
 from __future__ import annotations
 
 from gflowdist.comm.base import Communicator
+from gflowdist.comm.native import Group, is_native_group
 from gflowdist.errors import ConfigError
 from gflowdist.ops.collectives import group_or_world
 
@@ -27,13 +29,17 @@ POP_AXIS_NAME = "POP"
 _AXES: dict[str, Communicator] = {}
 
 
-def bind_axis(name: str, group: Communicator) -> None:
-    """Make axis ``name`` mean ``group`` in this process (replaces an earlier binding)."""
+def bind_axis(name: str, group: Group) -> None:
+    """Make axis ``name`` mean ``group`` in this process (replaces an earlier binding).
+
+    ``group`` is a :class:`Communicator` or a native group (torch process
+    group, mpi4py communicator), which is wrapped now: a collective over it.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"axis name must be a non-empty string, got {name!r}")
-    if not isinstance(group, Communicator):
-        raise TypeError(f"bind_axis({name!r}, ...) needs a Communicator, not {type(group).__name__}")
-    _AXES[name] = group
+    if group is None:
+        raise TypeError(f"bind_axis({name!r}, ...) needs a group, not None")
+    _AXES[name] = group_or_world(group, f"bind_axis({name!r})")
 
 
 def unbind_axis(name: str) -> None:
@@ -41,10 +47,10 @@ def unbind_axis(name: str) -> None:
     _AXES.pop(name, None)
 
 
-def axis_group(axis: str | Communicator) -> Communicator:
-    """The communicator behind an axis name (or the communicator itself)."""
-    if isinstance(axis, Communicator):
-        return axis
+def axis_group(axis: str | Group) -> Communicator:
+    """The communicator behind an axis name (or the group itself, as a communicator)."""
+    if isinstance(axis, Communicator) or is_native_group(axis):
+        return group_or_world(axis, "axis_group")
     if axis in _AXES:
         return _AXES[axis]
     if axis in (DP_AXIS_NAME, POP_AXIS_NAME):

@@ -11,13 +11,14 @@ concatenated copy and write the results back.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Sequence
 
 import torch
 
 from gflowdist.comm.base import Communicator, ReduceOp, require_float_for_avg
 
-__all__ = ["DEFAULT_BUCKET_CAP_BYTES", "plan_buckets", "reduce_tensors", "broadcast_tensors"]
+__all__ = ["DEFAULT_BUCKET_CAP_BYTES", "GradBucket", "copy_all", "plan_buckets", "reduce_tensors", "broadcast_tensors"]
 
 #: Largest bucket by default (bytes). MPI counts are 32-bit ints; this stays far below.
 DEFAULT_BUCKET_CAP_BYTES = 128 << 20
@@ -84,3 +85,140 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: Communic
     """Overwrite every tensor with rank ``src``'s, in place, one broadcast per bucket."""
     if group.size > 1:
         _each_bucket(tensors, cap_bytes, lambda flat: group.broadcast(flat, src))
+
+
+# -- gradient buckets ---------------------------------------------------------------------
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``t.copy_(s)`` for every pair, in one multi-tensor kernel where torch has it."""
+    if _FOREACH_COPY is not None:
+        _FOREACH_COPY(targets, sources)
+    else:  # older torch: same result, one kernel launch per tensor
+        for target, source in zip(targets, sources):
+            target.copy_(source)
+
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+
+
+def _movable(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    """True when ``grad`` may be re-pointed at ``slot`` with ``set_`` without anyone noticing.
+
+    A dense contiguous tensor of the slot's dtype and device that owns its
+    whole storage (not a slice of someone else's buffer, such as a
+    flat-buffer optimizer's) and is outside the autograd graph.
+    """
+    return (grad.layout is torch.strided and not grad.requires_grad and grad.dtype == slot.dtype
+            and grad.device == slot.device and grad._base is None and grad.is_contiguous()
+            and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size())
+
+
+class GradBucket:
+    """One flat buffer: a slot for each parameter's gradient, then one presence flag each.
+
+    A gradient *lives in* its slot when its data is the slot's memory. The
+    bucket moves gradients there while keeping every tensor object
+    (:meth:`adopt`): it copies the values into the slot and re-points the
+    same tensor at the slot with ``Tensor.set_``. A gradient that cannot be
+    moved (a view of another buffer, non-contiguous, part of a graph) is
+    copied in before the reduction and the result copied back into it
+    (:meth:`fill` / :meth:`write_back`). Either way ``p.grad`` stays the
+    object it was.
+    """
+
+    __slots__ = ("params", "flat", "presence", "slots", "pointers", "offsets", "occupants", "__weakref__")
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.presence = self.flat[numel:]
+        self.slots, self.offsets, offset = [], [], 0
+        for p in params:
+            self.slots.append(self.flat[offset:offset + p.numel()].view(p.shape))
+            self.offsets.append(offset)
+            offset += p.numel()
+        self.pointers = [slot.data_ptr() for slot in self.slots]
+        #: the tensor last moved into each slot (weakly): it gets its own copy if a new one moves in
+        self.occupants: list = [None] * len(params)
+
+    def adopt(self, index: int, grad: torch.Tensor) -> bool:
+        """Move ``grad`` (parameter ``index``'s gradient) into its slot, same object; False if it cannot."""
+        slot = self.slots[index]
+        if not _movable(grad, slot):
+            return False
+        self._evict(index)
+        slot.copy_(grad)
+        self._point(index, grad)
+        return True
+
+    def _point(self, index: int, grad: torch.Tensor) -> None:
+        slot = self.slots[index]
+        grad.set_(self.flat.untyped_storage(), self.offsets[index], slot.shape, slot.stride())
+        self.occupants[index] = weakref.ref(grad)
+
+    def _evict(self, index: int) -> None:
+        """A tensor that lived in the slot and is still held elsewhere keeps its values in its own memory.
+
+        (Torch semantics: after ``zero_grad()`` set a gradient to None, a
+        reference kept to the old gradient still reads the old values.)
+        """
+        ref = self.occupants[index]
+        old = ref() if ref is not None else None
+        if old is not None and old.data_ptr() == self.pointers[index]:
+            old.set_(old.clone())
+        self.occupants[index] = None
+
+    def fill(self) -> tuple[bool, list[int]]:
+        """Before the reduction: every local gradient in its slot, presence flags set.
+
+        Returns ``(missing, copied)``: whether some parameter had no gradient
+        here, and the indices of gradients that were copied in and must get
+        the result back (:meth:`write_back`).
+        """
+        flags: list[float] = []
+        movers: list[int] = []
+        copied: list[int] = []
+        for index, (p, pointer) in enumerate(zip(self.params, self.pointers)):
+            grad = p.grad
+            if grad is None:
+                flags.append(0.0)
+                self._evict(index)
+                self.slots[index].zero_()
+                continue
+            flags.append(1.0)
+            if grad.data_ptr() == pointer:
+                continue
+            if grad.is_sparse:
+                raise TypeError("gradient averaging supports dense gradients only (a parameter has a sparse grad)")
+            (movers if _movable(grad, self.slots[index]) else copied).append(index)
+        if movers or copied:
+            for index in movers:
+                self._evict(index)
+            both = movers + copied
+            copy_all([self.slots[i] for i in both], [self.params[i].grad for i in both])
+            for index in movers:
+                self._point(index, self.params[index].grad)
+        missing = len(flags) - int(sum(flags))
+        if missing:
+            self.presence.copy_(torch.tensor(flags, dtype=self.flat.dtype))
+        else:
+            self.presence.fill_(1.0)
+        return bool(missing), copied
+
+    def write_back(self, missing: bool, copied: list[int]) -> None:
+        """After the reduction: results into the gradients that were copied in; missing ones get their slot.
+
+        A parameter without a local gradient gets its slot as ``.grad`` when
+        some rank had one (presence flag > 0), and stays None otherwise.
+        """
+        if copied:
+            copy_all([self.params[i].grad for i in copied], [self.slots[i] for i in copied])
+        if missing:
+            for index, share in enumerate(self.presence.tolist()):
+                p = self.params[index]
+                if share > 0 and p.grad is None:
+                    grad = torch.empty(0, dtype=self.flat.dtype, device=self.flat.device)
+                    self._point(index, grad)  # a tensor of its own on the slot's memory, not a view
+                    p.grad = grad

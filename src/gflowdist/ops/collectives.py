@@ -1,8 +1,9 @@
 """Tensor collectives over any group: reductions that return new tensors, in-place averages, gathers.
 
 Every function takes ``group``: a :class:`~gflowdist.comm.Communicator` (a
-sub-group from :meth:`~gflowdist.comm.Communicator.split`, say) or None for
-the whole job (:func:`gflowdist.comm.world_comm`). Ranks are ranks of that
+sub-group from :meth:`~gflowdist.comm.Communicator.split`, say), a native
+group (a torch.distributed process group, an mpi4py communicator) or None
+for the whole job (:func:`gflowdist.comm.world_comm`). Ranks are ranks of that
 group: ``broadcast(x, src=0, group=g)`` broadcasts from ``g``'s first member.
 Without any launcher the world is one process and every answer is the one a
 1-rank job gives (a sum over one rank is the value itself).
@@ -28,20 +29,39 @@ import numpy as np
 import torch
 
 from gflowdist.comm.base import Communicator, ReduceOp
+from gflowdist.comm.native import Group, as_communicator, rank_and_size as native_rank_and_size
 
-__all__ = ["group_or_world", "as_reduce_op", "dist_op", "dist_sum", "dist_max", "dist_min", "dist_avg",
+__all__ = ["group_or_world", "rank_and_size", "as_reduce_op", "dist_op", "dist_sum", "dist_max", "dist_min", "dist_avg",
            "avg_tensor", "all_gather", "broadcast", "barrier", "gather_distributed_data"]
 
 
-def group_or_world(group: Communicator | None) -> Communicator:
-    """``group`` itself, or the job's world communicator when None."""
+def group_or_world(group: Any, what: str = "this call") -> Communicator:
+    """The communicator of ``group``, or the job's world communicator when None.
+
+    ``group`` may be a gflowdist :class:`Communicator` or a native group: a
+    torch.distributed process group or an mpi4py communicator, the user's
+    own included (:func:`gflowdist.comm.native.as_communicator`: wrapped once
+    and cached). A non-member's handle (``NON_GROUP_MEMBER``,
+    ``MPI.COMM_NULL``) raises :class:`~gflowdist.comm.native.NotAMemberError`
+    naming ``what``.
+    """
     if group is None:
         from gflowdist.comm.select import world_comm
 
         return world_comm()
-    if not isinstance(group, Communicator):
-        raise TypeError(f"group must be a gflowdist Communicator or None, not {type(group).__name__}")
-    return group
+    return as_communicator(group, what)
+
+
+def rank_and_size(group: Any = None) -> tuple[int, int]:
+    """This rank's rank in ``group`` (None: the job's world) and its size, without communicating.
+
+    A non-member's handle of a native group gives ``(-1, -1)``, as
+    ``torch.distributed.get_rank(group)`` does.
+    """
+    if group is None:
+        world = group_or_world(None)
+        return world.rank, world.size
+    return native_rank_and_size(group)
 
 
 _BY_NAME = {op.value: op for op in ReduceOp}
@@ -76,7 +96,7 @@ def _fresh(value: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(np.asarray(value), dtype=dtype)
 
 
-def dist_op(value: Any, op: Any, group: Communicator | None = None, *,
+def dist_op(value: Any, op: Any, group: Group | None = None, *,
             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``op`` over the group of ``value`` (scalar, list, array or tensor), as a new tensor.
 
@@ -88,27 +108,27 @@ def dist_op(value: Any, op: Any, group: Communicator | None = None, *,
     return group_or_world(group).all_reduce(out, reduce_op)
 
 
-def dist_sum(value: Any, group: Communicator | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist_sum(value: Any, group: Group | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``sum_r value_r`` as a new tensor (see :func:`dist_op`)."""
     return dist_op(value, ReduceOp.SUM, group, dtype=dtype)
 
 
-def dist_max(value: Any, group: Communicator | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist_max(value: Any, group: Group | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``max_r value_r`` element-wise, as a new tensor (see :func:`dist_op`)."""
     return dist_op(value, ReduceOp.MAX, group, dtype=dtype)
 
 
-def dist_min(value: Any, group: Communicator | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist_min(value: Any, group: Group | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``min_r value_r`` element-wise, as a new tensor (see :func:`dist_op`)."""
     return dist_op(value, ReduceOp.MIN, group, dtype=dtype)
 
 
-def dist_avg(value: Any, group: Communicator | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist_avg(value: Any, group: Group | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``(1/n) sum_r value_r`` over the ``n`` ranks of the group, as a new tensor."""
     return dist_op(value, ReduceOp.AVG, group, dtype=dtype)
 
 
-def avg_tensor(tensor: torch.Tensor, group: Communicator | None = None) -> None:
+def avg_tensor(tensor: torch.Tensor, group: Group | None = None) -> None:
     """Replace ``tensor`` by its mean over the group, in place (0-d tensors too).
 
     Integer tensors raise ``TypeError`` before any communication (their mean
@@ -119,7 +139,7 @@ def avg_tensor(tensor: torch.Tensor, group: Communicator | None = None) -> None:
     group_or_world(group).all_reduce(tensor.data, ReduceOp.AVG)
 
 
-def all_gather(value: Any, group: Communicator | None = None) -> list:
+def all_gather(value: Any, group: Group | None = None) -> list:
     """Every rank's ``value`` in rank order (same shape and dtype on every rank).
 
     Tensors and numpy arrays come back as the same kind; scalars and lists
@@ -130,7 +150,7 @@ def all_gather(value: Any, group: Communicator | None = None) -> list:
     return group_or_world(group).all_gather(value.detach() if isinstance(value, torch.Tensor) else value)
 
 
-def broadcast(value: Any, src: int = 0, group: Communicator | None = None) -> Any:
+def broadcast(value: Any, src: int = 0, group: Group | None = None) -> Any:
     """Overwrite ``value`` (tensor or array) with rank ``src``'s, in place; returns ``value``.
 
     ``src`` is a rank of ``group`` (0 = its first member), on every engine.
@@ -139,12 +159,12 @@ def broadcast(value: Any, src: int = 0, group: Communicator | None = None) -> An
     return value
 
 
-def barrier(group: Communicator | None = None, timeout: float | None = None) -> None:
+def barrier(group: Group | None = None, timeout: float | None = None) -> None:
     """Wait until every rank of the group arrives; :class:`DeadlineError` after ``timeout`` s."""
     group_or_world(group).barrier(timeout)
 
 
-def gather_distributed_data(local: Any, group: Communicator | None = None, dst: int = 0) -> torch.Tensor | None:
+def gather_distributed_data(local: Any, group: Group | None = None, dst: int = 0) -> torch.Tensor | None:
     """The ranks' tensors concatenated along dim 0 on ``dst``, in rank order; None on the others.
 
     First dimensions may differ between ranks (zero rows too); the other

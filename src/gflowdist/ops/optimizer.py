@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from gflowdist.comm.base import Communicator
+from gflowdist.comm.native import Group
 from gflowdist.ops.averaging import GradientAverager, sync_params as broadcast_params
 from gflowdist.ops.buckets import DEFAULT_BUCKET_CAP_BYTES
 from gflowdist.ops.collectives import group_or_world
@@ -34,7 +34,7 @@ __all__ = ["DistributedOptimizer"]
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap ``optimizer`` so ``step()`` averages gradients over ``group`` (None: the world)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, group: Communicator | None = None, *,
+    def __init__(self, optimizer: torch.optim.Optimizer, group: Group | None = None, *,
                  sync_params: bool = True, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")

@@ -16,7 +16,7 @@ import random
 import numpy as np
 import torch
 
-from gflowdist.comm.base import Communicator
+from gflowdist.comm.native import Group
 from gflowdist.ops.collectives import group_or_world
 
 __all__ = ["rank_seed", "rank_seeds", "seed_rank"]
@@ -42,7 +42,7 @@ def rank_seeds(run_seed: int, n: int) -> list[int]:
     return [rank_seed(run_seed, r) for r in range(n)]
 
 
-def seed_rank(run_seed: int, group: Communicator | None = None) -> int:
+def seed_rank(run_seed: int, group: Group | None = None) -> int:
     """Seed Python's ``random``, numpy's global generator and torch with this rank's seed.
 
     The rank is this process's rank in ``group`` (None: the world). Returns

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gflowdist.comm.base import Communicator
+from gflowdist.comm.native import Group
 from gflowdist.ops.collectives import group_or_world
 
 __all__ = ["statistics_scalar", "local_summary", "combine_summaries"]
@@ -68,7 +68,7 @@ def combine_summaries(summaries: list[np.ndarray]) -> tuple[float, float, float,
 
 
 def statistics_scalar(x: Any, with_min_and_max: bool = False,
-                      group: Communicator | None = None) -> tuple[float, ...]:
+                      group: Group | None = None) -> tuple[float, ...]:
     """``(mean, std)`` or ``(mean, std, min, max)`` of all ranks' samples, as floats.
 
     One exchange of five float64 numbers per rank; ``x`` (list, array,

@@ -1,0 +1,179 @@
+"""The groups users already hold — torch.distributed process groups, mpi4py communicators — as communicators.
+
+Code that comes from torch.distributed or mpi4py passes its own group
+objects: ``dist.new_group(...)``, ``dist.group.WORLD``,
+``MPI.COMM_WORLD.Split(...)`` or ``Create(...)``. :func:`as_communicator`
+turns any of them (or a gflowdist :class:`Communicator`, returned as it is)
+into the gflowdist communicator over that group:
+
+- every :class:`~gflowdist.comm.mpi.MPIComm` and
+  :class:`~gflowdist.comm.torch_dist.TorchComm` announces itself here when it
+  is made (:func:`register`), so a group gflowdist created — a context's
+  sub-group, the job's world — maps back to the communicator that owns it,
+  with its helper threads, buffer pools and fast paths;
+- a group made elsewhere is wrapped once, on first use, and the wrapper is
+  kept (the same communicator object every time) until it is freed.
+
+Wrapping an mpi4py communicator duplicates it for point-to-point traffic
+(``MPI_Comm_dup``), which is collective over that communicator: the first
+use must be a collective that every member makes, as every gflowdist
+function taking a ``group`` is. Asking a group's rank or size
+(:func:`rank_and_size`) never wraps it, so it needs no other rank.
+
+Ranks that are not members of a group hold what the libraries give them:
+``torch.distributed.GroupMember.NON_GROUP_MEMBER`` or ``MPI.COMM_NULL``.
+:func:`rank_and_size` answers ``(-1, -1)`` for them (as
+``torch.distributed.get_rank(group)`` does); :func:`as_communicator` raises
+:class:`NotAMemberError`, since a collective there would otherwise run over
+some other group or do nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from gflowdist.comm.base import Communicator
+from gflowdist.errors import GflowdistError
+
+__all__ = ["Group", "NotAMemberError", "as_communicator", "is_native_group", "is_non_member", "rank_and_size", "register"]
+
+
+#: What a ``group`` argument may be: a gflowdist :class:`Communicator`, a torch.distributed
+#: ``ProcessGroup`` or an mpi4py ``Comm`` (or a non-member's handle of either).
+Group = Any
+
+
+class NotAMemberError(GflowdistError):
+    """A collective was asked of a group this rank is not a member of."""
+
+
+#: (engine, key) -> (the native group object, its communicator)
+_KNOWN: dict[tuple[str, int], tuple[Any, Communicator]] = {}
+_LOCK = threading.Lock()
+
+
+def _torch_dist():
+    """``torch.distributed`` when it is imported and initialised, else None (importing nothing)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def _mpi():
+    """``mpi4py.MPI`` when the program imported it, else None (never initialises MPI)."""
+    return sys.modules.get("mpi4py.MPI")
+
+
+def _key(group: Any) -> tuple[str, int] | None:
+    """The registry key of a native group, or None when ``group`` is not one."""
+    mpi = _mpi()
+    if mpi is not None and isinstance(group, mpi.Comm):
+        return ("mpi", group.handle)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(group, dist.ProcessGroup):
+        return ("torch", id(group))
+    return None
+
+
+def register(comm: Communicator, group: Any) -> None:
+    """Remember that ``comm`` is the communicator over the native ``group`` (engines call this)."""
+    key = _key(group)
+    if key is not None:
+        with _LOCK:
+            _KNOWN[key] = (group, comm)
+
+
+def _known(group: Any, key: tuple[str, int]) -> Communicator | None:
+    with _LOCK:
+        entry = _KNOWN.get(key)
+    if entry is None:
+        return None
+    native, comm = entry
+    alive = not getattr(comm, "_freed", False)
+    same = native is group if key[0] == "torch" else (native == group and native.handle == key[1])
+    if alive and same:
+        return comm
+    with _LOCK:  # freed, or an old handle value the MPI library gave to a new communicator
+        if _KNOWN.get(key) is entry:
+            del _KNOWN[key]
+    return None
+
+
+def is_non_member(group: Any) -> bool:
+    """True for what a rank outside a group holds: ``NON_GROUP_MEMBER`` or ``MPI.COMM_NULL``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and isinstance(group, int) and not isinstance(group, bool) \
+            and group == dist.GroupMember.NON_GROUP_MEMBER:
+        return True
+    mpi = _mpi()
+    return mpi is not None and isinstance(group, mpi.Comm) and group == mpi.COMM_NULL
+
+
+def is_native_group(group: Any) -> bool:
+    """True for a torch process group, an mpi4py communicator, or a non-member's handle of either."""
+    return _key(group) is not None or is_non_member(group)
+
+
+def rank_and_size(group: Any) -> tuple[int, int]:
+    """This rank's rank in ``group`` and the group's size; ``(-1, -1)`` for a non-member. No communication."""
+    if isinstance(group, Communicator):
+        return group.rank, group.size
+    if is_non_member(group):
+        return -1, -1
+    key = _key(group)
+    if key is None:
+        raise _not_a_group(group, "rank_and_size")
+    if key[0] == "mpi":
+        return group.Get_rank(), group.Get_size()
+    dist = _torch_dist()
+    if dist is None:
+        raise GflowdistError("a torch.distributed process group was passed, but no process group is initialised")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def as_communicator(group: Any, what: str = "this call") -> Communicator:
+    """The gflowdist communicator over ``group`` (see the module docstring); ``what`` names the caller in errors."""
+    if isinstance(group, Communicator):
+        return group
+    if is_non_member(group):
+        raise NotAMemberError(f"{what}: this rank is not a member of the group it was given "
+                              f"({_describe(group)}); only the group's members may use it")
+    key = _key(group)
+    if key is None:
+        raise _not_a_group(group, what)
+    found = _known(group, key)
+    if found is not None:
+        return found
+    comm = _wrap(group, key[0])
+    register(comm, group)
+    return comm
+
+
+def _wrap(group: Any, engine: str) -> Communicator:
+    if engine == "mpi":
+        mpi = _mpi()
+        if not isinstance(group, mpi.Intracomm):
+            raise TypeError(f"an mpi4py {type(group).__name__} cannot be used as a group: pass an Intracomm")
+        from gflowdist.comm.mpi import MPIComm
+
+        return MPIComm(group)
+    if _torch_dist() is None:
+        raise GflowdistError("a torch.distributed process group was passed, but no process group is initialised")
+    from gflowdist.comm.torch_dist import TorchComm
+
+    return TorchComm(group, is_world=group is sys.modules["torch.distributed"].group.WORLD)
+
+
+def _describe(group: Any) -> str:
+    mpi = _mpi()
+    if mpi is not None and isinstance(group, mpi.Comm):
+        return "MPI.COMM_NULL"
+    return "torch.distributed.GroupMember.NON_GROUP_MEMBER"
+
+
+def _not_a_group(group: Any, what: str) -> TypeError:
+    return TypeError(f"{what}: group must be None, a gflowdist Communicator, a torch.distributed ProcessGroup "
+                     f"or an mpi4py communicator; got {type(group).__module__}.{type(group).__qualname__}")

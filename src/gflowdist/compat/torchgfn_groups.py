@@ -1,0 +1,151 @@
+"""Which group a torchgfn call means, and what torchgfn's contexts hold for each group.
+
+Private helper of :mod:`gflowdist.compat.torchgfn` (import from there):
+
+- :func:`world_for`: the world communicator a torchgfn ``backend`` name
+  (``"mpi"``, ``"torch"``) means in this job;
+- :func:`resolve_group`: the communicator of a ``(backend, group)`` pair,
+  where ``group`` is None (that backend's world), a gflowdist
+  :class:`~gflowdist.comm.Communicator`, or a native group — a
+  torch.distributed process group or an mpi4py communicator, the contexts'
+  or the user's own (:mod:`gflowdist.comm.native`: wrapped once, cached);
+- :func:`native_handle`: what torchgfn hands out for a group — the
+  ``ProcessGroup`` / mpi4py ``Comm`` itself, or on a rank outside the group
+  ``GroupMember.NON_GROUP_MEMBER`` / ``MPI.COMM_NULL``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, world_comm
+from gflowdist.comm.native import as_communicator
+from gflowdist.errors import ConfigError, GflowdistError
+
+__all__ = ["BACKENDS", "engine_of", "world_for", "forget_world", "resolve_group", "native_handle",
+           "torch_initialized"]
+
+#: torchgfn's ``backend`` names and the gflowdist engine each one means.
+BACKENDS = {"mpi": "mpi", "torch": "torch"}
+
+#: World communicator per engine, once resolved (the same object for every call).
+_WORLDS: dict[str, Communicator] = {}
+
+
+def engine_of(backend: str) -> str:
+    """The gflowdist engine of a torchgfn ``backend`` name (``"mpi"`` or ``"torch"``)."""
+    engine = BACKENDS.get(backend) if isinstance(backend, str) else None
+    if engine is None:
+        raise ConfigError(f"unknown backend {backend!r}; expected 'mpi' or 'torch'", key="backend")
+    return engine
+
+
+def torch_initialized() -> bool:
+    """True when torch.distributed is imported and has a default process group."""
+    if "torch.distributed" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_for(engine: str) -> Communicator:
+    """The world communicator that torchgfn's backend name ``engine`` means in this job.
+
+    - The job's world (:func:`gflowdist.comm.world_comm`) when it runs on that engine.
+    - In a plain process (a world of one) the one local communicator, for both names.
+    - ``"mpi"`` in a job started by an MPI launcher whose world is torch.distributed
+      (torchgfn's mpiexec + gloo setup): an MPI communicator over ``COMM_WORLD``.
+    - ``"torch"`` in an MPI job once a torch.distributed process group exists.
+
+    Anything else raises :class:`GflowdistError` saying which backend the job has.
+    The answer is remembered, so every call with one name uses the same
+    communicator (and its point-to-point channel).
+    """
+    known = _WORLDS.get(engine)
+    if known is not None:
+        return known
+    current = world_comm()
+    if current.engine == "local" and not (engine == "torch" and torch_initialized()):
+        return current  # not remembered: the job may set up an engine later
+    if current.engine == engine:
+        comm = current
+    elif engine == "mpi":
+        if not in_mpi_job():
+            raise GflowdistError(
+                f"backend 'mpi' was requested, but this is a {current.engine} job of {current.size} "
+                "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)")
+        from mpi4py import MPI
+
+        from gflowdist.comm.mpi import MPIComm
+
+        comm = MPIComm(MPI.COMM_WORLD)
+    else:
+        if not (torch_initialized() or in_torch_job()):
+            raise GflowdistError(
+                f"backend 'torch' was requested, but this {current.engine} job of {current.size} ranks "
+                "has no torch.distributed process group; call initialize_distributed_compute(...) "
+                "first, or pass backend='mpi'")
+        if current.engine == "mpi":
+            _WORLDS.setdefault("mpi", current)
+        comm = world_comm("torch")
+    _WORLDS[engine] = comm
+    return comm
+
+
+def forget_world(engine: str) -> Communicator | None:
+    """Forget (and return) the remembered world of ``engine`` (its process group is going away)."""
+    return _WORLDS.pop(engine, None)
+
+
+def _is_world_object(group: Any) -> str | None:
+    """``"torch"`` for ``dist.group.WORLD``, ``"mpi"`` for ``MPI.COMM_WORLD``, else None."""
+    if torch_initialized() and group is sys.modules["torch.distributed"].group.WORLD:
+        return "torch"
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(group, mpi.Comm) and group == mpi.COMM_WORLD:
+        return "mpi"
+    return None
+
+
+def resolve_group(backend: str, group: Any, what: str) -> Communicator:
+    """The communicator a torchgfn call means by ``(backend, group)``.
+
+    ``group=None`` is the world of ``backend`` (:func:`world_for`). Any other
+    group decides the engine itself (``backend`` is only checked for a valid
+    name): a gflowdist :class:`Communicator` is used as it is;
+    ``dist.group.WORLD`` and ``MPI.COMM_WORLD`` mean the world of their
+    engine; any other process group or mpi4py communicator goes through
+    :func:`gflowdist.comm.native.as_communicator`. A non-member's handle
+    raises :class:`~gflowdist.comm.native.NotAMemberError` naming ``what``.
+    """
+    engine = engine_of(backend)
+    if group is None:
+        return world_for(engine)
+    world = _is_world_object(group)
+    if world is not None:
+        return world_for(world)
+    return as_communicator(group, what)
+
+
+def native_handle(comm: Communicator | None, engine: str) -> Any:
+    """What torchgfn holds for a group: its process group / mpi4py communicator, or the non-member handle.
+
+    ``comm`` None means this rank is not a member: torch's
+    ``GroupMember.NON_GROUP_MEMBER`` or ``MPI.COMM_NULL``, as torchgfn's
+    ``new_group`` / ``Create`` give. In a world of one (``engine ==
+    "local"``) there is no native group: None, which every function here
+    reads as the world of one.
+    """
+    if engine == "mpi":
+        from mpi4py import MPI
+
+        return MPI.COMM_NULL if comm is None else comm.mpi_comm
+    if engine == "torch":
+        import torch.distributed as dist
+
+        if comm is None:
+            return dist.GroupMember.NON_GROUP_MEMBER
+        return comm.process_group if comm.process_group is not None else dist.group.WORLD
+    return None
