@@ -19,7 +19,8 @@ def wire(message: protocol.Outgoing):
     (protocol.done(), Command.DONE, {}),
     (protocol.checkpoint("gen-0000-step-000000005"), Command.CHECKPOINT, {"name": "gen-0000-step-000000005"}),
     (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED, {"name": "gen-0000-step-000000005"}),
-    (protocol.saved("gen-0001-step-000000010"), Command.SAVED, {"name": "gen-0001-step-000000010"}),
+    (protocol.saved("gen-0001-step-000000010", {"bytes": 12, "sha256": "ab" * 32}), Command.SAVED,
+     {"name": "gen-0001-step-000000010", "file": {"bytes": 12, "sha256": "ab" * 32}}),
     (protocol.stop(), Command.STOP, {}),
     (protocol.stop("signal SIGINT"), Command.STOP, {"reason": "signal SIGINT"}),
 ])

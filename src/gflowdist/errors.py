@@ -11,7 +11,8 @@ process. Config errors name the file and the key path.
     │   ├── ProtocolError  a received message is malformed (names the sender rank)
     │   └── DeadlineError  a blocking wait passed its deadline (also a TimeoutError)
     ├── PeerLostError      a rank stopped answering or died (rank, role, host)
-    └── LedgerError        trajectories were lost: produced != delivered + dropped
+    ├── LedgerError        trajectories were lost: produced != delivered + dropped
+    └── CheckpointError    a checkpoint cannot be written or read (the file, what is wrong)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "DeadlineError",
     "PeerLostError",
     "LedgerError",
+    "CheckpointError",
     "describe_peer",
 ]
 
@@ -105,3 +107,17 @@ class PeerLostError(GflowdistError):
 
 class LedgerError(GflowdistError):
     """The run-wide ledger does not balance: trajectories were lost or double counted."""
+
+
+class CheckpointError(GflowdistError):
+    """A checkpoint file cannot be written (the path and the OS reason) or read back intact.
+
+    ``path`` is the file (or directory) concerned; the message names it and
+    says what is wrong: no space left, permission denied, truncated, a
+    checksum that differs from the manifest, contents that are not a
+    checkpoint.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        self.path = path
+        super().__init__(message)

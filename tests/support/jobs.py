@@ -36,14 +36,16 @@ HYPERGRID = REPO / "examples" / "hypergrid" / "config.yaml"
 class Job:
     """``gflowdist run CONFIG run.out_dir=<folder>/runs ARGS...`` in its own session.
 
-    ``env`` adds variables on top of :func:`tests.support.launching.base_env`.
+    ``env`` adds variables on top of :func:`tests.support.launching.base_env`;
+    ``cwd`` is where it starts (default ``folder``); ``log`` names its output
+    file in ``folder`` (several jobs may share a folder).
     """
 
-    def __init__(self, folder: Path, *args: str, config: Path | None = TOY,
-                 env: dict[str, str] | None = None):
+    def __init__(self, folder: Path, *args: str, config: Path | str | None = TOY,
+                 env: dict[str, str] | None = None, cwd: Path | None = None, log: str = "launcher.log"):
         self.folder = folder
         self.out_dir = folder / "runs"
-        self.log = open(folder / "launcher.log", "w+")
+        self.log = open(folder / log, "w+")
         self.marker = new_marker()
         cmd = [sys.executable, "-m", "gflowdist", "run"]
         if config is not None:
@@ -53,7 +55,7 @@ class Job:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=base_env(**(env or {}), **{MARKER_VARIABLE: self.marker}),
-                                     cwd=folder, start_new_session=True)
+                                     cwd=cwd or folder, start_new_session=True)
 
     def wait(self, timeout: float) -> int:
         """The launcher's exit status; a job still running after ``timeout`` s is killed and fails the test."""
@@ -109,12 +111,14 @@ def kill_job(procs: list[subprocess.Popen], marker: str) -> None:
 
 @pytest.fixture
 def job_factory(tmp_path: Path) -> Iterator[Callable[..., Job]]:
-    """``start(*args, config=, env=) -> Job``; each job runs in its own folder under tmp_path."""
+    """``start(*args, config=, env=, folder=, cwd=, log=) -> Job``; each job runs in its own folder under
+    tmp_path unless ``folder`` names one (jobs that share a ``run.out_dir``)."""
     jobs: list[Job] = []
 
-    def start(*args: str, **kw: Any) -> Job:
-        folder = tmp_path / f"job{len(jobs)}"
-        folder.mkdir()
+    def start(*args: str, folder: Path | None = None, **kw: Any) -> Job:
+        if folder is None:
+            folder = tmp_path / f"job{len(jobs)}"
+            folder.mkdir()
         job = Job(folder, *args, **kw)
         jobs.append(job)
         return job

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, split_late_options
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
-from gflowdist.jobenv import FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, find_mpiexec, free_port
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, RUN_DIR_VARIABLE, find_mpiexec, free_port
 from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
 __all__ = ["add_parser"]
@@ -66,21 +66,20 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
 def _load(args):
     from gflowdist.config import Config
     from gflowdist.errors import ConfigError
+    from gflowdist.rundir import recorded_config
 
     overrides = split_late_options(args, "gflowdist run", _add_options)
     config_path = args.config
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)  # `gflowdist run --resume DIR key=value`
         config_path = None
+    if args.engine:
+        overrides.append(f"launch.engine={args.engine}")
     if config_path is None:
         if args.resume is None:
             raise ConfigError("give a config file (or --resume RUN_DIR)", key="CONFIG")
-        config_path = str(Path(args.resume) / "config.yaml")
-        if not Path(config_path).exists():
-            raise ConfigError(f"{config_path} not found: is {args.resume} a gflowdist run directory?",
-                              key="--resume")
-    if args.engine:
-        overrides.append(f"launch.engine={args.engine}")
+        config = recorded_config(args.resume, overrides)  # the run's own config.yaml
+        return config, config.file, overrides
     return Config.from_yaml(config_path, overrides=overrides), config_path, overrides
 
 
@@ -96,15 +95,24 @@ def run(args: argparse.Namespace) -> int:
     if in_torch_job():
         return _run_here(config, args.resume)
     nprocs = args.nprocs if args.nprocs is not None else config.launch.nprocs
+    if args.resume:
+        from gflowdist.cli.resuming import resumed_rank_count
+
+        nprocs = resumed_rank_count(args.resume, config, nprocs_option=args.nprocs, overrides=overrides)
     launcher = _check_before_launch(config, nprocs, from_option=args.nprocs is not None)
     argv = ["-m", "gflowdist", "run", config_path, *overrides]
     if args.resume:
         argv += ["--resume", args.resume]
     if launcher is None and config.launch.engine != "torch":
         return _run_here(config, args.resume)
+    env = _child_env()
+    if not args.resume:  # the launcher makes the run directory: no other job can take it
+        from gflowdist.rundir import create_run_dir
+
+        env[RUN_DIR_VARIABLE] = str(create_run_dir(config.run.out_dir, config.run.name))
     if config.launch.engine == "torch":
-        return _spawn_torch(nprocs, argv, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
-    return _launch_mpi(nprocs, argv, config, launcher)
+        return _spawn_torch(nprocs, argv, env, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
+    return _launch_mpi(nprocs, argv, env, config, launcher)
 
 
 def _check_before_launch(config, nprocs: int, *, from_option: bool):
@@ -233,22 +241,21 @@ def _reap_leftovers(tracker: DescendantTracker) -> None:
             pass
 
 
-def _launch_mpi(nprocs: int, argv: list[str], config, launcher) -> int:
+def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> int:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
     # and host, and then aborts the job.
     cleanup = ["-disable-auto-cleanup"] if launcher.is_hydra else []
     cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
-    env = _child_env()
-    env[IN_MPI_VARIABLE] = "1"
+    env = dict(env, **{IN_MPI_VARIABLE: "1"})
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
     relay = StderrRelay(proc.stderr)
     return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
 
 
-def _spawn_torch(nprocs: int, argv: list[str], *, report_grace_s: float) -> int:
-    env = _child_env()
+def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float) -> int:
+    env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
     procs = []

@@ -12,7 +12,7 @@ found str 'two'``). See docs/configuration.md for every key.
 
 from __future__ import annotations
 
-from gflowdist.config.classes import check_class_ref, load_class
+from gflowdist.config.classes import absolute_ref, check_class_ref, load_class
 from gflowdist.config.frozen import FrozenMapping
 from gflowdist.config.loading import parse_yaml, read_yaml_file
 from gflowdist.config.reference import config_reference_markdown
@@ -45,6 +45,7 @@ __all__ = [
     "load_class",
     "FrozenMapping",
     "check_class_ref",
+    "absolute_ref",
     "config_reference_markdown",
     "parse_yaml",
     "read_yaml_file",

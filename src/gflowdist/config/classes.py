@@ -31,7 +31,7 @@ from types import ModuleType
 from gflowdist.config.checks import suggest
 from gflowdist.errors import ConfigError
 
-__all__ = ["load_class", "check_class_ref"]
+__all__ = ["load_class", "check_class_ref", "absolute_ref"]
 
 _FILE_MODULES: dict[str, ModuleType] = {}
 """Absolute file path -> module already loaded from it."""
@@ -127,6 +127,23 @@ def load_class(ref: str, *, key: str, file: str | None = None, base: type | None
         raise ConfigError(f"'{ref}' must be a subclass of {base.__module__}.{base.__qualname__}",
                           key=key, file=file)
     return target
+
+
+def absolute_ref(ref: str, *, key: str, file: str | None = None) -> str:
+    """``ref`` with its file path made absolute, where :func:`load_class` would find the file.
+
+    ``"roles.py:Trainer"`` becomes ``"/home/me/project/roles.py:Trainer"``, a
+    reference that works from any directory (a run directory's config.yaml
+    keeps it so). Module references (``"pkg.mod:Class"``) and absolute paths
+    come back unchanged. Raises :class:`ConfigError` when the file is not found.
+    """
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
+                          f"found {ref!r}", key=key, file=file)
+    module_name, _, attr_path = ref.rpartition(":")
+    if not _is_file_ref(module_name) or os.path.isabs(module_name):
+        return ref
+    return f"{_find_file(module_name, key=key, file=file)}:{attr_path}"
 
 
 def check_class_ref(ref: str, *, key: str, file: str | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Checkpoints without pickle: ``torch.save`` of tensors and plain values, loaded with ``weights_only=True``.
+"""Checkpoints you can trust: ``torch.save`` of tensors and plain values, a checksum per file.
 
 A run directory's checkpoints::
 
@@ -6,9 +6,25 @@ A run directory's checkpoints::
     checkpoints/gen-0000-final/rank-00002.pt            at the end of the run (also after Ctrl-C)
     checkpoints/<name>/MANIFEST.json                    written last, once every rank's file exists
 
-``gen`` counts resumptions (a resumed run writes gen + 1). Files are written
-to a temporary name and renamed; a checkpoint without a manifest is
-incomplete and never resumed from.
+``gen`` counts resumptions (a resumed or restarted run writes gen + 1).
+
+Writing. Each rank writes its file to a temporary name, hashing the bytes as
+they go (SHA-256), flushes and fsyncs it, then renames it; it reports the
+size and digest to the collector, which writes ``MANIFEST.json`` (with every
+file's size and digest) once every rank's file exists. A checkpoint without a
+manifest is incomplete and never resumed from. A write that fails (no space
+left, permission denied) raises :class:`~gflowdist.errors.CheckpointError`
+naming the file and the OS reason, removes the temporary file and leaves
+the checkpoint without a manifest, so the previous complete checkpoint stays
+the newest one a resume uses.
+
+Reading. :func:`load_rank` checks the file against the manifest (present,
+size, digest) before ``torch.load(..., weights_only=True)``; any problem is a
+``CheckpointError`` naming the file and what is wrong (missing, truncated,
+changed after it was written, not a checkpoint). torch's own message is
+never passed on where it advises loading with ``weights_only=False``.
+:func:`candidates` lists the complete checkpoints newest first;
+:mod:`gflowdist.runtime.resume` picks the newest intact one.
 
 Periodic checkpoints are a consistent cut: at step k every trainer settles its
 outstanding sample requests, tells its actors, sends a marker to its buffer
@@ -20,19 +36,24 @@ the collector, which writes the manifest.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
-from gflowdist.errors import ConfigError
+from gflowdist.errors import CheckpointError
 
-__all__ = ["checkpoint_name", "checkpoint_dir", "save_rank", "write_manifest", "latest_complete", "load_rank"]
+__all__ = ["checkpoint_name", "checkpoint_dir", "rank_file", "save_rank", "write_manifest", "read_manifest",
+           "candidates", "latest_complete", "load_rank", "step_of", "trim_metrics", "MANIFEST"]
 
+MANIFEST = "MANIFEST.json"
 _NAME = re.compile(r"^gen-(\d{4})-(?:step-(\d{9})|final)$")
+_CHUNK = 1 << 20
 
 
 def checkpoint_name(generation: int, step: int | None = None) -> str:
@@ -73,24 +94,128 @@ def checkpoint_dir(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / "checkpoints" / name
 
 
-def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> Path:
+def rank_file(rank: int) -> str:
+    """The file name of a rank's part: ``rank-00002.pt``."""
+    return f"rank-{rank:05d}.pt"
+
+
+def os_reason(err: OSError) -> str:
+    """``No space left on device [ENOSPC]``: the OS's words and the errno's name."""
+    code = err.errno
+    if code is None:
+        return str(err)
+    return f"{os.strerror(code)} [{errno.errorcode.get(code, code)}]"
+
+
+class _HashingWriter:
+    """A file for ``torch.save`` that hashes what passes and keeps the OS error torch would hide."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            written = self.raw.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+        self.digest.update(data)
+        self.size += len(memoryview(data).cast("B"))
+        return written
+
+    def flush(self) -> None:
+        try:
+            self.raw.flush()
+        except OSError as err:
+            self.error = err
+            raise
+
+
+def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Write this rank's part of checkpoint ``name``; returns ``{"bytes": n, "sha256": hex}`` for the manifest.
+
+    Raises :class:`CheckpointError` naming the file and the OS reason when the
+    directory or the file cannot be written; nothing half-written is left.
+    """
     folder = checkpoint_dir(run_dir, name)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"rank-{rank:05d}.pt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"cannot create checkpoint directory {folder}: {os_reason(err)}",
+                              path=str(folder)) from None
+    path = folder / rank_file(rank)
     tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
+    writer = None
+    try:
+        with open(tmp, "wb") as raw:
+            writer = _HashingWriter(raw)
+            torch.save(payload, writer)
+            writer.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        cause = err if isinstance(err, OSError) else (writer.error if writer is not None else None)
+        _remove(tmp)
+        if cause is None:
+            raise
+        raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(cause)}; checkpoint {name} "
+                              f"stays incomplete (no {MANIFEST}) and is never resumed from",
+                              path=str(path)) from None
+    return {"bytes": writer.size, "sha256": writer.digest.hexdigest()}
 
 
-def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any]) -> None:
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any],
+                   files: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+    """Complete checkpoint ``name``: its ``MANIFEST.json``, with each rank file's size and digest."""
     folder = checkpoint_dir(run_dir, name)
-    missing = [r for r in range(manifest["world_size"]) if not (folder / f"rank-{r:05d}.pt").exists()]
+    missing = [r for r in range(manifest["world_size"]) if not (folder / rank_file(r)).exists()]
     if missing:
-        raise FileNotFoundError(f"checkpoint {folder} lacks the files of ranks {missing}")
-    tmp = folder / "MANIFEST.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, folder / "MANIFEST.json")
+        raise CheckpointError(f"checkpoint {folder} lacks the files of ranks {missing}", path=str(folder))
+    if files is not None:
+        manifest = {**manifest, "files": {rank_file(r): dict(files[r]) for r in sorted(files)}}
+    tmp = folder / f"{MANIFEST}.tmp"
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, folder / MANIFEST)
+    except OSError as err:
+        _remove(tmp)
+        raise CheckpointError(f"cannot write {folder / MANIFEST}: {os_reason(err)}; checkpoint {name} "
+                              f"stays incomplete and is never resumed from", path=str(folder / MANIFEST)) from None
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint in ``folder``; :class:`CheckpointError` naming it if unreadable."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: not a manifest (not UTF-8 JSON: {err})", path=str(path)) from None
+    fields = ("world_size", "generation")
+    if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), int) for k in fields):
+        raise CheckpointError(f"{path}: not a manifest (needs integers {' and '.join(fields)})", path=str(path))
+    files = manifest.get("files")
+    if files is not None and not _valid_files(files):
+        raise CheckpointError(f"{path}: not a manifest ('files' must map each file to its bytes and sha256)",
+                              path=str(path))
+    return manifest
+
+
+def _valid_files(files: Any) -> bool:
+    return isinstance(files, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+        for v in files.values())
 
 
 def _order(name: str) -> tuple[int, int, int] | None:
@@ -101,21 +226,72 @@ def _order(name: str) -> tuple[int, int, int] | None:
     return int(generation), 1 if step is None else 0, int(step or 0)
 
 
+def candidates(run_dir: Path) -> list[str]:
+    """The names of the complete checkpoints (those with a manifest), newest first; not yet checked."""
+    found = [(order, path.parent.name) for path in (Path(run_dir) / "checkpoints").glob(f"*/{MANIFEST}")
+             if (order := _order(path.parent.name)) is not None]
+    return [name for _, name in sorted(found, reverse=True)]
+
+
 def latest_complete(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
-    """``(name, manifest)`` of the newest complete checkpoint, or None."""
-    found = []
-    for manifest in (Path(run_dir) / "checkpoints").glob("*/MANIFEST.json"):
-        order = _order(manifest.parent.name)
-        if order is not None:
-            found.append((order, manifest.parent.name, json.loads(manifest.read_text())))
-    if not found:
-        return None
-    _, name, manifest = max(found, key=lambda item: item[0])
-    return name, manifest
+    """``(name, manifest)`` of the newest checkpoint whose manifest reads; None if there is none.
+
+    Its files are not checked here (see :func:`load_rank`).
+    """
+    for name in candidates(run_dir):
+        try:
+            return name, read_manifest(checkpoint_dir(run_dir, name))
+        except CheckpointError:
+            continue
+    return None
 
 
-def load_rank(run_dir: Path, name: str, rank: int) -> dict[str, Any]:
-    path = checkpoint_dir(run_dir, name) / f"rank-{rank:05d}.pt"
-    if not path.exists():
-        raise ConfigError(f"checkpoint file {path} is missing", key="--resume")
-    return torch.load(path, weights_only=True)
+def load_rank(run_dir: Path, name: str, rank: int, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's part of checkpoint ``name``, checked against ``manifest`` (size, SHA-256) first.
+
+    Raises :class:`CheckpointError` naming the file and what is wrong with it.
+    """
+    path = checkpoint_dir(run_dir, name) / rank_file(rank)
+    expected = (manifest.get("files") or {}).get(path.name)
+    if "files" in manifest and expected is None:
+        raise CheckpointError(f"{path}: not listed in the checkpoint's {MANIFEST}", path=str(path))
+    try:
+        size, digest = _size_and_digest(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing", path=str(path)) from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
+    if expected is not None and size != expected["bytes"]:
+        what = "truncated" if size < expected["bytes"] else "too long"
+        raise CheckpointError(f"{path}: {what}: {size} bytes, the manifest says {expected['bytes']}",
+                              path=str(path))
+    if expected is not None and digest != expected["sha256"]:
+        raise CheckpointError(f"{path}: its SHA-256 is not the manifest's: the file changed after it was "
+                              f"written (corrupt)", path=str(path))
+    try:
+        payload = torch.load(path, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file; all mean "unreadable"
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_torch_reason(err)})", path=str(path)) from None
+    if not isinstance(payload, dict) or "runtime" not in payload:
+        raise CheckpointError(f"{path}: not a gflowdist checkpoint (no runtime state in it)", path=str(path))
+    return payload
+
+
+def _size_and_digest(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _torch_reason(err: Exception) -> str:
+    """What torch said, without its advice to load the file unsafely (weights_only=False)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if any("weights_only" in line for line in lines):
+        detail = next((line for line in lines if line.startswith("WeightsUnpickler error:")), "")
+        return ("its contents are not only tensors and plain values"
+                + (f"; {detail}" if detail else ""))
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -65,7 +65,7 @@ class Collector:
         self.refused: Counter = Counter()  # sender rank -> control messages refused (ProtocolError)
         self.started = time.monotonic()
         self.run_dir = run_dir
-        self.saved: dict[str, set[int]] = {}  # periodic checkpoint name -> ranks that saved their part
+        self.saved: dict[str, dict[int, dict]] = {}  # periodic checkpoint name -> rank -> its file's size, digest
 
     # -- one poll ---------------------------------------------------------------
     def poll(self, budget: int = 64) -> bool:
@@ -120,20 +120,20 @@ class Collector:
             self.finals[msg.sender] = body
             self.w.finished.add(msg.sender)
         elif command_of(msg) is Command.SAVED:
-            self.note_saved(body["name"], msg.sender)
+            self.note_saved(body["name"], msg.sender, body["file"])
 
-    def note_saved(self, name: str, rank: int) -> None:
-        """A rank saved its part of periodic checkpoint ``name``; the last one completes it."""
+    def note_saved(self, name: str, rank: int, file: dict) -> None:
+        """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""
         from gflowdist.runtime.checkpoints import write_manifest
 
-        ranks = self.saved.setdefault(name, set())
+        ranks = self.saved.setdefault(name, {})
         if not ranks and self.w.context.role.value == "coordinator":
-            self.w.save_checkpoint(name)  # the coordinator's own part (its state is not on the cut)
-            ranks.add(self.w.rank)
-        ranks.add(rank)
+            # the coordinator's own part (its state is not on the cut)
+            ranks[self.w.rank] = self.w.save_checkpoint(name)
+        ranks[rank] = file
         if len(ranks) == self.w.comm.size and self.run_dir is not None:
             write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,
-                                                "complete": True})
+                                                "complete": True}, files=ranks)
             log.info("checkpoint %s complete", name)
             del self.saved[name]
 

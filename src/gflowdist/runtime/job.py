@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-import yaml
-
 from gflowdist.comm import world_comm
 from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import GflowdistError, LedgerError, PeerLostError
 from gflowdist.jobenv import FAILURE_FILE_VARIABLE
 from gflowdist.layout import Role
 from gflowdist.runtime import checkpoints, protocol, roles
+from gflowdist.runtime.resume import choose_checkpoint
+from gflowdist.rundir import agree_run_dir, write_config
 from gflowdist.runtime.collector import Collector
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.runtime.loops import run_actor, run_buffer, run_trainer, send_final
@@ -56,14 +56,6 @@ DEFAULT_CLASSES = {Role.TRAINER: roles.Trainer, Role.ACTOR: roles.Actor, Role.BU
 
 class JobResult(dict):
     """What the collector returns: run_dir, totals of the ledger, last metrics."""
-
-
-def _agree_run_dir(ctx: DistributedContext, config, resume_dir: str | None) -> Path:
-    if resume_dir is not None:
-        return Path(resume_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    mine = str(Path(config.run.out_dir) / f"{config.run.name}-{stamp}")
-    return Path(ctx.world.all_gather_bytes(mine.encode())[0].decode())
 
 
 _STACK_FILES: list = []
@@ -118,7 +110,7 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
     stop = StopFlag()
     stop.install_signal_handlers()
     ctx = DistributedContext.create(config.layout, comm=world)
-    run_dir = _agree_run_dir(ctx, config, resume_dir)
+    run_dir = agree_run_dir(world, config, resume_dir)
     w = Wiring.build(ctx, config, stop)
     is_collector = world.rank == w.collector
     if is_collector:
@@ -174,19 +166,20 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     role = _make_role(ctx, config, generator)
     replay = role.make_buffer() if ctx.role is Role.BUFFER else None
     state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
-    resumed_from = None
+    resumed_from, skipped = None, []
     if resume_dir is not None:
-        resumed_from = _resume(run_dir, world, role, replay, state, w, generator)
+        resumed_from, skipped = _resume(run_dir, world, role, replay, state, w, generator)
 
-    def save_checkpoint(name: str) -> None:
+    def save_checkpoint(name: str) -> dict:
         payload = {"role": role.state_dict(),
                    "runtime": {k: v for k, v in state.items() if k not in ("staleness", "replay")},
                    "ledger": w.ledger.to_dict(), "torch_rng": torch.get_rng_state(),
                    "generator": generator.get_state()}
         if replay is not None:
             payload["replay"] = replay.state_dict()
-        checkpoints.save_rank(run_dir, name, world.rank, payload)
-        log.info("saved my part of checkpoint %s", name)
+        record = checkpoints.save_rank(run_dir, name, world.rank, payload)
+        log.info("saved my part of checkpoint %s (%d bytes)", name, record["bytes"])
+        return record
 
     w.save_checkpoint = save_checkpoint
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
@@ -196,7 +189,7 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     metrics_file = None
     collector = None
     if is_collector:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        write_config(run_dir, config, world.size, world.engine)
         (run_dir / "layout.txt").write_text(ctx.layout.describe() + "\n")
         resumed_step = checkpoints.step_of(resumed_from) if resumed_from is not None else None
         if resumed_step is not None:
@@ -212,7 +205,7 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
                               extra_fields=coordinator.progress_fields if coordinator else None)
         w.on_saved_here = collector.note_saved
         out.write(f"gflowdist: {ctx.layout.summary()}\ngflowdist: run directory {run_dir}\n")
-        out.flush()
+        _say_resumed(out, resumed_from, skipped)
     if ctx.role is Role.TRAINER:
         run_trainer(role, w, state, collector)
     elif ctx.role is Role.ACTOR:
@@ -224,9 +217,10 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     else:
         _coordinate(role, w, collector)
     final_name = checkpoints.checkpoint_name(w.generation)
-    save_checkpoint(final_name)
+    checkpoint_file = save_checkpoint(final_name)
     staleness = {str(k): v for k, v in state.get("staleness", Counter()).items()}
-    extra = {"staleness": staleness, "step": state.get("step", 0), "summary": role.summary(), "pid": os.getpid()}
+    extra = {"staleness": staleness, "step": state.get("step", 0), "summary": role.summary(), "pid": os.getpid(),
+             "checkpoint_file": checkpoint_file}
     if replay is not None:
         extra["replay"] = replay.stats()
     final = send_final(w, ctx.role.value, extra)
@@ -242,16 +236,13 @@ def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> J
     return _conclude(ctx, config, run_dir, final_name, finals, collector, stop_reason=w.stop.reason, out=out)
 
 
-def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generator) -> str:
-    """Load this rank's part of the newest complete checkpoint of ``run_dir``; returns its name."""
-    found = checkpoints.latest_complete(run_dir)
-    if found is None:
-        raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-    name, manifest = found
-    if manifest["world_size"] != world.size:
-        raise GflowdistError(f"--resume {run_dir}: checkpoint {name} was written by {manifest['world_size']} "
-                             f"ranks, this job has {world.size}")
-    saved = checkpoints.load_rank(run_dir, name, world.rank)
+def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generator) -> tuple[str, list[str]]:
+    """Load this rank's part of the newest complete, intact checkpoint of ``run_dir``.
+
+    Returns its name and the newer checkpoints skipped as damaged (each naming the file and what is wrong).
+    """
+    chosen = choose_checkpoint(run_dir, world)
+    saved = chosen.payload
     role.load_state_dict(saved["role"])
     state.update(saved["runtime"])
     w.ledger = Ledger.from_dict(saved["ledger"])
@@ -259,9 +250,20 @@ def _resume(run_dir: Path, world, role, replay, state: dict, w: Wiring, generato
     generator.set_state(saved["generator"])
     if replay is not None and "replay" in saved:
         replay.load_state_dict(saved["replay"])
-    w.generation = manifest["generation"] + 1
-    log.info("resumed from checkpoint %s at step %s", name, state.get("step"))
-    return name
+    w.generation = chosen.manifest["generation"] + 1
+    for reason in chosen.skipped:
+        log.warning("%s", reason)
+    log.info("resumed from checkpoint %s at step %s", chosen.name, state.get("step"))
+    return chosen.name, chosen.skipped
+
+
+def _say_resumed(out: TextIO, resumed_from: str | None, skipped: list[str]) -> None:
+    for reason in skipped:
+        out.write(f"gflowdist: {reason}\n")
+    if resumed_from is not None:
+        newest = " (the newest complete, intact one)" if skipped else ""
+        out.write(f"gflowdist: resuming from checkpoint {resumed_from}{newest}\n")
+    out.flush()
 
 
 def _keep_alive_while_waiting(ctx: DistributedContext, w: Wiring) -> None:
@@ -320,7 +322,8 @@ def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dic
     layout = ctx.layout
     checkpoints.write_manifest(run_dir, final_name, {
         "world_size": layout.world_size, "generation": collector.w.generation, "complete": True,
-        "steps": {str(r): f.get("step", 0) for r, f in finals.items()}})
+        "steps": {str(r): f.get("step", 0) for r, f in finals.items()}},
+        files={r: f["checkpoint_file"] for r, f in finals.items()})
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
     metrics_rows = []

@@ -146,9 +146,9 @@ def summary(values: Mapping[str, Any]) -> Outgoing:
     return MessageType.USER, values
 
 
-def saved(name: str) -> Outgoing:
-    """My part of periodic checkpoint ``name`` is on disk."""
-    return _command(Command.SAVED, name=name)
+def saved(name: str, file: Mapping[str, Any]) -> Outgoing:
+    """My part of periodic checkpoint ``name`` is on disk; ``file``: its ``bytes`` and ``sha256`` for the manifest."""
+    return _command(Command.SAVED, name=name, file=dict(file))
 
 
 def final_report(report: Mapping[str, Any]) -> Outgoing:

@@ -69,9 +69,9 @@ class Wiring:
     _last_beat: float = 0.0
     _collector_seen: float = field(default_factory=time.monotonic)
     finished: set = field(default_factory=set)  # ranks whose final report arrived (collector)
-    #: saves this rank's part of checkpoint ``name`` (set by the job runner)
-    save_checkpoint: Callable[[str], None] | None = None
-    on_saved_here: Callable[[str, int], None] = lambda name, rank: None  # the collector's bookkeeping
+    #: saves this rank's part of checkpoint ``name``; returns its file's size and digest (set by the job runner)
+    save_checkpoint: Callable[[str], dict] | None = None
+    on_saved_here: Callable[[str, int, dict], None] = lambda name, rank, file: None  # the collector's bookkeeping
     generation: int = 0  # resumptions so far: names this run's checkpoints
 
     @classmethod
@@ -148,11 +148,11 @@ class Wiring:
         """Save my part of periodic checkpoint ``name`` and tell the collector (who may be me)."""
         if self.save_checkpoint is None:
             return
-        self.save_checkpoint(name)
+        file = self.save_checkpoint(name)
         if self.rank == self.collector:
-            self.on_saved_here(name, self.rank)
+            self.on_saved_here(name, self.rank, file)
         else:
-            self.control.isend(*protocol.saved(name), self.collector)
+            self.control.isend(*protocol.saved(name, file), self.collector)
 
     def report(self, message: Outgoing) -> None:
         """Send ``message`` (a :mod:`~gflowdist.runtime.protocol` constructor's) to the collector, unless I am it."""

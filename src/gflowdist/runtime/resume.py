@@ -1,0 +1,65 @@
+"""Which checkpoint a resumed run starts from: the newest complete one that every rank can read intact.
+
+Every rank checks its own file of a candidate (present, size and SHA-256 as
+the manifest says, loadable with ``weights_only=True``); the ranks exchange
+their verdicts, so all of them take the same checkpoint. A candidate any rank
+finds damaged is skipped, and the reason (the file and what is wrong) is kept
+for the collector to print::
+
+    gflowdist: checkpoint gen-0000-final not used: .../rank-00000.pt: truncated: 812 bytes, the manifest says 1546
+    gflowdist: resuming from checkpoint gen-0000-step-000000005 (the newest complete, intact one)
+
+No intact checkpoint at all is a :class:`~gflowdist.errors.CheckpointError`
+listing every candidate and why it was refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gflowdist.errors import CheckpointError, GflowdistError
+from gflowdist.runtime import checkpoints
+
+__all__ = ["Chosen", "choose_checkpoint"]
+
+
+@dataclass
+class Chosen:
+    """The checkpoint to resume from, this rank's part of it, and what was skipped on the way."""
+
+    name: str
+    manifest: dict[str, Any]
+    payload: dict[str, Any]
+    skipped: list[str] = field(default_factory=list)  # "checkpoint X not used: <file>: <what is wrong>"
+
+
+def choose_checkpoint(run_dir: Path, world) -> Chosen:
+    """Collective over ``world``: the newest complete checkpoint of ``run_dir`` intact on every rank."""
+    names = json.loads(world.all_gather_bytes(json.dumps(checkpoints.candidates(run_dir)).encode())[0])
+    if not names:
+        raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {Path(run_dir) / 'checkpoints'}")
+    skipped = []
+    for name in names:
+        manifest, payload, problem = _check_mine(run_dir, name, world)
+        problems = [p.decode() for p in world.all_gather_bytes(problem.encode())]
+        bad = list(dict.fromkeys(p for p in problems if p))  # a bad manifest is seen by every rank: once
+        if not bad:
+            return Chosen(name, manifest, payload, skipped)
+        skipped.append(f"checkpoint {name} not used: {'; '.join(bad)}")
+    raise CheckpointError(f"--resume {run_dir}: no intact checkpoint: " + "; ".join(skipped),
+                          path=str(Path(run_dir) / "checkpoints"))
+
+
+def _check_mine(run_dir: Path, name: str, world) -> tuple[dict, dict, str]:
+    """``(manifest, my payload, "")``, or ``({}, {}, what is wrong)``."""
+    try:
+        manifest = checkpoints.read_manifest(checkpoints.checkpoint_dir(run_dir, name))
+        if manifest["world_size"] != world.size:
+            raise GflowdistError(f"--resume {run_dir}: checkpoint {name} was written by {manifest['world_size']} "
+                                 f"ranks, this job has {world.size} (resume with -n {manifest['world_size']})")
+        return manifest, checkpoints.load_rank(run_dir, name, world.rank, manifest), ""
+    except CheckpointError as err:
+        return {}, {}, str(err)
