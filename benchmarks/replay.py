@@ -86,7 +86,7 @@ class Harness:
         self.samples = max(2, round(samples * scale))
         self.config = Config.from_dict({
             "layout": {"trainers": "rest", "buffers": 1, "coordinator": False},
-            "replay": {"capacity": capacity, "batch_size": per_msg, "replay_fraction": 1.0},
+            "replay": {"capacity": capacity},
             "faults": {"heartbeat_s": 1.0, "peer_timeout_s": 600.0}})
         self.ctx = DistributedContext.create(self.config.layout)
         self.world = self.ctx.world

@@ -78,9 +78,21 @@ def launcher_probe() -> None:
 
     jobenv.in_mpi_job() or jobenv.in_torch_job()
     stamp(marks, "in-a-job check (gflowdist.jobenv)")
-    mpiexec = jobenv.find_mpiexec(config.launch.mpiexec)
-    run_cmd.is_hydra(mpiexec)
+    from gflowdist.cli import preflight
+
+    layout = preflight.check_layout_fits(config, 4, source="-n 4")
+    preflight.check_extras(config)
+    preflight.check_roles_named(config, layout)
+    resolved = preflight.resolve_roles(config)
+    stamp(marks, "layout fits + role references (no import)")
+    preflight.check_launcher(config, jobenv.find_mpiexec)
     stamp(marks, "find mpiexec + --version")
+    with tempfile.TemporaryDirectory() as cache:  # a cold role-check cache, then a warm one
+        os.environ["XDG_CACHE_HOME"] = cache
+        preflight.check_roles_import(config, resolved)
+        stamp(marks, "role classes imported and checked (child Python)")
+        preflight.check_roles_import(config, resolved)
+        stamp(marks, "role check remembered (unchanged files)")
     print("RESULT " + json.dumps({"steps": durations(t0, marks), "imports_torch": "torch" in sys.modules}),
           flush=True)
 

@@ -1,8 +1,10 @@
 """`gflowdist report RUN_DIR`: on the run directory of a real HyperGrid run, and on hand-made
 broken ones.
 
-The real run (40 steps, 4 ranks) starts once per module in its own session with a
-deadline; its process group is killed whatever happens.
+The real run is the README's main command, ``gflowdist run examples/hypergrid/config.yaml``
+(40 steps, 4 ranks, with ``run.tensorboard=true``). It starts once per module in its own
+session with a deadline; its process group is killed whatever happens. Besides the report,
+its run directory is checked for ``report.png`` and the TensorBoard event files.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run directory of ``gflowdist run examples/hypergrid/config.yaml`` (40 steps)."""
     out = tmp_path_factory.mktemp("runs")
     cmd = [sys.executable, "-m", "gflowdist", "run", "examples/hypergrid/config.yaml",
-           "run.steps=40", "run.log_every=10", f"run.out_dir={out}"]
+           "run.steps=40", "run.log_every=10", f"run.out_dir={out}", "run.tensorboard=true"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=base_env(), cwd=REPO, start_new_session=True)
     try:
@@ -100,6 +102,46 @@ def test_json_report_of_a_real_run(run_dir: Path) -> None:
     assert data["report"] == json.loads((run_dir / "report.json").read_text())
     assert Report.from_dict(data["report"]).to_text() + "\n" == (run_dir / "report.txt").read_text()
     assert data["final_line"] == _printed_done_line(run_dir)
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep every point
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_the_main_job_leaves_a_figure_and_tensorboard_files_of_every_metric(run_dir: Path) -> None:
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    finals = json.loads((run_dir / "finals.json").read_text())
+    for rank in ("0", "1"):  # the trainers: every metric row, every timing iteration
+        scalars = _scalars(run_dir / "tensorboard" / f"rank-{rank}")
+        mine = [row for row in rows if row["rank"] == int(rank)]
+        for name in ("loss", "l1", "log_z", "trajectories"):
+            assert scalars[f"metrics/{name}"] == [(row["step"], pytest.approx(row[name])) for row in mine]
+        rollout = finals[rank]["timing"]["phases"]["rollout"]
+        assert scalars["timing/rollout"] == [(i, pytest.approx(s)) for i, s in enumerate(rollout)]
+    buffer = _scalars(run_dir / "tensorboard" / "rank-2")
+    assert len(buffer["timing/insert"]) == len(finals["2"]["timing"]["phases"]["insert"]) > 0
+    mean = _scalars(run_dir / "tensorboard" / "mean")
+    curve = json.loads((run_dir / "report.json").read_text())["curves"]["l1"]
+    assert mean["metrics/l1"] == [(x, pytest.approx(y)) for x, y in zip(curve["x"], curve["y"])]
+    both = [finals[r]["timing"]["phases"]["loss"] for r in ("0", "1")]
+    assert [v for _, v in mean["timing/trainer/loss"]][:2] == \
+        [pytest.approx((both[0][i] + both[1][i]) / 2) for i in range(2)]
+
+
+def test_report_writes_the_tensorboard_files_of_a_finished_run_again(run_dir: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard", "checkpoints", "logs"))
+    code, _, err = run_report(capsys, str(copy), "--tensorboard")
+    assert code == 0, err
+    assert f"TensorBoard event files in {copy / 'tensorboard'}" in err
+    for folder in ("rank-0", "rank-3", "mean"):
+        assert _scalars(copy / "tensorboard" / folder) == _scalars(run_dir / "tensorboard" / folder)
 
 
 def test_missing_directory_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -167,8 +209,8 @@ def test_png_without_matplotlib_is_one_line_exit_1(capsys, monkeypatch, copy_of_
     target = copy_of_run / "figure.png"
     code, out, err = run_report(capsys, str(copy_of_run), "--png", str(target))
     assert code == 1 and out == ""
-    assert err == ("gflowdist report: --png needs matplotlib, which is not installed: "
-                   "pip install 'gflowdist[plot]'\n")
+    assert err == ("gflowdist report: --png needs matplotlib, a dependency of gflowdist, which does not "
+                   "import: pip install 'matplotlib>=3.6'\n")
     assert not target.exists()
 
 

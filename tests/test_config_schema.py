@@ -36,7 +36,7 @@ def test_defaults_match_the_documented_values() -> None:
         ("auto", 4, None, ())
     assert (cfg.layout.trainers, cfg.layout.actors, cfg.layout.buffers, cfg.layout.coordinator,
             cfg.layout.agent_groups, cfg.layout.placement) == ("rest", 0, 1, True, 1, "block")
-    assert cfg.replay.capacity == 10000 and cfg.replay.batch_size == 16
+    assert cfg.replay.capacity == 10000
     assert cfg.replay.replay_fraction == 0.5 and cfg.replay.max_in_flight == 8
     assert cfg.replay.samples_per_insert is None and cfg.replay.tolerance == 0.0
     assert (cfg.sync.mode, cfg.sync.every, cfg.sync.weights_to_actors_every) == ("gradients", 1, 1)
@@ -59,7 +59,7 @@ launch: {engine: mpi, nprocs: 8, mpiexec: /opt/mpi/bin/mpiexec, mpiexec_args: [-
 layout: {trainers: 4, actors: rest, buffers: 2, coordinator: true, agent_groups: 2,
          placement: node-local}
 roles: {trainer: my_roles.py:GridTrainer, buffer: "pkg.mod:Buf"}
-replay: {capacity: 500, sampler: prioritized, writer: dedup, batch_size: 32,
+replay: {capacity: 500, sampler: prioritized, writer: dedup,
          min_size_to_sample: 10, samples_per_insert: 2, tolerance: 8.5, replay_fraction: 0.25,
          max_staleness: 4, max_in_flight: 3, prefetch: 0, dedup_key: terminal}
 sync: {mode: models, every: 5, weights_to_actors_every: 2}
@@ -149,6 +149,7 @@ def test_from_yaml_applies_overrides_and_keeps_file(tmp_path: Path) -> None:
 OVERRIDE_ERRORS = [
     ("layout.buffers", None, ["'layout.buffers' is not an override: write layout.buffers=VALUE"]),
     ("buffers=2", "buffers", ["unknown section 'buffers' (did you mean 'layout.buffers=2'?)"]),
+    ("replay.batch_size=8", "replay.batch_size", ["replay.batch_size was removed", "override 'replay.batch_size=8'"]),
     ("layout.bufers=2", "layout.bufers", ["unknown key 'bufers'", "did you mean 'buffers'"]),
     ("layot.buffers=2", "layot.buffers", ["unknown section 'layot'", "did you mean 'layout'"]),
     ("layout=2", "layout", ["unknown key", "valid keys"]),
@@ -214,7 +215,10 @@ MALFORMED = [
     ("replay: {sampler: priority}", "replay.sampler", ["did you mean 'prioritized'"]),
     ("replay: {writer: roundrobin}", "replay.writer", ["did you mean 'round_robin'"]),
     ("replay: {replay_fraction: 1.5}", "replay.replay_fraction",
-     ["a finite number >= 0.0 and <= 1.0", "float 1.5"]),
+     ["a finite number >= 0.0 and < 1.0", "float 1.5"]),
+    ("replay: {replay_fraction: 1}", "replay.replay_fraction", ["a finite number >= 0.0 and < 1.0", "int 1"]),
+    ("replay: {batch_size: 16}", "replay.batch_size",
+     ["replay.batch_size was removed", "set replay_fraction"]),
     ("replay: {replay_fraction: .nan}", "replay.replay_fraction", ["a finite number"]),
     ("replay: {samples_per_insert: 0}", "replay.samples_per_insert",
      ["null or a finite number > 0.0", "int 0"]),
@@ -298,3 +302,12 @@ def test_number_forms(text: str, value: object) -> None:
 def test_replay_rate_limit_consistent_when_both_set() -> None:
     cfg = ReplayConfig(samples_per_insert=4.0, tolerance=16.0)
     assert cfg.samples_per_insert == 4.0 and cfg.tolerance == 16.0
+
+
+@pytest.mark.parametrize("fraction, fresh, replayed", [
+    (0.0, 16, 0), (0.2, 16, 4), (0.5, 32, 32), (0.25, 30, 10), (0.75, 8, 24), (0.2, 1, 1), (0.5, 7, 7)])
+def test_replay_fraction_is_the_replayed_share_of_the_learner_batch(fraction, fresh, replayed):
+    got = ReplayConfig(replay_fraction=fraction).replayed_per_step(fresh)
+    assert got == replayed
+    if fraction and fresh >= 8:  # the share of the batch the trainer learns from
+        assert got / (fresh + got) == pytest.approx(fraction, abs=0.5 / (fresh + got))

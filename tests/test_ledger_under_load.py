@@ -34,7 +34,7 @@ STEPS = 80
 N = 2
 CAPACITY = 1000  # replay.capacity of tests/jobs/toy.yaml
 ARGS = ["-n", "4", "layout.actors=1", f"run.steps={STEPS}", f"params.n={N}", "params.delay_s=0.01",
-        "replay.max_in_flight=2", "replay.prefetch=2", "replay.batch_size=4",
+        "replay.max_in_flight=2", "replay.prefetch=2", "replay.replay_fraction=0.5",
         # liveness is not under test here: generous limits for a deliberately loaded machine
         "faults.peer_timeout_s=30", "faults.heartbeat_s=0.5"]
 

@@ -21,13 +21,18 @@ def test_normal_run_balances_and_writes_the_run_directory(job_factory):
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     for name in ("config.yaml", "layout.txt", "metrics.jsonl", "ledger.json", "finals.json", "report.txt",
-                 "report.json", "logs/rank-0.log", "checkpoints/gen-0000-final/MANIFEST.json"):
+                 "report.json", "report.png", "logs/rank-0.log", "checkpoints/gen-0000-final/MANIFEST.json"):
         assert (run / name).exists(), name
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and ledger["totals"]["produced"] == 30 * 8 * 2  # steps x n x trainers
     assert ledger["totals"]["produced"] == ledger["totals"]["admitted"]
     finals = read_json(run / "finals.json")
     assert finals["2"]["replay"]["admitted"] == 480 and finals["2"]["replay"]["sampled"] > 0
+    for rank in ("0", "1"):  # replay_fraction 0.5 (toy.yaml): a reply used holds as many trajectories as the 8 fresh
+        used = sum(finals[rank]["staleness"].values())
+        assert 0 < used <= 8 * 29 and used % 8 == 0, (rank, finals[rank]["staleness"])
+    # every role got its device (launch.devices auto, no GPU here: the CPU) as self.device
+    assert {final["summary"]["device"] for final in finals.values()} == {"cpu"}
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [m["w_error"] for m in metrics if m["rank"] == 0]
     assert trained[-1] < trained[0] / 2  # the toy model learned

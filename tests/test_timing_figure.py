@@ -1,4 +1,4 @@
-"""report.png: only when matplotlib is importable (it is an optional extra)."""
+"""report.png: drawn with matplotlib (a dependency) into every run directory."""
 
 from __future__ import annotations
 

@@ -45,6 +45,9 @@ class ToyTrainer(Trainer):
     def metrics(self):
         return {"w_error": float((self.model.weight.detach().flatten() - TRUE_W).norm())}
 
+    def summary(self):
+        return {"device": str(self.device)}
+
 
 class ToyActor(Actor):
     def setup(self):
@@ -62,7 +65,7 @@ class ToyActor(Actor):
         self.versions_seen.append(version)
 
     def summary(self):
-        return {"weight_updates": len(self.versions_seen)}
+        return {"weight_updates": len(self.versions_seen), "device": str(self.device)}
 
 
 class ToyBuffer(BufferManager):
@@ -77,7 +80,7 @@ class ToyBuffer(BufferManager):
             raise ValueError("toy buffer failure on purpose")
 
     def summary(self):
-        return {"admitted_here": self.admitted}
+        return {"admitted_here": self.admitted, "device": str(self.device)}
 
 
 class ToyCoordinator(Coordinator):
@@ -88,4 +91,4 @@ class ToyCoordinator(Coordinator):
         self.summaries += 1
 
     def summary(self):
-        return {"summaries_seen": self.summaries}
+        return {"summaries_seen": self.summaries, "device": str(self.device)}

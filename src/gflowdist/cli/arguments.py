@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["HelpFormatter", "add_config_arguments", "split_late_options", "rank_count", "OVERRIDES_HELP"]
+__all__ = ["HelpFormatter", "add_config_arguments", "add_override_arguments", "split_late_options", "rank_count", "OVERRIDES_HELP"]
 
 OVERRIDES_HELP = ("config overrides KEY.PATH=VALUE, e.g. run.steps=200 layout.buffers=2 "
                   "(the value is YAML; options may come in between)")
@@ -65,6 +65,11 @@ def rank_count(text: str) -> int:
 def add_config_arguments(parser: argparse.ArgumentParser, *, config_help: str, optional: bool = False) -> None:
     """``CONFIG``, the positional overrides and ``--set`` (its synonym)."""
     parser.add_argument("config", metavar="CONFIG", nargs="?" if optional else None, help=config_help)
+    add_override_arguments(parser)
+
+
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """The positional overrides (every token from the first one on) and ``--set``."""
     parser.add_argument("overrides", metavar="KEY.PATH=VALUE", nargs=argparse.REMAINDER, help=OVERRIDES_HELP)
     _add_set(parser)
     parser.set_defaults(command_parser=parser)  # `gflowdist run CONFIG --help` prints this parser's help

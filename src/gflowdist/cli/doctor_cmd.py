@@ -1,4 +1,4 @@
-"""``gflowdist doctor [--json] [--config CONFIG] [--timeout S]``: can this machine run gflowdist?
+"""``gflowdist doctor [KEY.PATH=VALUE ...] [--json] [--config CONFIG] [--timeout S]``: can this machine run gflowdist?
 
 Checks, in order, each printed as one line ``ok`` / ``MISSING`` / ``FAILED``
 with, for every problem, the command or setting that fixes it:
@@ -11,14 +11,17 @@ gflowdist     yes        ``gflowdist.__version__``
 torch, numpy, yes        imported; version >= the floor of pyproject.toml
 mpi4py,
 msgpack,
-PyYAML
-matplotlib    no         present (only ``report.png`` needs it)
+PyYAML,
+matplotlib
 MPI library   yes        first line of ``MPI.Get_library_version()``, asked in a
                          child Python (``mpi4py.rc.initialize = False``: no
                          ``MPI_Init``), so a broken library cannot crash the doctor
 mpiexec       yes        which one ``gflowdist run`` would use and ``mpiexec --version``
 launcher      no (info)  :func:`gflowdist.comm.select.describe_environment`
 gloo          yes        ``torch.distributed.is_gloo_available()``
+devices       no         the devices torch sees and the one ``launch.devices`` (of
+                         ``--config``, with the overrides) gives this process
+                         (:mod:`gflowdist.cli.doctor_devices`)
 CUDA, nccl    no         ``torch.cuda.is_available()``, ``is_nccl_available()``
 mpi ping      yes        ``mpiexec -n 2 python -c ...``: :func:`ping_child` on
                          :class:`~gflowdist.comm.mpi.MPIComm`
@@ -60,6 +63,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gflowdist.cli.arguments import add_override_arguments, split_late_options
 from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port, locate_mpiexec, without_launcher
 from gflowdist.process_tree import kill_group
 
@@ -90,6 +94,7 @@ PACKAGES = (
     ("mpi4py", "mpi4py", "mpi4py", "3.1", True),
     ("msgpack", "msgpack", "msgpack", "1.0", True),
     ("PyYAML", "yaml", "PyYAML", "6.0", True),
+    ("matplotlib", "matplotlib", "matplotlib", "3.6", True),
 )
 _GLOO_FIX = ("if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; "
              "loopback TCP must be allowed")
@@ -129,30 +134,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 
         help="check Python, packages, MPI, mpiexec, gloo; ping 2 ranks on each engine",
         description="Check that this machine can run gflowdist: versions, the MPI library, "
                     "which mpiexec would be used, and a real 2-rank ping on MPI and on gloo.")
-    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    add_override_arguments(parser)
+    _add_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", default=None, help="print the checks as JSON")
     parser.add_argument("--config", metavar="CONFIG", default=None,
-                        help="a run config whose launch.mpiexec / launch.mpiexec_args to check")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help="a run config whose launch.mpiexec, launch.mpiexec_args and launch.devices "
+                             "to check (overrides apply to it, or to the defaults without it)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help=f"seconds each ping may take before it is killed "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run every check, print them; 0 when every essential check passed, else 1."""
     from gflowdist.cli import EXIT_FAILURE
+    from gflowdist.config import Config
 
-    configured, mpiexec_args = None, ()
-    if args.config is not None:
-        from gflowdist.config import Config
-
-        launch = Config.from_yaml(args.config).launch
-        configured, mpiexec_args = launch.mpiexec, tuple(launch.mpiexec_args)
-    if args.timeout <= 0:
+    overrides = split_late_options(args, "gflowdist doctor", _add_options)
+    config = Config.from_yaml(args.config, overrides) if args.config is not None else \
+        Config().apply_overrides(overrides)
+    launch = config.launch
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
+    if timeout <= 0:
         from gflowdist.errors import ConfigError
 
-        raise ConfigError(f"must be > 0 seconds, got {args.timeout:g}", key="--timeout")
-    checks = run_checks(configured, mpiexec_args, timeout=args.timeout)
+        raise ConfigError(f"must be > 0 seconds, got {timeout:g}", key="--timeout")
+    checks = run_checks(launch.mpiexec, tuple(launch.mpiexec_args), timeout=timeout, devices=launch.devices)
     ok = all(c.passed for c in checks if c.essential)
     if args.json:
         print(json.dumps({"ok": ok, "checks": [c.to_dict() for c in checks]}, indent=1))
@@ -181,7 +192,7 @@ def render(checks: list[Check], ok: bool) -> str:
 
 
 def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, ...] = (), *,
-               timeout: float = DEFAULT_TIMEOUT_S) -> list[Check]:
+               timeout: float = DEFAULT_TIMEOUT_S, devices: str | tuple[str, ...] = "auto") -> list[Check]:
     """Every check, in the order of the module docstring.
 
     The two pings start first (when what they need is installed: a module
@@ -201,13 +212,12 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
             gloo_ping = _start_gloo_ping(timeout)
         checks = [_python_check(), _gflowdist_check()]
         checks += [_package_check(*spec) for spec in PACKAGES]
-        checks.append(_matplotlib_check())
         have = {c.name for c in checks if c.passed}
         checks.append(_mpi_library_check() if "mpi4py" in have else
                       Check("MPI library", FAILED, "not asked: mpi4py is missing",
                             fix="pip install 'mpi4py>=3.1'"))
         checks.append(found_check)
-        checks += _torch_checks() if {"torch", "numpy", "msgpack"} <= have else [
+        checks += _torch_checks(devices) if {"torch", "numpy", "msgpack"} <= have else [
             Check("launcher", FAILED, "not looked at: gflowdist.comm needs torch, numpy and "
                                       "msgpack (see above)", essential=False),
             Check("gloo", FAILED, "not looked at: needs torch (see above)")]
@@ -265,13 +275,6 @@ def _package_check(label: str, module_name: str, distribution: str, floor: str,
     if _version_tuple(version) < _version_tuple(floor):
         return Check(label, FAILED, f"{version} is older than {floor}", fix=fix, essential=essential)
     return Check(label, OK, version, essential=essential)
-
-
-def _matplotlib_check() -> Check:
-    if importlib.util.find_spec("matplotlib") is None:
-        return Check("matplotlib", MISSING, "not installed: report.png is skipped",
-                     fix="pip install 'gflowdist[plot]'", essential=False)
-    return Check("matplotlib", OK, importlib.metadata.version("matplotlib"), essential=False)
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -334,7 +337,7 @@ def mpiexec_version(output: str) -> str:
     return lines[0] if lines else "(printed no version)"
 
 
-def _torch_checks() -> list[Check]:
+def _torch_checks(devices: str | tuple[str, ...] = "auto") -> list[Check]:
     import torch
     import torch.distributed as dist
 
@@ -349,6 +352,10 @@ def _torch_checks() -> list[Check]:
                                 "wheels for Linux and macOS have gloo)"))
     else:
         checks.append(Check("gloo", OK, "torch.distributed gloo backend available"))
+    from gflowdist.cli.doctor_devices import describe_devices
+
+    ok, detail, fix = describe_devices(devices)
+    checks.append(Check("devices", OK if ok else FAILED, detail, fix=fix, essential=False))
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         checks.append(Check("CUDA", OK, f"{count} device{'s' if count != 1 else ''}, CUDA "

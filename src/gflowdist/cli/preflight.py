@@ -4,7 +4,8 @@ Each mistake is one :class:`~gflowdist.errors.ConfigError` or
 :class:`~gflowdist.errors.LayoutError` (one line, exit status 2, no run
 directory), found in this order, cheapest first:
 
-1. the layout fits the number of ranks (the message says which ``-n`` fits);
+1. the layout fits the number of ranks (the message says which ``-n`` fits),
+   and what the config asks for is installed (``run.tensorboard``: tensorboard);
 2. every role the layout uses has a class (``roles.trainer`` when there are
    trainers, ``roles.actor`` when there are actors);
 3. every configured class reference resolves without running any user code:
@@ -33,7 +34,7 @@ from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.jobenv import MPIEXEC_VARIABLE
 from gflowdist.process_tree import kill_group
 
-__all__ = ["check_layout_fits", "check_roles_named", "resolve_roles", "check_roles_import", "check_launcher", "LauncherFacts"]
+__all__ = ["check_layout_fits", "check_extras", "check_roles_named", "resolve_roles", "check_roles_import", "check_launcher", "LauncherFacts"]
 
 _ROLES = ("trainer", "actor", "buffer", "coordinator")
 
@@ -57,6 +58,16 @@ def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
         fix = (f"start {fit}, or change" if fit.startswith("-n") else f"{fit}: change") + \
             f" the layout counts in {where}"
         raise LayoutError(f"{err} ({source}): {fix}") from None
+
+
+def check_extras(config) -> None:
+    """Step 1b: what the config asks for beyond the core is installed (found without importing it)."""
+    import importlib.util
+
+    if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("is true, but the tensorboard package is not installed: pip install "
+                          "'gflowdist[tensorboard]' (or set run.tensorboard: false)", key="run.tensorboard",
+                          file=config.file)
 
 
 def check_roles_named(config, layout=None) -> None:

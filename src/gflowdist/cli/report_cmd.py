@@ -1,4 +1,4 @@
-"""``gflowdist report RUN_DIR [--json] [--png PATH]``: show a finished run's report again.
+"""``gflowdist report RUN_DIR [--json] [--png PATH] [--tensorboard]``: show a finished run's report again.
 
 Every run ends with the collector writing ``report.json`` (via
 :meth:`gflowdist.timing.Report.save`) and ``ledger.json`` into its run
@@ -19,12 +19,14 @@ prints, in this order:
 
 With ``--json`` stdout is one JSON object instead:
 ``{"run_dir", "report" (= Report.to_dict()), "ledger" (= ledger.json), "final_line"}``.
-``--png PATH`` also draws the report's figure to ``PATH`` (needs matplotlib:
-``pip install 'gflowdist[plot]'``).
+``--png PATH`` also draws the report's figure to ``PATH`` (with matplotlib, a
+dependency of gflowdist). ``--tensorboard`` also writes the run's TensorBoard
+event files into ``RUN_DIR/tensorboard/`` (as ``run.tensorboard: true`` does at
+the end of a run; :mod:`gflowdist.timing.tensorboard`), replacing earlier ones.
 
 Exit status: 0 when the report was printed and the ledger balanced; 1 when the
-ledger did not balance, or the PNG could not be drawn (matplotlib missing or
-the file not writable); 2 when the run directory, ``report.json`` or
+ledger did not balance, or the PNG or the event files could not be written
+(matplotlib or tensorboard missing, the file not writable); 2 when the run directory, ``report.json`` or
 ``ledger.json`` is missing or malformed (one line on stderr naming the file).
 """
 
@@ -67,7 +69,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 
                         help="print one JSON object {run_dir, report, ledger, final_line} instead "
                              "of text")
     parser.add_argument("--png", metavar="PATH", default=None,
-                        help="also draw the report's figure into PATH (needs matplotlib)")
+                        help="also draw the report's figure into PATH (report.png of the run is the same figure)")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also write TensorBoard event files of every metric and timing phase into "
+                             "RUN_DIR/tensorboard (needs the tensorboard package)")
     parser.set_defaults(handler=run)
 
 
@@ -177,13 +182,10 @@ def run(args: argparse.Namespace) -> int:
     except RunDirError as err:
         print(f"gflowdist report: error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
-    if args.png is not None:
-        from gflowdist.timing.figure import figure_unavailable_reason
-
-        if figure_unavailable_reason() is not None:
-            print("gflowdist report: --png needs matplotlib, which is not installed: "
-                  "pip install 'gflowdist[plot]'", file=sys.stderr)
-            return EXIT_FAILURE
+    missing = _missing_tool(args)
+    if missing:
+        print(f"gflowdist report: {missing}", file=sys.stderr)
+        return EXIT_FAILURE
     verdict, last = ledger_verdict(record.ledger), final_line(record)
     if args.json:
         print(json.dumps({"run_dir": str(record.run_dir), "report": record.report.to_dict(),
@@ -193,14 +195,47 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(verdict)
         print(last)
+    try:
+        _write_extras(args, record)
+    except (OSError, GflowdistError) as err:
+        print(f"gflowdist report: {_one_line(str(err))}", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0 if record.ledger["balanced"] else EXIT_FAILURE
+
+
+def _missing_tool(args: argparse.Namespace) -> str | None:
+    """Why ``--png`` or ``--tensorboard`` cannot be done (checked before anything is printed)."""
+    if args.png is not None:
+        from gflowdist.timing.figure import figure_unavailable_reason
+
+        if figure_unavailable_reason() is not None:
+            return "--png needs matplotlib, a dependency of gflowdist, which does not import: " \
+                   "pip install 'matplotlib>=3.6'"
+    if args.tensorboard:
+        from gflowdist.timing.tensorboard import tensorboard_unavailable_reason
+
+        reason = tensorboard_unavailable_reason()
+        if reason is not None:
+            return f"--tensorboard: {reason}"
+    return None
+
+
+def _write_extras(args: argparse.Namespace, record: RunRecord) -> None:
+    """The figure (``--png``) and the event files (``--tensorboard``), each announced on stderr."""
     if args.png is not None:
         from gflowdist.timing.figure import save_figure
 
         try:
             written = save_figure(record.report, args.png)
         except OSError as err:
-            print(f"gflowdist report: cannot write {args.png}: {_one_line(str(err))}",
-                  file=sys.stderr)
-            return EXIT_FAILURE
+            raise OSError(f"cannot write {args.png}: {err}") from None
         print(f"gflowdist report: figure written to {written}", file=sys.stderr)
-    return 0 if record.ledger["balanced"] else EXIT_FAILURE
+    if args.tensorboard:
+        from gflowdist.timing.tensorboard import write_tensorboard
+
+        try:
+            folder = write_tensorboard(record.run_dir)
+        except (OSError, GflowdistError) as err:
+            raise GflowdistError(f"--tensorboard: {err}") from None
+        print(f"gflowdist report: TensorBoard event files in {folder} (tensorboard --logdir {folder})",
+              file=sys.stderr)

@@ -121,6 +121,7 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
 
     source = f"-n {nprocs}" if from_option else f"launch.nprocs = {nprocs}"
     layout = preflight.check_layout_fits(config, nprocs, source=source)
+    preflight.check_extras(config)
     preflight.check_roles_named(config, layout)
     resolved = preflight.resolve_roles(config)
     uses_mpiexec = nprocs > 1 and config.launch.engine != "torch"

@@ -21,14 +21,16 @@ __all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "r
 _WORLD: Communicator | None = None
 
 
-def world_comm(engine: str = "auto") -> Communicator:
+def world_comm(engine: str = "auto", *, cuda: bool | None = None) -> Communicator:
     """The communicator of the whole job, created on first use and cached.
 
     ``engine``: ``"auto"``, ``"mpi"``, ``"torch"`` or ``"local"``. ``"torch"``
     initialises the default process group from the environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when nobody has yet, its
     rendezvous store listening on ``MASTER_ADDR`` only
-    (:func:`gflowdist.comm.rendezvous.init_default_group`).
+    (:func:`gflowdist.comm.rendezvous.init_default_group`), with nccl when
+    this rank computes on a GPU (``cuda``; None: whenever CUDA is available)
+    and gloo otherwise.
     """
     global _WORLD
     if _WORLD is not None and (engine == "auto" or engine == _WORLD.engine):
@@ -45,7 +47,8 @@ def world_comm(engine: str = "auto") -> Communicator:
         from gflowdist.comm.torch_dist import TorchComm
 
         if not dist.is_initialized():
-            init_default_group("nccl" if _cuda_for_local_rank() else "gloo")
+            on_gpu = _cuda_for_local_rank() if cuda is None else cuda
+            init_default_group("nccl" if on_gpu else "gloo")
         _WORLD = TorchComm()
     elif engine == "mpi":
         from mpi4py import MPI

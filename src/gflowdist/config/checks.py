@@ -37,6 +37,7 @@ __all__ = [
     "ClassRefCheck",
     "OptionalCheck",
     "MappingCheck",
+    "DevicesCheck",
     "found",
     "suggest",
 ]
@@ -308,3 +309,30 @@ class MappingCheck(Check):
 
     def expected(self) -> str:
         return "a mapping with string keys"
+
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+class DevicesCheck(Check):
+    """``"auto"``, ``"cpu"``, ``"cuda"``, or a list of ``cpu`` / ``cuda`` / ``cuda:N`` (stored as a tuple)."""
+
+    WORDS = ("auto", "cpu", "cuda")
+
+    def __call__(self, value: Any) -> str | tuple[str, ...]:
+        if isinstance(value, str):
+            if value not in self.WORDS:
+                raise self.fail(value, suggest(value, self.WORDS))
+            return value
+        if not isinstance(value, (list, tuple)) or not value:
+            raise self.fail(value)
+        for item in value:
+            if not isinstance(item, str) or not _DEVICE.fullmatch(item):
+                raise self.fail(value, f" (the entry {found(item)} is not cpu, cuda or cuda:N)")
+        return tuple(value)
+
+    def describe(self) -> str:
+        return '"auto" \\| "cpu" \\| "cuda" \\| list[str]'
+
+    def expected(self) -> str:
+        return "'auto', 'cpu', 'cuda', or a non-empty list of 'cpu' / 'cuda' / 'cuda:N'"

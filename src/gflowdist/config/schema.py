@@ -13,7 +13,7 @@ A full file (every section optional, every key optional)::
     launch:  {engine: mpi, nprocs: 8}
     layout:  {trainers: rest, actors: 2, buffers: 2, coordinator: true, agent_groups: 1}
     roles:   {trainer: my_roles.py:GridTrainer}
-    replay:  {capacity: 50000, sampler: prioritized, batch_size: 64}
+    replay:  {capacity: 50000, sampler: prioritized, replay_fraction: 0.25}
     sync:    {mode: gradients}
     faults:  {heartbeat_s: 0.5, peer_timeout_s: 5}
     params:  {ndim: 2, height: 8, lr: 1e-3}
@@ -33,6 +33,7 @@ from gflowdist.config.checks import (
     ChoiceCheck,
     ClassRefCheck,
     CountCheck,
+    DevicesCheck,
     FloatCheck,
     IntCheck,
     MappingCheck,
@@ -81,6 +82,8 @@ class _Section:
     """Mixin of every section: run the field checks, then the cross-field checks."""
 
     section: ClassVar[str] = ""
+    #: Keys a section no longer has -> what to write instead (said instead of "unknown key").
+    removed: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):  # type: ignore[arg-type]
@@ -125,6 +128,10 @@ class RunConfig(_Section):
                            "Directory for run outputs (logs, checkpoints, timing reports).")
     log_every: int = setting(10, IntCheck(low=1),
                              "Log metrics every this many steps.")
+    tensorboard: bool = setting(False, BoolCheck(),
+                                "Also write TensorBoard event files (every metric per rank and averaged, "
+                                "every timing phase) into the run directory's tensorboard/ at the end; "
+                                "needs pip install 'gflowdist[tensorboard]'.")
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,11 @@ class LaunchConfig(_Section):
                                   "sys.executable, else the one on PATH.")
     mpiexec_args: tuple[str, ...] = setting((), StrListCheck(),
                                             "Extra arguments passed to mpiexec before the program.")
+    devices: str | tuple[str, ...] = setting("auto", DevicesCheck(),
+                                             "Each rank's device: auto = cuda:<local rank mod visible "
+                                             "GPUs> (cpu without GPUs); cpu; cuda (auto, but no GPU is an "
+                                             "error); or a list [cuda:0, cuda:1, cpu] indexed by local rank "
+                                             "(cycled). See docs/cluster.md#gpus.")
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,10 @@ class ReplayConfig(_Section):
     """The replay buffers: storage size, sampling, admission, rate limiting, flow control."""
 
     section: ClassVar[str] = "replay"
+    removed: ClassVar[dict[str, str]] = {
+        "batch_size": "replay.batch_size was removed: the replayed count follows from replay.replay_fraction "
+                      "(the replayed share of each learner batch) and the rollout size; set replay_fraction",
+    }
 
     capacity: int = setting(10000, IntCheck(low=1),
                             "Trajectories each buffer rank stores.")
@@ -203,9 +219,6 @@ class ReplayConfig(_Section):
                            "Which stored items come out when a trainer samples.")
     writer: str = setting("round_robin", ChoiceCheck("round_robin", "keep_highest", "dedup"),
                           "Which slot a new item takes, or whether it is admitted.")
-    batch_size: int = setting(16, IntCheck(low=1),
-                              "Replayed trajectories per trainer step = round(batch_size x "
-                              "replay_fraction), added to the fresh rollout.")
     min_size_to_sample: int = setting(0, IntCheck(low=0),
                                       "Sampling waits until a buffer holds this many items.")
     samples_per_insert: float | None = setting(None, OptionalCheck(FloatCheck(0.0, low_open=True)),
@@ -222,9 +235,11 @@ class ReplayConfig(_Section):
                                     "Prioritized sampler: P(i) proportional to priority^alpha.")
     priority_beta: float = setting(0.4, FloatCheck(0.0),
                                    "Prioritized sampler: importance weight exponent.")
-    replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0),
-                                     "Fraction of a trainer's batch drawn from replay; the rest "
-                                     "is freshly sampled.")
+    replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0, high_open=True),
+                                     "Share of each learner batch that is replayed: with F fresh "
+                                     "trajectories a step adds round(F x f / (1 - f)) replayed ones, "
+                                     "at least 1 (0.5: as many as fresh; 0: no replay). Below 1: "
+                                     "every batch holds the step's fresh rollout.")
     max_staleness: int | None = setting(None, OptionalCheck(IntCheck(low=0)),
                                         "Drop trajectories older than this many policy versions; "
                                         "null = keep all.")
@@ -250,6 +265,16 @@ class ReplayConfig(_Section):
         if self.writer == "dedup" and self.dedup_key is None:
             raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, "
                                          "e.g. terminal)")
+
+    def replayed_per_step(self, fresh: int) -> int:
+        """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.
+
+        ``round(fresh * f / (1 - f))``, at least 1 when f > 0: f = 0.5 doubles the batch,
+        f = 0.2 adds a quarter (4 beside 16 fresh), f = 0 adds none.
+        """
+        if self.replay_fraction == 0:
+            return 0
+        return max(1, round(fresh * self.replay_fraction / (1.0 - self.replay_fraction)))
 
 
 @dataclass(frozen=True)
@@ -426,6 +451,8 @@ class Config:
                                   "(params.<name>=value)", key="params")
             return
         valid = [f.name for f in dataclasses.fields(SECTIONS[head])]
+        if len(path) == 2 and path[1] in SECTIONS[head].removed:
+            raise ConfigError(f"{SECTIONS[head].removed[path[1]]} (override '{text}')", key=".".join(path))
         if len(path) != 2 or path[1] not in valid:
             leaf = path[1] if len(path) > 1 else ""
             hint = suggest(leaf, valid) if leaf else ""

@@ -9,7 +9,7 @@ ledger and writes the run directory::
 
     runs/<name>-<timestamp>/
       config.yaml  layout.txt  metrics.jsonl  ledger.json  finals.json
-      report.txt  report.json  [report.png]  logs/rank-N.log  checkpoints/gen-K/
+      report.txt  report.json  report.png  [tensorboard/]  logs/rank-N.log  checkpoints/gen-K/
 
 Any exception on any rank ends the whole job: the rank prints its traceback
 (naming rank, role and host) and aborts the job (MPI ``Abort``; on the torch
@@ -42,6 +42,7 @@ from gflowdist.runtime import checkpoints, protocol, roles
 from gflowdist.runtime.resume import choose_checkpoint
 from gflowdist.rundir import agree_run_dir, write_config
 from gflowdist.runtime.collector import Collector
+from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.runtime.loops import run_actor, run_buffer, run_trainer, send_final
 from gflowdist.runtime.wiring import StopFlag, Wiring
@@ -91,12 +92,12 @@ def _setup_logging(run_dir: Path, rank: int) -> None:
     root.propagate = False
 
 
-def _make_role(ctx: DistributedContext, config, generator: torch.Generator):
+def _make_role(ctx: DistributedContext, config, generator: torch.Generator, device: str = "cpu"):
     cls = config.role_class(ctx.role.value) or DEFAULT_CLASSES[ctx.role]
     if ctx.role in (Role.TRAINER, Role.ACTOR) and cls.rollout is roles.Actor.rollout:
         raise GflowdistError(f"roles.{ctx.role.value} is not set: a {ctx.role.value} needs your class with "
                              f"rollout() (see gflowdist.runtime.roles)")
-    role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx)
+    role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx, device=device)
     role.setup()
     return role
 
@@ -105,7 +106,8 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
     """Run ``config`` on this rank; returns the result on the collector rank, None elsewhere."""
     from gflowdist.ops.seeds import rank_seed
 
-    world = comm if comm is not None else world_comm(config.launch.engine)
+    placed = setup_device(config.launch.devices)  # before any CUDA work, and before nccl could start
+    world = comm if comm is not None else world_comm(config.launch.engine, cuda=placed.cuda_index is not None)
     _ignore_peer_death_signal()  # after MPI_Init, which may install a handler of its own
     stop = StopFlag()
     stop.install_signal_handlers()
@@ -117,12 +119,13 @@ def run_job(config, *, resume_dir: str | None = None, comm=None, out: TextIO = s
         run_dir.mkdir(parents=True, exist_ok=True)
     world.barrier(timeout=60)
     _setup_logging(run_dir, world.rank)
-    log.info("rank %d role %s host %s pid %d", world.rank, ctx.role.value, ctx.host, os.getpid())
+    log.info("rank %d role %s host %s pid %d device %s (%s)", world.rank, ctx.role.value, ctx.host, os.getpid(),
+             placed.device, placed.reason)
     seed = rank_seed(config.run.seed, world.rank)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     try:
-        return _run(ctx, config, w, run_dir, resume_dir, generator, out)
+        return _run(ctx, config, w, run_dir, resume_dir, generator, out, placed.device)
     except PeerLostError as err:
         _die(world, f"gflowdist: {err}", code=3)
     except KeyboardInterrupt:
@@ -160,10 +163,10 @@ def _die(world, message: str, *, code: int) -> None:
     raise SystemExit(code)
 
 
-def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out) -> JobResult | None:
+def _run(ctx, config, w: Wiring, run_dir: Path, resume_dir, generator, out, device: str) -> JobResult | None:
     world = ctx.world
     is_collector = world.rank == w.collector
-    role = _make_role(ctx, config, generator)
+    role = _make_role(ctx, config, generator, device)
     replay = role.make_buffer() if ctx.role is Role.BUFFER else None
     state: dict[str, Any] = {"step": 0, "version": 0, "seq": 0}
     resumed_from, skipped = None, []
@@ -315,6 +318,19 @@ def _curves_by_step(rows: list[dict]) -> list[dict]:
             for step, values in sorted(by_step.items())]
 
 
+def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
+    """``run.tensorboard``: event files from what the run directory now holds (metrics.jsonl is the source)."""
+    from gflowdist.timing.tensorboard import write_tensorboard
+
+    try:
+        folder = write_tensorboard(run_dir)
+    except (ImportError, OSError, GflowdistError) as err:  # the run itself is done: say so, keep its result
+        log.warning("TensorBoard files not written: %s", err)
+        out.write(f"gflowdist: TensorBoard files not written: {err}\n")
+        return
+    out.write(f"gflowdist: TensorBoard event files in {folder} (tensorboard --logdir {folder})\n")
+
+
 def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dict], collector: Collector,
               *, stop_reason: str, out: TextIO) -> JobResult:
     from gflowdist.timing import build_report
@@ -339,6 +355,8 @@ def _conclude(ctx, config, run_dir: Path, final_name: str, finals: dict[int, dic
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
         metrics=_curves_by_step(metrics_rows))
     report.save(run_dir)
+    if config.run.tensorboard:
+        _write_tensorboard(run_dir, out)
     per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
     try:
         totals = check_ledgers(ledgers)

@@ -44,9 +44,11 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
 
 
 def concat_batches(fresh: Mapping[str, torch.Tensor], replay: Mapping[str, torch.Tensor] | None) -> dict:
+    """``fresh`` with ``replay`` appended along dimension 0; replayed tensors (received into host memory)
+    move to the device of the fresh ones first."""
     if not replay:
         return dict(fresh)
-    return {k: torch.cat([fresh[k], replay[k]]) if k in replay else fresh[k] for k in fresh}
+    return {k: torch.cat([fresh[k], replay[k].to(fresh[k].device)]) if k in replay else fresh[k] for k in fresh}
 
 
 def _send_trajectories(w: Wiring, batch: dict, seq: int, version: int, buffer: int) -> int:
@@ -94,7 +96,7 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
     placement = w.context.placement
     buffer, actors = placement.buffer, placement.actors
     dp = w.context.comm("DP")
-    replay_n = round(cfg.replay.batch_size * cfg.replay.replay_fraction) if buffer is not None else 0
+    replays = buffer is not None and cfg.replay.replay_fraction > 0
     staleness: Counter = state.setdefault("staleness", Counter())
     version, seq = state["version"], state["seq"]
     requested = 0  # sample requests sent and not yet answered (replies arrive in order)
@@ -116,7 +118,8 @@ def run_trainer(trainer, w: Wiring, state: dict, collector=None) -> dict:
             w.ledger.used_locally += n
             seq += n
         replay = None
-        if replay_n:
+        if replays:  # requests sent now ask for this step's share; with prefetch they serve later steps
+            replay_n = cfg.replay.replayed_per_step(batch_size(fresh))
             if requested == 0 and cfg.replay.prefetch == 0:
                 w.data.isend(*protocol.sample_request(replay_n, version), buffer)
                 requested = 1

@@ -43,8 +43,12 @@
         def should_stop(self): return False    # end early (default: trainers finish)
 
 Every role gets ``self.params`` (the config's ``params``, read-only: nested mappings too, lists as tuples),
-``self.rank``, ``self.config`` and ``self.generator`` (a torch.Generator
-seeded from the run seed and the rank).
+``self.rank``, ``self.config``, ``self.generator`` (a torch.Generator
+seeded from the run seed and the rank) and ``self.device`` (a
+``torch.device``: ``cuda:<local rank>`` on a GPU node, else ``cpu``; see
+``launch.devices``). Build models and tensors on ``self.device``; gflowdist
+moves what crosses the wire through host memory and puts replayed batches on
+the device of the fresh ones.
 """
 
 from __future__ import annotations
@@ -61,9 +65,11 @@ __all__ = ["Role", "Actor", "Trainer", "BufferManager", "Coordinator"]
 class Role:
     """What every role has: identity, parameters and a seeded generator."""
 
-    def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None):
+    def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None,
+                 device: str | torch.device = "cpu"):
         self.rank = rank
         self.config = config
+        self.device = torch.device(device)
         self.params: Mapping[str, Any] = config.params if config is not None else FrozenMapping()
         self.generator = generator
         self.context = context

@@ -7,7 +7,7 @@
   ``report_time_info`` returning their tables.
 - :mod:`~gflowdist.timing.summaries`: staleness, ledger balance, metric summaries.
 - :mod:`~gflowdist.timing.report`: ``build_report`` -> ``Report`` (text, JSON, save).
-- :mod:`~gflowdist.timing.figure`: ``report.png`` when matplotlib is installed.
+- :mod:`~gflowdist.timing.figure`: ``report.png`` (matplotlib, imported only to draw it).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The runtime gathers plain dicts from every rank and calls::
         metrics=[{"step": 0, "loss": 2.3}, ...],
     )
     print(report.to_text())
-    report.save(run_dir)          # report.txt, report.json, report.png (if matplotlib)
+    report.save(run_dir)          # report.txt, report.json, report.png
 
 Rank keys may be ``int`` or decimal ``str`` everywhere (msgpack and JSON turn
 int keys into strings). The formulas are in :mod:`gflowdist.timing.imbalance`

@@ -1,0 +1,126 @@
+"""Which device each rank computes on: pure decisions, so they are tested without a GPU.
+
+The rule (``launch.devices``, default ``auto``):
+
+* ``auto``: with ``G`` CUDA devices visible to the rank, ``cuda:<local rank mod G>``;
+  with none, ``cpu``. Ranks on one host therefore take one GPU each, and
+  more ranks than GPUs share them round-robin (local ranks 0 and G share
+  ``cuda:0``). Where a launcher already gave each rank one GPU
+  (``CUDA_VISIBLE_DEVICES`` set per rank, as ``srun --gpus-per-task=1``
+  does), ``G`` is 1 and every rank uses its ``cuda:0``.
+* ``cpu``: every rank on the CPU, GPUs or not.
+* ``cuda``: as ``auto``, but a rank that sees no CUDA device is an error.
+* a list, e.g. ``[cuda:0, cuda:1, cpu]``: local rank ``i`` uses entry
+  ``i mod len(list)``; ``cuda`` in a list means "by local rank", as ``auto``.
+
+The *local rank* (a rank's index among the ranks of its host) comes from
+the launcher's environment, first found of :data:`LOCAL_RANK_VARIABLES`:
+torchrun's (and ``gflowdist run --engine torch``'s) ``LOCAL_RANK``, Open MPI's
+``OMPI_COMM_WORLD_LOCAL_RANK``, MPICH hydra's (and Intel MPI's)
+``MPI_LOCALRANKID``, MVAPICH2's ``MV2_COMM_WORLD_LOCAL_RANK``, Cray PMI's
+``PMI_LOCAL_RANK``, then Slurm's ``SLURM_LOCALID`` (last: an ``mpiexec``
+started inside an allocation inherits the batch step's). With none of them
+the global rank stands in (right on one host) and the reason says so.
+
+``G`` is what the rank's torch reports (``torch.cuda.device_count()``), so a
+``CUDA_VISIBLE_DEVICES`` mask is already applied: with ``0,1`` set, ``G`` is
+2 and ``cuda:1`` is the physical GPU 1; with ``""`` or ``-1``, ``G`` is 0.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gflowdist.errors import ConfigError
+
+__all__ = ["LOCAL_RANK_VARIABLES", "RANK_VARIABLES", "DeviceChoice", "local_rank", "launcher_rank", "choose_device"]
+
+#: (variable, launcher) in the order they are believed.
+LOCAL_RANK_VARIABLES = (
+    ("LOCAL_RANK", "torchrun"),
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI"),
+    ("MPI_LOCALRANKID", "MPICH hydra"),
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MVAPICH2"),
+    ("PMI_LOCAL_RANK", "Cray PMI"),
+    ("SLURM_LOCALID", "Slurm"),
+)
+
+
+#: Variables by which launchers announce a rank's global rank (before any communicator exists).
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device of one rank (``"cpu"`` or ``"cuda:N"``) and, in words, why."""
+
+    device: str
+    reason: str
+
+    @property
+    def cuda_index(self) -> int | None:
+        """N of ``cuda:N``; None on the CPU."""
+        return int(self.device.split(":")[1]) if self.device.startswith("cuda:") else None
+
+
+def local_rank(env: Mapping[str, str], global_rank: int = 0) -> tuple[int, str]:
+    """``(local rank, where it came from)`` from launcher variables; else ``global_rank``, saying so."""
+    for name, launcher in LOCAL_RANK_VARIABLES:
+        value = env.get(name)
+        if value is None or value == "":
+            continue
+        if not value.strip().isdigit():
+            raise ConfigError(f"the launcher variable {name}={value!r} should be a local rank (an integer >= 0)",
+                              key="launch.devices")
+        return int(value), f"{name}={int(value)} ({launcher})"
+    return global_rank, f"no launcher variable names the local rank; the global rank {global_rank} stands in"
+
+
+def launcher_rank(env: Mapping[str, str]) -> int:
+    """The global rank a launcher announced (first of :data:`RANK_VARIABLES`), 0 for a plain process."""
+    for name in RANK_VARIABLES:
+        value = env.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where: str = "") -> DeviceChoice:
+    """The device for a rank of local rank ``local`` that sees ``gpus`` CUDA devices (see the module doc).
+
+    ``where`` says where the local rank came from (for the reason). A ``cuda``
+    the rank cannot have is a :class:`ConfigError` naming ``launch.devices``.
+    """
+    origin = f" (local rank {local}{': ' + where if where else ''})"
+    if isinstance(setting, str):
+        if setting == "cpu":
+            return DeviceChoice("cpu", "launch.devices is cpu")
+        if setting == "auto" and gpus == 0:
+            return DeviceChoice("cpu", "launch.devices is auto and no CUDA device is visible")
+        return _by_local_rank(setting, local, gpus, origin)
+    if not setting:
+        raise ConfigError("is an empty list: give at least one device", key="launch.devices")
+    entry = setting[local % len(setting)]
+    picked = f"entry {local % len(setting)} of launch.devices{origin}"
+    if entry == "cpu":
+        return DeviceChoice("cpu", picked)
+    if entry == "cuda":
+        return _by_local_rank(entry, local, gpus, origin)
+    index = int(entry.split(":")[1])
+    if index >= gpus:
+        raise ConfigError(f"{picked} is {entry}, but this rank sees {_gpus(gpus)}", key="launch.devices")
+    return DeviceChoice(entry, picked)
+
+
+def _by_local_rank(setting: str, local: int, gpus: int, origin: str) -> DeviceChoice:
+    if gpus == 0:
+        raise ConfigError(f"asks for {setting}, but this rank sees no CUDA device{origin}", key="launch.devices")
+    index = local % gpus
+    shared = f"; shared with local rank {index}" if local >= gpus else ""
+    return DeviceChoice(f"cuda:{index}", f"local rank mod {_gpus(gpus)}{origin}{shared}")
+
+
+def _gpus(count: int) -> str:
+    return f"{count} visible CUDA device{'' if count == 1 else 's'}"
