@@ -149,7 +149,7 @@ def test_from_yaml_applies_overrides_and_keeps_file(tmp_path: Path) -> None:
 OVERRIDE_ERRORS = [
     ("layout.buffers", None, ["'layout.buffers' is not an override: write layout.buffers=VALUE"]),
     ("buffers=2", "buffers", ["unknown section 'buffers' (did you mean 'layout.buffers=2'?)"]),
-    ("replay.batch_size=8", "replay.batch_size", ["replay.batch_size was removed", "override 'replay.batch_size=8'"]),
+    ("replay.batch_size=8", "replay.batch_size", ["replay.batch_size: was removed", "override 'replay.batch_size=8'"]),
     ("layout.bufers=2", "layout.bufers", ["unknown key 'bufers'", "did you mean 'buffers'"]),
     ("layot.buffers=2", "layot.buffers", ["unknown section 'layot'", "did you mean 'layout'"]),
     ("layout=2", "layout", ["unknown key", "valid keys"]),
@@ -218,7 +218,7 @@ MALFORMED = [
      ["a finite number >= 0.0 and < 1.0", "float 1.5"]),
     ("replay: {replay_fraction: 1}", "replay.replay_fraction", ["a finite number >= 0.0 and < 1.0", "int 1"]),
     ("replay: {batch_size: 16}", "replay.batch_size",
-     ["replay.batch_size was removed", "set replay_fraction"]),
+     ["replay.batch_size: was removed", "set replay_fraction instead"]),
     ("replay: {replay_fraction: .nan}", "replay.replay_fraction", ["a finite number"]),
     ("replay: {samples_per_insert: 0}", "replay.samples_per_insert",
      ["null or a finite number > 0.0", "int 0"]),

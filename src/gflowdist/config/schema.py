@@ -209,8 +209,8 @@ class ReplayConfig(_Section):
 
     section: ClassVar[str] = "replay"
     removed: ClassVar[dict[str, str]] = {
-        "batch_size": "replay.batch_size was removed: the replayed count follows from replay.replay_fraction "
-                      "(the replayed share of each learner batch) and the rollout size; set replay_fraction",
+        "batch_size": "was removed: the replayed count now follows from replay.replay_fraction (the replayed "
+                      "share of each learner batch) and the rollout size; set replay_fraction instead",
     }
 
     capacity: int = setting(10000, IntCheck(low=1),
