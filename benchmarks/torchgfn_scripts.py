@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -88,7 +89,7 @@ def run_one(python: str, root: Path, ranks: int, script: str, args: list[str], t
         output, _ = proc.communicate()
         status = "timeout"
     return {"status": status, "seconds": time.monotonic() - start, "output": output,
-            "command": " ".join(command[:1] + ["-n", str(ranks), "python"] + command[4:])}
+            "command": shlex.join(["mpiexec", "-n", str(ranks), "python"] + command[4:])}
 
 
 _NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?|None)"
@@ -114,6 +115,8 @@ def main() -> int:
     parser.add_argument("--python", required=True, help="interpreter with torchgfn 2.4.1, mpi4py, gflowdist")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--only", help="run only configurations whose name contains this")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each configuration this many times per library, alternating which goes first")
     parser.add_argument("--keep-logs", type=Path, help="write each run's output here")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} at start; common arguments: {' '.join(COMMON)}")
@@ -124,20 +127,27 @@ def main() -> int:
         for name, ranks, script, extra in CONFIGS:
             if args.only and args.only not in name:
                 continue
-            for lib, root in roots.items():
-                run = run_one(args.python, root, ranks, script, extra, args.timeout)
-                found = metrics(run["output"])
-                print(f"[{lib}] {run['command']}  -> exit {run['status']} in {run['seconds']:.0f} s", flush=True)
-                if args.keep_logs:
-                    args.keep_logs.mkdir(parents=True, exist_ok=True)
-                    slug = re.sub(r"\W+", "_", name).strip("_")
-                    (args.keep_logs / f"{slug}.{lib}.log").write_text(run["output"])
-                rows.append(f"{name:<42} | {lib:<9} | {run['status']!s:>4} | {run['seconds']:6.0f} | "
-                            f"{_cell(found['loss'], '.4f'):>6} | {_cell(found['l1_dist'], '.4f'):>6} | "
-                            f"{_cell(found['n_modes_found'], '.0f')}")
+            for turn in range(args.rounds):
+                order = list(roots.items()) if turn % 2 == 0 else list(reversed(roots.items()))
+                for lib, root in order:
+                    rows.append(_run_row(args, name, lib, root, ranks, script, extra, turn))
     print("\n" + "\n".join(rows))
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     return 0
+
+
+def _run_row(args, name: str, lib: str, root: Path, ranks: int, script: str, extra: list[str], turn: int) -> str:
+    """Run one configuration with one library; its table row (and its log, with ``--keep-logs``)."""
+    run = run_one(args.python, root, ranks, script, extra, args.timeout)
+    found = metrics(run["output"])
+    print(f"[{lib}] {run['command']}  -> exit {run['status']} in {run['seconds']:.0f} s", flush=True)
+    if args.keep_logs:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"\W+", "_", name).strip("_")
+        (args.keep_logs / f"{slug}.{lib}.{turn}.log").write_text(run["output"])
+    return (f"{name:<42} | {lib:<9} | {run['status']!s:>4} | {run['seconds']:6.0f} | "
+            f"{_cell(found['loss'], '.4f'):>6} | {_cell(found['l1_dist'], '.4f'):>6} | "
+            f"{_cell(found['n_modes_found'], '.0f')}")
 
 
 if __name__ == "__main__":
