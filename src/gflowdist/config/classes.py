@@ -21,6 +21,7 @@ module can be found. ``gflowdist run`` asks it before it imports anything.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -55,9 +56,21 @@ def _find_file(path: str, *, key: str, file: str | None) -> str:
     places = _candidates(path, file)
     found_path = next((place for place in places if os.path.isfile(place)), None)
     if found_path is None:
-        raise ConfigError(f"file '{path}' not found (looked in {', '.join(places)})",
+        raise ConfigError(f"file '{path}' not found (looked in {', '.join(places)}){_nearest_file(path, places)}",
                           key=key, file=file)
     return found_path
+
+
+def _nearest_file(path: str, places: list[str]) -> str:
+    """`` (did you mean 'my_roles.py'?)`` for a Python file next to where ``path`` was looked for."""
+    names = set()
+    for place in places:
+        try:
+            names.update(entry for entry in os.listdir(os.path.dirname(place)) if entry.endswith(".py"))
+        except OSError:
+            continue
+    close = difflib.get_close_matches(os.path.basename(path), sorted(names), n=1, cutoff=0.75)
+    return f" (did you mean '{os.path.join(os.path.dirname(path), close[0])}'?)" if close else ""
 
 
 def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
