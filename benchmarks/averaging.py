@@ -18,6 +18,13 @@ tensors. Per call, median over many repetitions, on rank 0:
   and the post-accumulate-grad hooks moved them into the buckets;
 - ``assigned``: the caller assigned new ``p.grad`` tensors itself (no
   backward, so no hook ran): the call copies them into the buckets first;
+- ``call``: the minimum time of the ``views`` call over a group whose
+  reduction returns at once (same rank, same data, same run): what
+  gflowdist adds to the reduction (listing the parameters, checking each
+  gradient lives in its bucket, the multiply by ``1/n``). On a busy machine
+  ``(raw + call) / raw`` over the minimum times estimates the ratio a quiet
+  machine gives, where the medians of the other columns mostly time the
+  scheduler;
 - ``spinup``: Spinning Up's ``mpi_avg_grads``, one ``Allreduce`` per
   parameter through numpy (MPI only); ``per-param``: ``dist.all_reduce(p.grad)``
   then ``/= n`` per parameter (gloo only).
@@ -101,6 +108,24 @@ def median_times(cases: dict, reps: int, barrier) -> dict[str, float]:
     return out
 
 
+def no_reduce_comm(size: int):
+    """A communicator of ``size`` ranks whose reductions return at once: what a call costs besides the reduction."""
+    from gflowdist.comm.local import LocalComm
+
+    class NoReduce(LocalComm):
+        def __init__(self) -> None:
+            super().__init__()
+            self.size = size
+
+        def all_reduce(self, x, op=None, *, inplace=True):
+            return x
+
+        def all_gather_bytes(self, data: bytes) -> list[bytes]:
+            return [data] * size
+
+    return NoReduce()
+
+
 def averaging_cases(model, comm, rank: int, raw) -> dict:
     """Every case of one model (see the module docstring); ``raw`` is the raw reduction's ``(fn, warm)``.
 
@@ -119,6 +144,7 @@ def averaging_cases(model, comm, rank: int, raw) -> dict:
     run_backward, run_bare = backward_of(model, rank), backward_of(bare, rank)
     run_backward()
     average_gradients(model, comm)  # the first call: buckets and hooks from here on
+    no_reduce = no_reduce_comm(comm.size)
     params = list(model.parameters())
     raw_fn, raw_warm = raw
 
@@ -146,6 +172,8 @@ def averaging_cases(model, comm, rank: int, raw) -> dict:
         "views": (lambda: average_gradients(model, comm), views),
         "fresh": (lambda: average_gradients(model, comm), fresh),
         "assigned": (lambda: average_gradients(model, comm), assigned),
+        # the views call over a group whose reduction returns at once: listing, checks, 1/n
+        "overhead": (lambda: average_gradients(model, no_reduce), views),
         "bwd_hooks": (run_backward, model.zero_grad),
         "bwd_bare": (run_bare, bare.zero_grad),
     }
@@ -249,14 +277,15 @@ def table(engine: str, results: dict) -> str:
     raw = "raw Allreduce" if engine == "mpi" else "raw all_reduce"
     head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | "
             f"{'assigned ms':>11} | {label + ' ms':>12} | {'views/raw':>11} | {'fresh/raw':>11} | "
-            f"{'assigned/raw':>12} | {label + '/fresh':>15}")
+            f"{'assigned/raw':>12} | {label + '/fresh':>15} | {'call ms':>7} | {'(raw+call)/raw':>14}")
     lines = [f"\n{engine}: in-place average_gradients vs one {raw} of the same bytes (raw) and {label}",
              head, "-" * len(head)]
     for name, r in results.items():
         lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
                      f"{r['fresh'] * 1e3:8.2f} | {r['assigned'] * 1e3:11.2f} | {r['baseline'] * 1e3:12.2f} | "
                      f"{_ratio(r, 'views', 'raw'):>11} | {_ratio(r, 'fresh', 'raw'):>11} | "
-                     f"{_ratio(r, 'assigned', 'raw'):>12} | {_ratio(r, 'baseline', 'fresh'):>15}")
+                     f"{_ratio(r, 'assigned', 'raw'):>12} | {_ratio(r, 'baseline', 'fresh'):>15} | "
+                     f"{r['overhead_min'] * 1e3:7.3f} | {(r['raw_min'] + r['overhead_min']) / r['raw_min']:14.2f}")
     return "\n".join(lines)
 
 

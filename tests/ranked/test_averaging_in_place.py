@@ -103,3 +103,17 @@ def test_backward_moves_fresh_grads_into_the_bucket(comm):
     backward(model, comm, 1)
     moved = [p.grad.data_ptr() for p in model.parameters()]
     assert (moved == pointers) == (comm.size > 1), "a world of one installs no hook and moves nothing"
+
+
+def test_parameters_listed_as_torch_lists_them():
+    """The averagers read a module's parameters from its dicts: same tensors, same order, shared ones once."""
+    from gflowdist.ops.averaging import parameters_of
+
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Sequential(shared, torch.nn.Linear(2, 2, bias=False)),
+                                shared, torch.nn.Module())
+    model[0].tied = model[0].weight  # one parameter under two names
+    model.add_module("absent", None)
+    for module in (model, torch.nn.TransformerEncoderLayer(8, 2), torch.nn.LSTM(3, 4, 2)):
+        listed, expected = parameters_of(module), list(module.parameters())
+        assert len(listed) == len(expected) and all(a is b for a, b in zip(listed, expected))

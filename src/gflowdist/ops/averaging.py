@@ -87,7 +87,7 @@ def _plain_module_parameters(root: torch.nn.Module) -> list[torch.Tensor] | None
     stack = [root]
     while stack:
         module = stack.pop()
-        if id(module) in seen_modules:
+        if module is None or id(module) in seen_modules:
             continue
         if type(module).named_modules is not _MODULE.named_modules:
             return None
@@ -96,7 +96,7 @@ def _plain_module_parameters(root: torch.nn.Module) -> list[torch.Tensor] | None
             if p is not None and id(p) not in seen_params:
                 seen_params.add(id(p))
                 params.append(p)
-        stack.extend(child for child in reversed(module._modules.values()) if child is not None)
+        stack.extend(reversed(module._modules.values()))
     return params
 
 
