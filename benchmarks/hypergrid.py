@@ -131,7 +131,7 @@ if _out and os.environ.get("PMI_RANK") is not None:
                 _record["loop_wall_s"] = time.perf_counter() - wall
         return wrapper
 
-    for _name in ("run_trainer", "run_buffer", "run_actor", "_coordinate"):
+    for _name in ("run_trainer", "run_buffer", "run_actor", "run_coordinator"):
         setattr(_job, _name, _timed(_name, getattr(_job, _name)))
 
     def _dump():

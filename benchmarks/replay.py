@@ -131,15 +131,17 @@ class Harness:
     # -- gflowdist: the real buffer loop ---------------------------------------------------------
     def _serve_insert(self) -> int:
         from gflowdist.runtime.loops import run_buffer
+        from gflowdist.runtime.state import BufferState
 
         before = self.w.ledger.admitted
-        run_buffer(self.manager, self.w, {"replay": self.replay})
+        run_buffer(self.manager, self.w, BufferState(), self.replay)
         return self.w.ledger.admitted - before
 
     def _serve_sample(self) -> int:
         from gflowdist.runtime.loops import run_buffer
+        from gflowdist.runtime.state import BufferState
 
-        run_buffer(self.manager, self.w, {"replay": self.replay})
+        run_buffer(self.manager, self.w, BufferState(), self.replay)
         return self.clients * self.samples * self.per_msg
 
     def _client_insert(self) -> None:

@@ -106,26 +106,31 @@ def rank_probe() -> None:
 
     stamp(marks, "import torch")
     import gflowdist.runtime.job as job
+    from gflowdist.comm import world_comm
     from gflowdist.config import Config
+    from gflowdist.context import DistributedContext
     from gflowdist.layout import Role
     from gflowdist.ops.seeds import rank_seed
+    from gflowdist.rundir import agree_run_dir
     from gflowdist.runtime.wiring import StopFlag, Wiring
 
     stamp(marks, "import gflowdist")
     config = Config.from_yaml(config_path(), [f"run.out_dir={tempfile.gettempdir()}"])
-    world = job.world_comm(config.launch.engine)
+    world = world_comm(config.launch.engine)
     stamp(marks, "MPI init (world_comm)")
-    ctx = job.DistributedContext.create(config.layout, comm=world)
+    ctx = DistributedContext.create(config.layout, comm=world)
     stamp(marks, "DistributedContext.create")
-    job._agree_run_dir(ctx, config, None)
+    run_dir = agree_run_dir(world, config, None)
     w = Wiring.build(ctx, config, StopFlag())
     world.barrier(timeout=60)
+    if world.rank == 0:
+        run_dir.rmdir()  # a probe leaves no run directory behind
     stamp(marks, "run dir + wiring + barrier")
     if ctx.role is Role.TRAINER:
         import torch._dynamo  # noqa: F401 - what the Adam constructor imports (torch._disable_dynamo)
     stamp(marks, "import torch._dynamo (trainers)")
     seed = rank_seed(config.run.seed, world.rank)
-    job._make_role(ctx, config, torch.Generator().manual_seed(seed))
+    job.make_role(ctx, config, torch.Generator().manual_seed(seed))
     stamp(marks, "role setup()")
     world.barrier(timeout=config.faults.startup_timeout_s)
     stamp(marks, "startup barrier")

@@ -19,7 +19,7 @@ import yaml
 
 from gflowdist.config import SECTIONS, Config, FrozenMapping
 from gflowdist.config import schema as schema_module
-from gflowdist.runtime import Trainer
+from gflowdist.runtime import BufferManager
 
 REPO = Path(__file__).resolve().parents[1]
 TOP_LEVEL = {*SECTIONS, "params"}
@@ -66,7 +66,7 @@ def test_params_are_read_only_all_the_way_down_and_roles_get_the_same_object():
         config.params["model"]["hidden"] = 8
     with pytest.raises(AttributeError):
         config.params["sizes"].append(3)
-    role = Trainer(rank=0, config=config, generator=torch.Generator())
+    role = BufferManager(rank=0, config=config, generator=torch.Generator())  # any role: Trainer is abstract
     assert role.params is config.params and isinstance(role.params, FrozenMapping)
     assert config.params == {"model": {"hidden": 64}, "sizes": (1, 2), "lr": 0.1}
     plain = config.to_dict()["params"]

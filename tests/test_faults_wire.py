@@ -1,14 +1,11 @@
 """Bad bytes on the wire (promise 1: safe wire): rejected, named, counted; the buffer keeps serving.
 
-Two ways to put them there, both aimed at the buffer (rank 2) of the toy job:
-
-* ``GFLOWDIST_INJECT_GARBAGE=<rank>:<every>`` (the runtime's test hook in
-  gflowdist/runtime/loops.py): that producer sends raw bytes that are no
-  gflowdist message on the data tag after every ``every``-th batch;
-* ``roles.trainer=fault_roles.py:WireAbuseTrainer`` (tests/jobs/fault_roles.py):
-  trainer 1 sends one well-formed message larger than
-  ``faults.max_message_bytes``, or the bare header of a chunked MPI message
-  claiming 1 TiB.
+All of them come from ``roles.trainer=fault_roles.py:WireAbuseTrainer``
+(tests/jobs/fault_roles.py), aimed at the buffer (rank 2) of the toy job:
+trainer 1 sends raw bytes that are no gflowdist message on the data tag with
+every ``params.garbage_every``-th batch, and one well-formed message larger
+than ``faults.max_message_bytes``, or the bare header of a chunked MPI message
+claiming 1 TiB.
 
 Each must be refused with a ``ProtocolError`` naming the sender, counted in
 the buffer's ledger (``malformed``, outside the balance) and in the final
@@ -64,8 +61,8 @@ def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_coun
     oversized = LIMIT // TRAJECTORY_BYTES + 1  # its frames alone exceed the limit
     job = job_factory(f"run.steps={STEPS}", f"faults.max_message_bytes={LIMIT}", *ABUSER,
                       "params.abuse=oversized", f"params.abuse_trajectories={oversized}",
-                      env={"GFLOWDIST_INJECT_GARBAGE": f"{SENDER}:{EVERY}"})
-    # one garbage message after batches EVERY, 2 EVERY, ... (all read before the sender's "done"
+                      f"params.garbage_every={EVERY}")
+    # one garbage message with batches EVERY, 2 EVERY, ... (all read before the sender's "done"
     # notice, which follows them on the same tag), plus the oversized one
     rejected = _check_refused_and_served(job, STEPS // EVERY + 1)
     assert sum("not a gflowdist message" in line for line in rejected) == STEPS // EVERY

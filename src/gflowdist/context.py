@@ -114,6 +114,11 @@ class DistributedContext:
     def host(self) -> str:
         return self.placement.host or self.world.host
 
+    @property
+    def agent_group(self) -> Communicator | None:
+        """My agent group: the trainers I average with (``comm("DP")``; None outside one)."""
+        return self._comms.get("DP")
+
     def comm(self, name: str) -> Communicator | None:
         """The named communicator (see the module docstring), or None if I am not a member."""
         if name not in COMM_NAMES:

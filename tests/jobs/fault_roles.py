@@ -1,4 +1,4 @@
-"""A misbehaving peer for wire-fault tests: the toy trainer, plus one bad message to its buffer.
+"""A misbehaving peer for wire-fault tests: the toy trainer, plus bad messages to its buffer.
 
 ``roles.trainer: fault_roles.py:WireAbuseTrainer`` with ``params``:
 
@@ -8,10 +8,12 @@
   ``"claim"``: only the 8-byte length header of a chunked MPI message that
   claims ``abuse_bytes`` bytes, and no part after it (MPI engine only);
 - ``abuse_after``: send it after this many rollouts (default 5), once;
+- ``garbage_every``: also send raw bytes that are no gflowdist message with
+  every ``garbage_every``-th batch (0, the default: never);
 - ``abuse_rank``: only this trainer rank misbehaves (default 1).
 
-The bad message goes straight to the communicator on the data tag, past the
-sender's channel, so the sender's own ledger never counts it.
+The bad messages go straight to the communicator on the data tag, past the
+sender's channel, so the sender's own ledger never counts them.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ class WireAbuseTrainer(ToyTrainer):
     def rollout(self, policy_version):
         batch = super().rollout(policy_version)
         self.rollouts += 1
-        if self.rank == int(self.params.get("abuse_rank", 1)) and \
-                self.rollouts == int(self.params.get("abuse_after", 5)):
+        if self.rank != int(self.params.get("abuse_rank", 1)):
+            return batch
+        if "abuse" in self.params and self.rollouts == int(self.params.get("abuse_after", 5)):
             self._abuse()
+        every = int(self.params.get("garbage_every", 0))
+        if every and self.rollouts % every == 0:  # before this batch, on the same tag
+            world, buffer = self.context.world, self.context.placement.buffer
+            world.isend(b"\x00not a gflowdist message" * 3, buffer, Tags.DATA).wait(30)
         return batch
 
     def _abuse(self) -> None:

@@ -15,7 +15,7 @@ host.
 The keeper ignores SIGINT, SIGTERM, SIGUSR1 and SIGUSR2: hydra and the
 launcher signal the rank's whole process group, which the child shares, so
 the child gets them directly (SIGUSR1 is hydra's "a peer died" notice, see
-``_ignore_peer_death_signal`` in ``gflowdist.runtime.job``). If the keeper
+``_ignore_peer_death_signal`` in ``gflowdist.runtime.process``). If the keeper
 itself is killed, the child gets SIGKILL too (``PR_SET_PDEATHSIG``), so
 nothing outlives it. Linux only; elsewhere :func:`keep` runs nothing and
 the rank is the process hydra started.

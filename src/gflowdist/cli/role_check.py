@@ -23,7 +23,7 @@ __all__ = ["check_role_class", "missing_methods", "REQUIRED_METHODS", "VERDICT_M
 
 VERDICT_MARK = "gflowdist role check: "
 
-#: What a role class must implement itself (its base class only raises NotImplementedError).
+#: What a role class must implement itself (abstract in its base class, gflowdist.runtime.roles).
 REQUIRED_METHODS = {"trainer": ("rollout", "loss"), "actor": ("rollout",), "buffer": (), "coordinator": ()}
 
 

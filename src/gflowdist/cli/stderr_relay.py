@@ -3,7 +3,7 @@
 ``gflowdist run`` reads mpiexec's stderr through this relay. Every line is
 written on to our own stderr at once; lines that start with ``gflowdist:``
 (the first line of the message a failing rank writes, see
-``gflowdist.runtime.job._die``) are also remembered. A failure line that came
+``gflowdist.runtime.process.fail_job``) are also remembered. A failure line that came
 through mpiexec was written by a rank the launcher can still reach, which
 matters in a network partition: the ranks on *both* sides see the other side
 as lost and all of them append to the failure file (on a shared file

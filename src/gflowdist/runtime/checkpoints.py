@@ -39,17 +39,27 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 from gflowdist.errors import CheckpointError
+from gflowdist.runtime.ledger import Ledger
+
+if TYPE_CHECKING:
+    from gflowdist.replay import ReplayBuffer
+    from gflowdist.runtime.roles import BaseRole
+    from gflowdist.runtime.state import RunState
 
 __all__ = ["checkpoint_name", "checkpoint_dir", "rank_file", "save_rank", "write_manifest", "read_manifest",
-           "candidates", "latest_complete", "load_rank", "step_of", "trim_metrics", "MANIFEST"]
+           "candidates", "latest_complete", "load_rank", "step_of", "trim_metrics", "MANIFEST", "CheckpointSaver"]
+
+log = logging.getLogger("gflowdist.runtime")
 
 MANIFEST = "MANIFEST.json"
 _NAME = re.compile(r"^gen-(\d{4})-(?:step-(\d{9})|final)$")
@@ -295,3 +305,30 @@ def _torch_reason(err: Exception) -> str:
         return ("its contents are not only tensors and plain values"
                 + (f"; {detail}" if detail else ""))
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+@dataclass
+class CheckpointSaver:
+    """Saves this rank's part of a checkpoint: its role, run state, ledger, RNG states and replay buffer.
+
+    Holds the very objects the loop updates, so a save at any moment writes
+    their state at that moment. :meth:`save` returns the file's size and
+    digest (what the manifest records).
+    """
+
+    run_dir: Path
+    rank: int
+    role: BaseRole
+    state: RunState
+    ledger: Ledger
+    generator: torch.Generator
+    replay: ReplayBuffer | None = None
+
+    def save(self, name: str) -> dict[str, Any]:
+        payload = {"role": self.role.state_dict(), "runtime": self.state.to_dict(), "ledger": self.ledger.to_dict(),
+                   "torch_rng": torch.get_rng_state(), "generator": self.generator.get_state()}
+        if self.replay is not None:
+            payload["replay"] = self.replay.state_dict()
+        record = save_rank(self.run_dir, name, self.rank, payload)
+        log.info("saved my part of checkpoint %s (%d bytes)", name, record["bytes"])
+        return record

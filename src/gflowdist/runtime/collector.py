@@ -28,6 +28,7 @@ from collections import Counter
 from typing import Callable, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
+from gflowdist.layout import Role
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import Throughput, eta_seconds, format_duration
@@ -127,9 +128,9 @@ class Collector:
         from gflowdist.runtime.checkpoints import write_manifest
 
         ranks = self.saved.setdefault(name, {})
-        if not ranks and self.w.context.role.value == "coordinator":
+        if not ranks and self.w.context.role is Role.COORDINATOR and self.w.saver is not None:
             # the coordinator's own part (its state is not on the cut)
-            ranks[self.w.rank] = self.w.save_checkpoint(name)
+            ranks[self.w.rank] = self.w.saver.save(name)
         ranks[rank] = file
         if len(ranks) == self.w.comm.size and self.run_dir is not None:
             write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,

@@ -15,19 +15,19 @@ who sends it to whom, and where it is sent and handled.
 
 | constructor | type | channel | from -> to | sent in / handled in |
 |---|---|---|---|---|
-| :func:`trajectories` | TRAJECTORIES | DATA | client -> its buffer | :func:`loops.run_trainer`, :func:`loops.run_actor` / :func:`loops.run_buffer` |
-| :func:`sample_request` | SAMPLE_REQUEST | DATA | trainer -> its buffer | :func:`loops.run_trainer` / :func:`loops.run_buffer` |
-| :func:`sample_reply` | SAMPLE_REPLY | DATA | buffer -> the trainer that asked | :func:`loops.run_buffer` / :func:`loops.run_trainer` |
-| :func:`done` | CONTROL `done` | DATA | client -> its buffer, after its last trajectory | the client loops / :func:`loops.run_buffer` |
-| :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`loops.run_trainer`, :func:`loops.run_actor` / :func:`loops.run_buffer`, :func:`loops.run_actor` |
-| :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :func:`loops.run_buffer` / the client loops |
-| :func:`weights` | WEIGHTS | WEIGHTS | trainer -> its actors | :func:`loops.run_trainer` / :func:`loops.run_actor` |
-| :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`job.run_job` (coordinator), :func:`loops.run_trainer` / :meth:`Wiring.check_control`, :func:`loops.run_actor` |
+| :func:`trajectories` | TRAJECTORIES | DATA | client -> its buffer | :func:`client.ship` / :meth:`BufferLoop.admit` |
+| :func:`sample_request` | SAMPLE_REQUEST | DATA | trainer -> its buffer | :meth:`ReplayRequests.take` / :meth:`BufferLoop.serve_sample` |
+| :func:`sample_reply` | SAMPLE_REPLY | DATA | buffer -> the trainer that asked | :meth:`BufferLoop.serve_sample` / :meth:`ReplayRequests.take` |
+| :func:`done` | CONTROL `done` | DATA | client -> its buffer, after its last trajectory | :func:`client.finish` / :meth:`BufferLoop.handle` |
+| :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`client.checkpoint_cut` / :meth:`BufferLoop.handle`, :func:`actor.read_inbox` |
+| :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :meth:`BufferLoop.save_complete_cuts` / :func:`client.checkpoint_cut` |
+| :func:`weights` | WEIGHTS | WEIGHTS | trainer -> its actors | :meth:`TrainerLoop.send_weights` / :func:`actor.read_inbox` |
+| :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`coordinator.run_coordinator`, :meth:`TrainerLoop.finish` / :meth:`Wiring.check_control`, :func:`actor.read_inbox` |
 | :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Wiring.heartbeat` / :meth:`Collector.poll`, :meth:`Wiring.check_control` |
-| :func:`metrics` | METRICS | CONTROL | trainer -> collector | :func:`loops.run_trainer` / :meth:`Collector.poll` |
-| :func:`summary` | USER | CONTROL | buffer -> collector | :func:`loops.run_buffer` / :meth:`Collector.poll` |
+| :func:`metrics` | METRICS | CONTROL | trainer -> collector | :meth:`TrainerLoop.publish` / :meth:`Collector.poll` |
+| :func:`summary` | USER | CONTROL | buffer -> collector | :meth:`BufferLoop.idle`, :meth:`BufferLoop.run` / :meth:`Collector.poll` |
 | :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Wiring.checkpoint` / :meth:`Collector.poll` |
-| :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :func:`loops.send_final` / :meth:`Collector.poll` |
+| :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Wiring.send_final` / :meth:`Collector.poll` |
 
 A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;
 :func:`command_of` reads it. A constructor returns ``(MessageType, body)``,
@@ -142,7 +142,7 @@ def metrics(values: Mapping[str, Any]) -> Outgoing:
 
 
 def summary(values: Mapping[str, Any]) -> Outgoing:
-    """A role's :meth:`~gflowdist.runtime.roles.Role.summary` for the coordinator."""
+    """A role's :meth:`~gflowdist.runtime.roles.BaseRole.summary` for the coordinator."""
     return MessageType.USER, values
 
 

@@ -10,20 +10,33 @@ for the collector to print::
     gflowdist: resuming from checkpoint gen-0000-step-000000005 (the newest complete, intact one)
 
 No intact checkpoint at all is a :class:`~gflowdist.errors.CheckpointError`
-listing every candidate and why it was refused.
+listing every candidate and why it was refused. :func:`restore` loads the
+chosen one into a rank's role, run state, RNGs and replay buffer.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from gflowdist.errors import CheckpointError, GflowdistError
 from gflowdist.runtime import checkpoints
+from gflowdist.runtime.ledger import Ledger
 
-__all__ = ["Chosen", "choose_checkpoint"]
+if TYPE_CHECKING:
+    from gflowdist.comm import Communicator
+    from gflowdist.replay import ReplayBuffer
+    from gflowdist.runtime.roles import BaseRole
+    from gflowdist.runtime.state import RunState
+
+__all__ = ["Chosen", "choose_checkpoint", "Restored", "restore"]
+
+log = logging.getLogger("gflowdist.runtime")
 
 
 @dataclass
@@ -63,3 +76,30 @@ def _check_mine(run_dir: Path, name: str, world) -> tuple[dict, dict, str]:
         return manifest, checkpoints.load_rank(run_dir, name, world.rank, manifest), ""
     except CheckpointError as err:
         return {}, {}, str(err)
+
+
+@dataclass
+class Restored:
+    """What a resumed rank continues from: the checkpoint, its ledger, this run's generation, what was skipped."""
+
+    name: str
+    ledger: Ledger
+    generation: int
+    skipped: list[str]
+
+
+def restore(run_dir: Path, world: Communicator, role: BaseRole, state: RunState, generator: torch.Generator,
+            replay: ReplayBuffer | None = None) -> Restored:
+    """Collective: load this rank's part of the checkpoint :func:`choose_checkpoint` picks into these objects."""
+    chosen = choose_checkpoint(run_dir, world)
+    saved = chosen.payload
+    role.load_state_dict(saved["role"])
+    state.load(saved["runtime"])
+    torch.set_rng_state(saved["torch_rng"])
+    generator.set_state(saved["generator"])
+    if replay is not None and "replay" in saved:
+        replay.load_state_dict(saved["replay"])
+    for reason in chosen.skipped:
+        log.warning("%s", reason)
+    log.info("resumed from checkpoint %s at step %s", chosen.name, getattr(state, "step", 0))
+    return Restored(chosen.name, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1, chosen.skipped)

@@ -49,20 +49,29 @@ seeded from the run seed and the rank) and ``self.device`` (a
 ``launch.devices``). Build models and tensors on ``self.device``; gflowdist
 moves what crosses the wire through host memory and puts replayed batches on
 the device of the fresh ones.
+
+What a role must implement is abstract (``@abstractmethod``): ``rollout`` for
+actors and trainers, ``loss`` for trainers. A class that leaves one out is
+refused before the job starts (``gflowdist run`` checks the configured
+classes), and by the job runner with the same message.
+
+:class:`BaseRole` is the base class of the four; it is not the
+:class:`~gflowdist.layout.Role` enum, which names a rank's role in the layout.
 """
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Mapping
 
 import torch
 
 from gflowdist.config.frozen import FrozenMapping
 
-__all__ = ["Role", "Actor", "Trainer", "BufferManager", "Coordinator"]
+__all__ = ["BaseRole", "Actor", "Trainer", "BufferManager", "Coordinator"]
 
 
-class Role:
+class BaseRole(abc.ABC):
     """What every role has: identity, parameters and a seeded generator."""
 
     def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None,
@@ -89,14 +98,14 @@ class Role:
         """Restore :meth:`state_dict` output."""
 
 
-class Actor(Role):
+class Actor(BaseRole):
     """Samples trajectories with ``self.model`` (see the module docstring)."""
 
     model: torch.nn.Module | None = None
 
+    @abc.abstractmethod
     def rollout(self, policy_version: int) -> dict[str, torch.Tensor]:
         """Sample a batch of trajectories (a dict of tensors with the batch dimension first)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement rollout(policy_version)")
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Apply weights sent by my trainer (default: ``self.model.load_state_dict``)."""
@@ -116,9 +125,9 @@ class Trainer(Actor):
 
     optimizer: torch.optim.Optimizer | None = None
 
+    @abc.abstractmethod
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The scalar loss of a batch (fresh and replayed trajectories concatenated)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement loss(batch)")
 
     def metrics(self) -> dict[str, float]:
         """Numbers for the progress line and metrics.jsonl (default: none beyond the loss)."""
@@ -136,7 +145,7 @@ class Trainer(Actor):
             self.optimizer.load_state_dict(state["optimizer"])
 
 
-class BufferManager(Role):
+class BufferManager(BaseRole):
     """Owns a :class:`~gflowdist.replay.ReplayBuffer` built from the ``replay`` config."""
 
     def make_buffer(self):
@@ -155,14 +164,14 @@ class BufferManager(Role):
         """Called with the trajectories just admitted (e.g. to track discovered modes)."""
 
 
-class Coordinator(Role):
+class Coordinator(BaseRole):
     """Aggregates reports; decides when the run ends."""
 
     def on_metrics(self, rank: int, step: int, metrics: Mapping[str, float]) -> None:
         """A trainer's metrics at ``step``."""
 
     def on_summary(self, rank: int, summary: Mapping[str, Any]) -> None:
-        """A role's :meth:`Role.summary` (buffers report what they track)."""
+        """A role's :meth:`BaseRole.summary` (buffers report what they track)."""
 
     def progress_fields(self) -> dict[str, Any]:
         """Extra fields for the progress line (e.g. ``{"modes": "4/4"}``)."""

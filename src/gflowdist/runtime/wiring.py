@@ -1,4 +1,4 @@
-"""What the role loops share: channels, the stop flag, heartbeats, the ledger and timers.
+"""What the role loops share: channels, the stop flag, liveness (heartbeats), the ledger, timers, the checkpoint saver.
 
 The channels and every message on them are in :mod:`gflowdist.runtime.protocol`.
 """
@@ -10,17 +10,23 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm import Communicator
+from gflowdist.config import Config
+from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import PeerLostError
+from gflowdist.layout import Layout
 from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.protocol import Command, Outgoing, Tags
 from gflowdist.timing import StepTimer
 from gflowdist.transport.channel import Channel
 
-__all__ = ["Tags", "Wiring", "StopFlag"]
+if TYPE_CHECKING:
+    from gflowdist.runtime.checkpoints import CheckpointSaver
+
+__all__ = ["Tags", "Wiring", "StopFlag", "LIMIT_KEY", "collector_rank"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -52,30 +58,35 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
+def collector_rank(layout: Layout) -> int:
+    """The rank that hears everyone: the coordinator, else rank 0 (a trainer)."""
+    return layout.coordinator if layout.coordinator is not None else 0
+
+
 @dataclass
 class Wiring:
-    """Everything a role loop needs besides its role object."""
+    """Everything a role loop needs besides its role object, built complete by :meth:`build`."""
 
-    comm: Communicator
-    context: Any  # DistributedContext
-    config: Any  # Config
-    data: Channel
+    comm: Communicator  # the world
+    context: DistributedContext
+    config: Config
+    data: Channel  # the protocol's channels (gflowdist.runtime.protocol)
     control: Channel
     weights: Channel
     stop: StopFlag
-    collector: int  # rank that gathers reports (coordinator, else 0)
+    collector: int  # the rank that gathers reports: collector_rank()
     ledger: Ledger = field(default_factory=Ledger)
-    timer: StepTimer = field(default_factory=StepTimer)
-    _last_beat: float = 0.0
-    _collector_seen: float = field(default_factory=time.monotonic)
-    finished: set = field(default_factory=set)  # ranks whose final report arrived (collector)
-    #: saves this rank's part of checkpoint ``name``; returns its file's size and digest (set by the job runner)
-    save_checkpoint: Callable[[str], dict] | None = None
-    on_saved_here: Callable[[str, int, dict], None] = lambda name, rank, file: None  # the collector's bookkeeping
     generation: int = 0  # resumptions so far: names this run's checkpoints
+    saver: CheckpointSaver | None = None  # saves this rank's part of a checkpoint (None: checkpoints off)
+    timer: StepTimer = field(default_factory=StepTimer)
+    finished: set[int] = field(default_factory=set)  # ranks whose final report arrived (on the collector)
+    _last_beat: float = field(default=0.0, init=False)
+    _collector_seen: float = field(default_factory=time.monotonic, init=False)
 
     @classmethod
-    def build(cls, context: Any, config: Any, stop: StopFlag) -> "Wiring":
+    def build(cls, context: DistributedContext, config: Config, stop: StopFlag, *, ledger: Ledger | None = None,
+              generation: int = 0, saver: CheckpointSaver | None = None) -> "Wiring":
+        """The channels on ``context``'s world, with ``ledger`` (a resumed run's) and ``generation``."""
         comm = context.world
         # One limit at both ends: the communicator refuses a bigger claimed size before allocating,
         # each channel's decode refuses a bigger message, and each channel's isend refuses to send one
@@ -84,15 +95,15 @@ class Wiring:
         comm.max_recv_bytes = limit
         cap = config.replay.max_in_flight
         timeout = max(config.faults.peer_timeout_s, 1.0)
-        collector = context.layout.coordinator if context.layout.coordinator is not None else 0
 
         def channel(tag: int, max_in_flight: int) -> Channel:
             return Channel(comm, tag, max_in_flight=max_in_flight, max_message_bytes=limit, send_timeout=timeout,
                            limit_name=LIMIT_KEY)
 
         return cls(comm=comm, context=context, config=config, data=channel(Tags.DATA, cap),
-                   control=channel(Tags.CONTROL, 64), weights=channel(Tags.WEIGHTS, 2),
-                   stop=stop, collector=collector)
+                   control=channel(Tags.CONTROL, 64), weights=channel(Tags.WEIGHTS, 2), stop=stop,
+                   collector=collector_rank(context.layout), ledger=ledger if ledger is not None else Ledger(),
+                   generation=generation, saver=saver)
 
     @property
     def rank(self) -> int:
@@ -144,17 +155,44 @@ class Wiring:
                                        f"{self.config.faults.peer_timeout_s:g})")
         return bool(self.stop)
 
-    def checkpoint(self, name: str) -> None:
-        """Save my part of periodic checkpoint ``name`` and tell the collector (who may be me)."""
-        if self.save_checkpoint is None:
-            return
-        file = self.save_checkpoint(name)
-        if self.rank == self.collector:
-            self.on_saved_here(name, self.rank, file)
-        else:
-            self.control.isend(*protocol.saved(name, file), self.collector)
+    def checkpoint(self, name: str) -> dict[str, Any] | None:
+        """Save my part of periodic checkpoint ``name``, tell the collector; returns the file's size and digest.
+
+        The collector's own part is noted by the collector itself
+        (:meth:`Collector.note_saved`). None: checkpoints are off (no saver).
+        """
+        if self.saver is None:
+            return None
+        file = self.saver.save(name)
+        self.report(protocol.saved(name, file))
+        return file
+
+    def heartbeat_while_waiting(self) -> None:
+        """While a collective waits (e.g. on a dead agent-group peer), keep heartbeating and listening.
+
+        Without this a rank blocked on a dead peer falls silent too, and could be
+        reported as the lost one.
+        """
+        def hook() -> None:
+            self.heartbeat(-1)
+            self.check_control()
+
+        for name in COMM_NAMES:
+            comm = self.context.comm(name)
+            if comm is not None:
+                comm.wait_hook = hook
 
     def report(self, message: Outgoing) -> None:
         """Send ``message`` (a :mod:`~gflowdist.runtime.protocol` constructor's) to the collector, unless I am it."""
         if self.rank != self.collector:
             self.control.isend(*message, self.collector)
+
+    def send_final(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """My final report (role, host, ledger, timers, channel statistics, ``extra``) to the collector; returns it."""
+        final = {"role": role, "host": self.context.host, "ledger": self.ledger.to_dict(),
+                 "timing": self.timer.to_dict(),
+                 "channels": {"data": self.data.stats.to_dict(), "control": self.control.stats.to_dict()}, **extra}
+        if self.rank != self.collector:
+            self.control.send(*protocol.final_report(final), self.collector)
+        self.control.drain()
+        return final

@@ -1,0 +1,115 @@
+"""What the collector writes once every rank's final report is in: the run's end, in its run directory.
+
+    checkpoints/<final>/MANIFEST.json   the final checkpoint, now complete
+    finals.json                         every rank's final report
+    report.txt, report.json, report.png the load-imbalance report (timing.build_report)
+    [tensorboard/]                      event files of the metrics and timings (run.tensorboard)
+    ledger.json                         the ledger check: balanced, totals, per rank, the final line
+
+then the report and the final line on the console. A ledger that does not
+balance raises :class:`~gflowdist.errors.LedgerError` after ledger.json says why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping, TextIO
+
+from gflowdist.errors import GflowdistError, LedgerError
+from gflowdist.runtime import checkpoints
+from gflowdist.runtime.ledger import Ledger, check_ledgers
+
+__all__ = ["JobResult", "conclude", "curves_by_step"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+
+class JobResult(dict):
+    """What the collector returns: run_dir, totals of the ledger, last metrics, final checkpoint, summaries."""
+
+
+def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_size: int, generation: int,
+             last_metrics: Mapping[int, dict], stop_reason: str, tensorboard: bool, out: TextIO) -> JobResult:
+    """Write the run's end (see the module docstring) from every rank's final report; returns the result."""
+    checkpoints.write_manifest(run_dir, final_name, {
+        "world_size": world_size, "generation": generation, "complete": True,
+        "steps": {str(r): f.get("step", 0) for r, f in finals.items()}},
+        files={r: f["checkpoint_file"] for r, f in finals.items()})
+    (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
+    ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
+    report = _report(run_dir, finals, ledgers)
+    if tensorboard:
+        _write_tensorboard(run_dir, out)
+    totals = _check_ledgers(run_dir, ledgers, stop_reason)
+    out.write(report.to_text() + "\n")
+    out.write(totals["final_line"] + "\n")
+    out.flush()
+    return JobResult(run_dir=str(run_dir), totals=totals["totals"], last_metrics=dict(last_metrics),
+                     checkpoint=final_name, summaries={r: f.get("summary", {}) for r, f in finals.items()})
+
+
+def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger]):
+    """The load-imbalance report of the run, saved in ``run_dir``."""
+    from gflowdist.timing import build_report
+
+    metrics_path = run_dir / "metrics.jsonl"
+    rows = []
+    if metrics_path.exists():
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    report = build_report(
+        {r: f["timing"] for r, f in finals.items()},
+        roles={r: f["role"] for r, f in finals.items()},
+        hosts={r: f["host"] for r, f in finals.items()},
+        ledger={r: {"produced": l.produced, "sent": l.sent, "received": l.received, "admitted": l.admitted,
+                    "dropped": dict(l.dropped), "in_flight": l.in_flight} for r, l in ledgers.items()},
+        staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
+        metrics=curves_by_step(rows))
+    report.save(run_dir)
+    return report
+
+
+def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
+    """``run.tensorboard``: event files from what the run directory now holds (metrics.jsonl is the source)."""
+    from gflowdist.timing.tensorboard import write_tensorboard
+
+    try:
+        folder = write_tensorboard(run_dir)
+    except (ImportError, OSError, GflowdistError) as err:  # the run itself is done: say so, keep its result
+        log.warning("TensorBoard files not written: %s", err)
+        out.write(f"gflowdist: TensorBoard files not written: {err}\n")
+        return
+    out.write(f"gflowdist: TensorBoard event files in {folder} (tensorboard --logdir {folder})\n")
+
+
+def _check_ledgers(run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str) -> dict[str, Any]:
+    """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises."""
+    per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
+    try:
+        totals = check_ledgers(ledgers)
+    except LedgerError as err:
+        line = f"gflowdist: FAILED: {err}; run directory {run_dir}"
+        (run_dir / "ledger.json").write_text(json.dumps({"balanced": False, "error": str(err), "final_line": line,
+                                                         "per_rank": per_rank}, indent=1))
+        raise
+    malformed = totals["malformed_messages"]
+    line = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
+            f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
+            f"{totals['dropped']} dropped, ledger balanced"
+            f"{f'; {malformed} malformed messages rejected' if malformed else ''}; run directory {run_dir}")
+    (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "final_line": line,
+                                                     "per_rank": per_rank}, indent=1))
+    return {"totals": totals, "final_line": line}
+
+
+def curves_by_step(rows: list[dict]) -> list[dict]:
+    """One row per step: each metric averaged over the trainers that reported it (rank/time dropped)."""
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for row in rows:
+        values = by_step.setdefault(int(row.get("step", 0)), {})
+        for key, value in row.items():
+            if key not in ("rank", "time", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(key, []).append(float(value))
+    return [{"step": step, **{k: sum(v) / len(v) for k, v in values.items()}}
+            for step, values in sorted(by_step.items())]

@@ -1,0 +1,83 @@
+"""The actor's loop: apply the newest weights my trainer sent, cut any checkpoint it asked for, roll out, ship.
+
+    per step: read my trainer's messages (weights, checkpoint markers, stop)
+              -> apply the newest weights -> checkpoint cuts -> rollout -> ship -> heartbeat
+    until my trainer (or the coordinator) says stop; then finish
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
+from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
+from gflowdist.runtime.roles import Actor
+from gflowdist.runtime.state import ActorState
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.transport import Message
+
+__all__ = ["run_actor", "Inbox"]
+
+
+@dataclass
+class Inbox:
+    """What my trainer sent since the last step: the newest weights, checkpoint names, whether to stop."""
+
+    weights: Message | None = None
+    cuts: list[str] = field(default_factory=list)
+    stopped: bool = False
+
+
+def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
+    """Run the actor loop until my trainer says stop; ``state`` is updated in place and returned."""
+    placement = w.context.placement
+    trainer, buffer = placement.trainer, placement.buffer
+    inbox = Inbox()
+    while not inbox.stopped and not w.check_control():
+        inbox = read_inbox(w, trainer)
+        apply_weights(actor, w, state, inbox.weights)
+        for name in inbox.cuts:
+            checkpoint_cut(w, buffer, (), name)
+        if inbox.stopped:
+            break
+        with w.timer.phase("rollout"):
+            batch = actor.rollout(state.version)
+        with w.timer.phase("send"):
+            ship(w, batch, state, buffer)
+        w.heartbeat(state.produced)
+    if not inbox.stopped:
+        await_trainer_stop(w, trainer)
+    finish(w, buffer)
+    return state
+
+
+def read_inbox(w: Wiring, trainer: int) -> Inbox:
+    """Every message my trainer sent since the last look, without waiting."""
+    inbox = Inbox()
+    msg = w.weights.try_recv(trainer)
+    while msg is not None:
+        command = command_of(msg)
+        if command is Command.CHECKPOINT:
+            inbox.cuts.append(msg.body["name"])
+        elif command is Command.STOP:
+            inbox.stopped = True
+        elif msg.type is MessageType.WEIGHTS:
+            inbox.weights = msg  # only the newest counts
+        msg = w.weights.try_recv(trainer)
+    return inbox
+
+
+def apply_weights(actor: Actor, w: Wiring, state: ActorState, msg: Message | None) -> None:
+    """Load the weights of ``msg`` (if any) and sample with their policy version from now on."""
+    if msg is None:
+        return
+    with w.timer.phase("load_weights"):
+        actor.load_weights(msg.body["state"], msg.body["version"])
+    state.version = msg.body["version"]
+
+
+def await_trainer_stop(w: Wiring, trainer: int) -> None:
+    """Stopped by the coordinator: read until my trainer's own stop, so no weights stay on the wire."""
+    msg = None
+    while msg is None or not is_command(msg, Command.STOP):
+        msg = w.weights.recv(trainer, timeout=w.config.faults.peer_timeout_s)

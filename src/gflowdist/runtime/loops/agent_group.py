@@ -1,0 +1,70 @@
+"""A trainer and the other trainers of its agent group: one start, gradients or models averaged, one stop.
+
+``sync.mode`` says how the group's replicas stay alike: ``gradients``
+(averaged every step, before the optimizer step), ``models`` (weights
+averaged every ``sync.every`` versions, after it) or ``none`` (each trainer
+learns alone). A group of one has nothing to average.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gflowdist.comm import Communicator
+from gflowdist.comm.base import ReduceOp
+from gflowdist.config import SyncConfig
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.timing import StepTimer
+
+__all__ = ["AgentGroup"]
+
+
+class AgentGroup:
+    """My agent group's communicator (None outside one), the ``sync`` config, and where averaging time goes."""
+
+    def __init__(self, comm: Communicator | None, sync: SyncConfig, timer: StepTimer):
+        self.comm = comm
+        self.sync = sync
+        self.timer = timer
+        self.shared = sync.mode != "none" and comm is not None and comm.size > 1
+
+    def align(self, model: torch.nn.Module) -> None:
+        """Start every replica from the same weights: those of the group's first trainer."""
+        from gflowdist.ops.averaging import sync_params
+
+        if self.shared:
+            with self.timer.phase("sync"):
+                sync_params(model, self.comm)
+
+    def average_gradients(self, model: torch.nn.Module) -> None:
+        """Average the gradients over the group (mode ``gradients``)."""
+        from gflowdist.ops.averaging import average_gradients
+
+        if self.shared and self.sync.mode == "gradients":
+            with self.timer.phase("sync"):
+                average_gradients(model, self.comm)
+
+    def average_models(self, model: torch.nn.Module, version: int) -> None:
+        """Average the weights over the group (mode ``models``, every ``sync.every`` versions)."""
+        from gflowdist.ops.averaging import average_models
+
+        if self.shared and self.sync.mode == "models" and version % self.sync.every == 0:
+            with self.timer.phase("sync"):
+                average_models(model, self.comm)
+
+    def agree_to_stop(self, w: Wiring) -> bool:
+        """Whether to stop before this step, agreed by the whole group.
+
+        A signal reaches the trainers of a group at slightly different times (on
+        other hosts, through hydra's proxies); a trainer that stopped alone would
+        leave its peers waiting in the next average forever. One MAX all-reduce
+        of the stop flag per step makes them stop at the same step.
+        """
+        stop = w.check_control()
+        if not self.shared:
+            return stop
+        flag = torch.tensor([1.0 if stop else 0.0])
+        self.comm.all_reduce(flag, op=ReduceOp.MAX)
+        if flag.item() > 0 and not stop:
+            w.stop.set("an agent-group peer stopped")
+        return flag.item() > 0

@@ -1,0 +1,144 @@
+"""The buffer's loop: serve my clients until every one of them said ``done``.
+
+    per message: admit trajectories | answer a sample request | note a checkpoint marker | note done
+                 then save every checkpoint whose markers have all arrived, and acknowledge it
+    while idle:  heartbeat, a summary for the coordinator now and then, back off
+    at the end:  drain my sends, a last summary
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gflowdist.comm.polling import Backoff
+from gflowdist.errors import ProtocolError
+from gflowdist.replay import RateLimitedError, ReplayBuffer
+from gflowdist.runtime import protocol
+from gflowdist.runtime.protocol import Command, MessageType, command_of
+from gflowdist.runtime.roles import BufferManager
+from gflowdist.runtime.state import BufferState
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.transport import Message
+
+__all__ = ["run_buffer", "BufferLoop"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+
+def run_buffer(manager: BufferManager, w: Wiring, state: BufferState, replay: ReplayBuffer) -> BufferState:
+    """Serve my clients' inserts and sample requests until every client said done; returns ``state``."""
+    BufferLoop(manager, w, state, replay).run()
+    return state
+
+
+class BufferLoop:
+    """One buffer's loop: what it serves, who is done, which checkpoint cuts are open."""
+
+    def __init__(self, manager: BufferManager, w: Wiring, state: BufferState, replay: ReplayBuffer):
+        self.manager, self.w, self.state, self.replay = manager, w, state, replay
+        self.clients = set(w.context.placement.clients)
+        self.done: set[int] = set()
+        self.marked: dict[str, set[int]] = {}  # periodic checkpoint name -> clients whose marker arrived
+        self.backoff = Backoff()
+        self.last_summary = 0.0
+        self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
+
+    def run(self) -> None:
+        while self.done != self.clients:
+            try:
+                msg = self.w.data.try_recv()
+            except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
+                self.w.ledger.malformed[err.sender] += 1
+                log.warning("%s", err)
+                continue
+            self.w.heartbeat(self.w.ledger.received, stored=len(self.replay))
+            if msg is None:
+                self.idle()
+                continue
+            self.busy()
+            self.handle(msg)
+            self.save_complete_cuts()
+        self.w.data.drain()
+        self.w.report(protocol.summary(self.manager.summary()))
+
+    # -- the steps -------------------------------------------------------------------------------
+    def idle(self) -> None:
+        """Nothing arrived: now and then a summary for the coordinator and a look at its messages; back off."""
+        now = time.monotonic()
+        if now - self.last_summary > max(self.w.config.faults.heartbeat_s, 0.5):
+            self.last_summary = now
+            self.w.report(protocol.summary(self.manager.summary()))
+            self.w.check_control()
+        paused = time.perf_counter()
+        self.backoff.pause()
+        self.idle_s += time.perf_counter() - paused
+
+    def busy(self) -> None:
+        """A message arrived: close the idle stretch and poll eagerly again."""
+        if self.idle_s:
+            self.w.timer.record("idle", self.idle_s)
+            self.idle_s = 0.0
+        self.backoff.reset()
+
+    def handle(self, msg: Message) -> None:
+        if msg.type is MessageType.TRAJECTORIES:
+            with self.w.timer.phase("insert"):
+                self.hear_version(msg)
+                self.admit(msg)
+        elif msg.type is MessageType.SAMPLE_REQUEST:
+            self.hear_version(msg)
+            with self.w.timer.phase("sample"):
+                self.serve_sample(msg)
+        elif command_of(msg) is Command.CHECKPOINT:
+            self.marked.setdefault(msg.body["name"], set()).add(msg.sender)
+        elif command_of(msg) is Command.DONE:
+            self.done.add(msg.sender)
+
+    def hear_version(self, msg: Message) -> None:
+        """The newest policy version any client has told me of (what ``replay.max_staleness`` is counted from)."""
+        self.state.latest_version = max(self.state.latest_version, int(msg.body["version"]))
+
+    def admit(self, msg: Message) -> None:
+        """Offer a client's trajectories to the replay buffer; the ledger counts each one's fate."""
+        ledger, n = self.w.ledger, int(msg.body["n"])
+        ledger.received += n
+        ledger.received_from[msg.sender] += n
+        version, max_staleness = int(msg.body["version"]), self.w.config.replay.max_staleness
+        if max_staleness is not None and self.state.latest_version - version > max_staleness:
+            ledger.drop("staleness", n)
+            return
+        batch = msg.body["batch"]
+        try:
+            result = self.replay.extend(batch, producer=msg.sender, seq=int(msg.body["seq"]), policy_version=version,
+                                        scores=self.manager.score(batch))
+        except RateLimitedError:
+            ledger.drop("rate_limit", n)
+            return
+        ledger.admitted += result.admitted
+        ledger.drop("duplicate", result.rejected_duplicate)
+        ledger.drop("low_score", result.rejected_low_score)
+        ledger.evicted += result.evicted
+        if result.admitted == n:  # all of it: the received batch itself, no masked copy of every field
+            self.manager.on_admitted(batch)
+        elif result.admitted:
+            mask = result.admitted_mask
+            self.manager.on_admitted({k: v[mask] for k, v in batch.items()})
+
+    def serve_sample(self, msg: Message) -> None:
+        """Answer a sample request: a batch and its policy versions, or nothing while too little is stored."""
+        n = int(msg.body["n"])
+        if self.replay.can_sample(n):
+            batch, info = self.replay.sample(n)
+            reply = protocol.sample_reply(batch, info["policy_version"])
+        else:
+            reply = protocol.sample_reply(None)
+        self.w.data.isend(*reply, msg.sender)
+
+    def save_complete_cuts(self) -> None:
+        """Save every checkpoint whose markers came from all clients still running; acknowledge it to them."""
+        for name in [n for n, senders in self.marked.items() if senders | self.done >= self.clients]:
+            with self.w.timer.phase("checkpoint"):
+                self.w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
+            for client in sorted(self.marked.pop(name)):
+                self.w.data.isend(*protocol.checkpointed(name), client)

@@ -1,0 +1,90 @@
+"""What the two clients of a buffer (trainers and actors) do alike: ship, cut a checkpoint, finish."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError
+from gflowdist.runtime import protocol
+from gflowdist.runtime.protocol import Command, command_of
+from gflowdist.runtime.state import ActorState, TrainerState
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.transport import Message
+
+__all__ = ["trajectory_count", "concat_batches", "ship", "use_locally", "reply_from", "checkpoint_cut", "finish"]
+
+
+def trajectory_count(batch: Mapping[str, torch.Tensor]) -> int:
+    """Number of trajectories in a batch (the leading dimension, equal for every tensor field)."""
+    sizes = {int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    if len(sizes) != 1:
+        raise GflowdistError(f"a trajectory batch needs one leading batch dimension, found sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def concat_batches(fresh: Mapping[str, torch.Tensor], replayed: Mapping[str, torch.Tensor] | None) -> dict:
+    """Fresh trajectories followed by replayed ones, field by field (fields only ``fresh`` has stay as they are).
+
+    Replayed tensors (received into host memory) move to the device of the fresh ones first.
+    """
+    if not replayed:
+        return dict(fresh)
+    return {k: torch.cat([fresh[k], replayed[k].to(fresh[k].device)]) if k in replayed else fresh[k] for k in fresh}
+
+
+def ship(w: Wiring, batch: dict, state: TrainerState | ActorState, buffer: int) -> int:
+    """Send ``batch`` to my buffer (asynchronously), stamped with my policy version; returns its size."""
+    n = trajectory_count(batch)
+    w.ledger.produced += n
+    w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n), buffer)
+    w.ledger.sent += n
+    state.produced += n
+    return n
+
+
+def use_locally(w: Wiring, batch: dict, state: TrainerState) -> None:
+    """Count ``batch`` as produced and used here (a trainer without a buffer)."""
+    n = trajectory_count(batch)
+    w.ledger.produced += n
+    w.ledger.used_locally += n
+    state.produced += n
+
+
+def reply_from(w: Wiring, buffer: int, timeout: float) -> Message:
+    """My buffer's answer (to a sample request or a checkpoint marker); a buffer that never answers is lost."""
+    try:
+        return w.data.recv(buffer, timeout=timeout)
+    except DeadlineError as err:
+        layout = w.context.layout
+        raise PeerLostError(buffer, role=layout.role_of(buffer).value, host=layout.host_of(buffer),
+                            reason=f"no reply to a sample request within {timeout:g} s") from err
+
+
+def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: str) -> dict[str, Any] | None:
+    """My side of periodic checkpoint ``name``: the marker after my last trajectory, my buffer's ack, my save.
+
+    My actors get the marker too (they make their own cut). The buffer answers
+    once every client's marker has arrived, so it saves exactly what the
+    clients produced before the cut (see :mod:`gflowdist.runtime.checkpoints`).
+    Returns my file's size and digest (:meth:`Wiring.checkpoint`).
+    """
+    for actor in actors:
+        w.weights.isend(*protocol.checkpoint(name), actor)
+    if buffer is not None:
+        w.data.send(*protocol.checkpoint(name), buffer)
+        with w.timer.phase("checkpoint"), w.timer.wait_on(buffer, "checkpoint"):
+            ack = reply_from(w, buffer, w.config.faults.peer_timeout_s)
+        if command_of(ack) is not Command.CHECKPOINTED or ack.body.get("name") != name:
+            raise GflowdistError(f"expected the acknowledgement of checkpoint {name} from buffer rank "
+                                 f"{buffer}, got a {ack.type.name} message")
+    with w.timer.phase("checkpoint"):
+        return w.checkpoint(name)
+
+
+def finish(w: Wiring, buffer: int | None) -> None:
+    """Tell my buffer I am done (after my last trajectory, on the same channel), then drain my sends."""
+    if buffer is not None:
+        w.data.send(*protocol.done(), buffer)
+    w.data.drain()

@@ -1,0 +1,35 @@
+"""The coordinator's loop: listen, print progress, decide to stop, until every other rank sent its final report.
+
+    per turn: hear the control channel (heartbeats, metrics, summaries, saved parts, final reports)
+              -> stop the trainers and actors once a signal or ``should_stop()`` says so
+              -> the progress line -> back off while nothing arrives
+"""
+
+from __future__ import annotations
+
+from gflowdist.comm.polling import Backoff
+from gflowdist.runtime import protocol
+from gflowdist.runtime.collector import Collector
+from gflowdist.runtime.roles import Coordinator
+from gflowdist.runtime.wiring import Wiring
+
+__all__ = ["run_coordinator"]
+
+
+def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -> None:
+    """Run the coordinator loop until every other rank's final report has arrived."""
+    layout = w.context.layout
+    stop_sent = False
+    backoff = Backoff(spin_s=0.0, first_sleep_s=0.001, max_sleep_s=0.02)
+    while len(collector.finals) < len(collector.others):
+        got = collector.poll()
+        if not stop_sent and (w.stop or coordinator.should_stop()):
+            reason = w.stop.reason or "the coordinator decided to stop"
+            for rank in layout.trainers + layout.actors:
+                w.control.isend(*protocol.stop(reason), rank)
+            stop_sent = True
+        collector.progress()
+        if got:
+            backoff.reset()
+        else:
+            backoff.pause()

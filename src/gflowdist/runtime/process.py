@@ -1,0 +1,136 @@
+"""This rank's process, made ready for a job: signals, the world, the layout, the run directory, logs, seeds.
+
+:func:`prepare_rank` runs on every rank before any role exists, in this order:
+put the rank on its device (``launch.devices``, before any CUDA work), the
+world communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM
+into a :class:`~gflowdist.runtime.wiring.StopFlag`, build the
+:class:`~gflowdist.context.DistributedContext` (collective), agree on the run
+directory (:mod:`gflowdist.rundir`), start this rank's log and stack-dump
+files, seed torch.
+:func:`fail_job` is how any rank ends the whole job on an error.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, NoReturn
+
+import torch
+
+from gflowdist.comm import Communicator, world_comm
+from gflowdist.config import Config
+from gflowdist.context import DistributedContext
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE
+from gflowdist.ops.seeds import rank_seed
+from gflowdist.rundir import agree_run_dir
+from gflowdist.runtime.device_setup import setup_device
+from gflowdist.runtime.wiring import StopFlag, collector_rank
+
+__all__ = ["RankProcess", "prepare_rank", "fail_job", "FORWARD_BEFORE_ABORT_S"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+#: How long a failing rank lets its stderr line travel to the launcher before it aborts the job.
+FORWARD_BEFORE_ABORT_S = 0.2
+
+_STACK_FILES: list[IO[str]] = []  # kept open for faulthandler for the life of the process
+
+
+@dataclass
+class RankProcess:
+    """What :func:`prepare_rank` made: this rank's place in the job and its run directory."""
+
+    context: DistributedContext
+    stop: StopFlag
+    run_dir: Path
+    generator: torch.Generator  # seeded from run.seed and the rank
+    device: str  # "cpu" or "cuda:N" (launch.devices applied): the roles' self.device
+
+    @property
+    def world(self) -> Communicator:
+        return self.context.world
+
+
+def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | None = None) -> RankProcess:
+    """Make this process a rank of the job (collective: every rank calls it; see the module docstring)."""
+    placed = setup_device(config.launch.devices)  # before any CUDA work, and before nccl could start
+    world = comm if comm is not None else world_comm(config.launch.engine, cuda=placed.cuda_index is not None)
+    _ignore_peer_death_signal()  # after MPI_Init, which may install a handler of its own
+    stop = StopFlag()
+    stop.install_signal_handlers()
+    ctx = DistributedContext.create(config.layout, comm=world)
+    run_dir = agree_run_dir(world, config, resume_dir)
+    if world.rank == collector_rank(ctx.layout):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    world.barrier(timeout=60)
+    _setup_logging(run_dir, world.rank)
+    log.info("rank %d role %s host %s pid %d device %s (%s)", world.rank, ctx.role.value, ctx.host, os.getpid(),
+             placed.device, placed.reason)
+    seed = rank_seed(config.run.seed, world.rank)
+    torch.manual_seed(seed)
+    return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
+
+
+def _ignore_peer_death_signal() -> None:
+    """Ignore SIGUSR1, which MPICH's hydra sends every rank when one of them dies.
+
+    With ``-disable-auto-cleanup`` (how ``gflowdist run`` starts MPICH) a
+    rank's death makes hydra's proxy send SIGUSR1 to the other ranks. Its
+    default action ends them silently, and with any handler installed (a
+    faulthandler dump included) about one run in three still lost every
+    survivor within 0.1 s, so nobody named the lost rank. Ignored, the
+    survivors go on, miss the dead rank's heartbeats and report it
+    (``tests/test_runtime_jobs.py::test_kill9_of_a_rank_ends_the_job_naming_it``).
+    Stack dumps therefore use SIGUSR2.
+    """
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    """``logs/rank-N.log`` for the ``gflowdist`` loggers, ``logs/rank-N.stacks`` for stack dumps."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    # `kill -USR2 <pid>` appends every thread's Python stack to logs/rank-N.stacks (debugging hangs).
+    stacks = open(run_dir / "logs" / f"rank-{rank}.stacks", "a")
+    _STACK_FILES.append(stacks)
+    faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True)
+    faulthandler.enable(file=stacks, all_threads=True)  # a native crash leaves its Python stack here
+    handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("gflowdist")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def fail_job(world: Communicator, message: str, *, code: int) -> NoReturn:
+    """End the whole job from this rank: ``message`` to the failure file, the log and stderr, then abort.
+
+    The failure file (``$GFLOWDIST_FAILURE_FILE``, named by ``gflowdist run``)
+    lets the launcher print the message even when MPI's abort kills the ranks
+    before their stderr is forwarded.
+    """
+    # The failure file first: if mpiexec is already gone, writing to stderr may fail.
+    failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
+    if failure_file:
+        with open(failure_file, "a") as f:
+            f.write(message.rstrip() + "\n\0")
+    log.error(message)
+    try:
+        sys.stderr.write(message.rstrip() + "\n")
+        sys.stderr.flush()
+    except OSError:  # nobody is reading our stderr any more
+        pass
+    if world.size > 1:
+        # MPI's abort makes the launcher kill every rank at once; hydra's proxy may handle the abort
+        # before it has read (and forwarded) the line above, and the launcher believes a failure
+        # line it has seen come through mpiexec (a partition's far side cannot send one).
+        time.sleep(FORWARD_BEFORE_ABORT_S)
+        world.abort(code)
+    raise SystemExit(code)

@@ -1,0 +1,73 @@
+"""What each role's loop carries from one step to the next, typed, and what a checkpoint keeps of it.
+
+One dataclass per role. The loop updates its fields in place; the job
+runner's :class:`~gflowdist.runtime.checkpoints.CheckpointSaver` holds the
+same object and saves :meth:`RunState.to_dict` in every checkpoint; a resumed
+run :meth:`RunState.load`\\ s it back. Fields named in ``TRANSIENT`` are not
+checkpointed.
+
+``produced`` counts trajectories, and so is also the sequence number of the
+next one: what a client stamps on a batch (the ``seq`` of
+:func:`~gflowdist.runtime.protocol.trajectories`), not a message number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from gflowdist.layout import Role
+
+__all__ = ["RunState", "TrainerState", "ActorState", "BufferState", "CoordinatorState", "state_for"]
+
+
+@dataclass
+class RunState:
+    """The base of every role's state (the coordinator's has no fields)."""
+
+    TRANSIENT: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpointed fields, as plain values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.TRANSIENT}
+
+    def load(self, saved: Mapping[str, Any]) -> None:
+        """Take the checkpointed fields from ``saved`` (a :meth:`to_dict`), in place."""
+        for f in dataclasses.fields(self):
+            if f.name not in self.TRANSIENT and f.name in saved:
+                setattr(self, f.name, saved[f.name])
+
+
+@dataclass
+class TrainerState(RunState):
+    step: int = 0  # steps done, counted over this run and the runs it resumed
+    version: int = 0  # my policy version: + 1 at every optimizer step
+    produced: int = 0  # trajectories I produced (= the sequence number of my next one)
+    #: policy versions my replayed trajectories were behind mine -> count (reported, not checkpointed)
+    staleness: Counter = field(default_factory=Counter)
+
+    TRANSIENT: ClassVar[tuple[str, ...]] = ("staleness",)
+
+
+@dataclass
+class ActorState(RunState):
+    version: int = 0  # the policy version of the weights I sample with
+    produced: int = 0  # trajectories I produced (= the sequence number of my next one)
+
+
+@dataclass
+class BufferState(RunState):
+    latest_version: int = 0  # the newest policy version my clients told me of (replay.max_staleness counts from it)
+
+
+@dataclass
+class CoordinatorState(RunState):
+    """The coordinator keeps nothing of its own between steps."""
+
+
+def state_for(role: Role) -> RunState:
+    """A fresh state for a rank of ``role``."""
+    return {Role.TRAINER: TrainerState, Role.ACTOR: ActorState, Role.BUFFER: BufferState,
+            Role.COORDINATOR: CoordinatorState}[role]()
