@@ -31,6 +31,7 @@ from gflowdist.runtime.protocol import Tags
 from gflowdist.runtime.wiring import StopFlag, Wiring
 from gflowdist.transport import encode
 from tests.jobs.toy_roles import make_batch
+from tests.support.jobs import TOY
 
 
 TRAINERS = (0, 1)
@@ -78,7 +79,8 @@ def test_trajectory_batches_and_final_reports_over_the_limit_end_the_job_naming_
     batch_limit = _trajectory_bytes(n_big) - 1  # every batch of n_big is one byte over
     # Small batches fit; the trainers' final reports (ledger, timers, channel stats: well over 2x a
     # batch of 8) do not. Heartbeats, metrics and summaries are far smaller than a batch.
-    final_limit = max(_trajectory_bytes(8), _reply_bytes(4)) + 64
+    replayed = Config.from_yaml(str(TOY)).replay.replayed_per_step(8)  # a sample reply beside 8 fresh
+    final_limit = max(_trajectory_bytes(8), _reply_bytes(replayed)) + 64
     batches = job_factory("run.steps=3", f"params.n={n_big}", f"faults.max_message_bytes={batch_limit}")
     finals = job_factory("run.steps=3", f"faults.max_message_bytes={final_limit}")
     _check_ended_on_a_refused_send(batches, "TRAJECTORIES", BUFFER, batch_limit, TRAINERS)

@@ -5,7 +5,7 @@ put the rank on its device (``launch.devices``, before any CUDA work), the
 world communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM
 into a :class:`~gflowdist.runtime.wiring.StopFlag`, build the
 :class:`~gflowdist.context.DistributedContext` (collective), agree on the run
-directory (:mod:`gflowdist.rundir`), start this rank's log and stack-dump
+directory (``gflowdist.rundir``), start this rank's log and stack-dump
 files, seed torch.
 :func:`fail_job` is how any rank ends the whole job on an error.
 """
