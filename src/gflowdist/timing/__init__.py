@@ -1,7 +1,10 @@
 """Per-rank timers and the end-of-run load-imbalance report.
 
-- :mod:`~gflowdist.timing.timers`: ``StepTimer`` (phases, waits on peers),
-  ``Throughput`` (EMA rate), ``eta_seconds``, ``format_duration``. No collectives.
+- :mod:`~gflowdist.timing.timers`: ``StepTimer`` (phases, waits on peers, the
+  seconds of each collective). No communication.
+- :mod:`~gflowdist.timing.rates`: ``Throughput`` (EMA rate), ``eta_seconds``, ``format_duration``.
+- :mod:`~gflowdist.timing.collectives`: who arrived last at each collective, and who waited on it.
+- :mod:`~gflowdist.timing.trace`: a rank's timeline events (a ring) and ``trace.json`` (Chrome trace format).
 - :mod:`~gflowdist.timing.imbalance`: useful vs waiting per phase, stragglers,
   the who-waited-on-whom matrix, and torchgfn's ``report_load_imbalance`` /
   ``report_time_info`` returning their tables.
@@ -33,7 +36,8 @@ from gflowdist.timing.summaries import (
     ledger_summary,
     staleness_summary,
 )
-from gflowdist.timing.timers import StepTimer, Throughput, eta_seconds, format_duration
+from gflowdist.timing.rates import Throughput, eta_seconds, format_duration
+from gflowdist.timing.timers import StepTimer
 
 __all__ = [
     "StepTimer",

@@ -28,7 +28,8 @@ some ranks is computed over the ranks that have it; the others are listed in
 ``missing_ranks`` (torchgfn instead skips such a step entirely).
 
 Who waited on whom: ``seconds(w, p)`` = total seconds rank ``w`` spent in
-``StepTimer.wait_on(p, ...)`` blocks, over every label.
+``StepTimer.wait_on(p, ...)`` blocks, over every label, plus the seconds it
+waited in collectives on ``p`` arriving last (:mod:`gflowdist.timing.collectives`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from gflowdist.errors import GflowdistError
+from gflowdist.timing.collectives import CollectiveWaits, add_to_matrix
 from gflowdist.timing.text_table import rank_list
 from gflowdist.timing.timers import StepTimer, as_time_list, parse_rank
 
@@ -285,12 +287,14 @@ class WaitMatrix:
                    nested(data["counts"], int))
 
 
-def wait_matrix(timers: Mapping[int, StepTimer]) -> WaitMatrix:
-    """Collect every rank's ``StepTimer.waits`` into one :class:`WaitMatrix`."""
+def wait_matrix(timers: Mapping[int, StepTimer], collectives: Sequence[CollectiveWaits] = ()) -> WaitMatrix:
+    """Collect every rank's ``StepTimer.waits``, and the waits on each collective's last arriver
+    (label ``collective:<name>``, :mod:`gflowdist.timing.collectives`), into one :class:`WaitMatrix`."""
     by_label = {w: {p: dict(lab) for p, lab in t.waits.items()} for w, t in timers.items()
                 if t.waits}
     counts = {w: {p: dict(lab) for p, lab in t.wait_counts.items()} for w, t in timers.items()
               if t.wait_counts}
+    add_to_matrix(list(collectives), by_label, counts)
     ranks = set(by_label)
     for peers in by_label.values():
         ranks.update(peers)

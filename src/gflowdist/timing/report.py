@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gflowdist.errors import GflowdistError
+from gflowdist.timing.collectives import CollectiveWaits, collective_lines, collective_waits
 from gflowdist.timing.imbalance import PhaseImbalance, WaitMatrix, imbalance_by_phase, wait_matrix
 from gflowdist.timing.summaries import (
     LedgerSummary,
@@ -93,7 +94,8 @@ class Report:
         ranks: every rank named by timings, roles, hosts, ledger or staleness.
         roles / hosts: ``{rank: name}``.
         imbalance: ``{role: (PhaseImbalance per phase, ...)}`` in rank order of roles.
-        waits: the who-waited-on-whom matrix.
+        waits: the who-waited-on-whom matrix (point-to-point waits and collective waits).
+        collectives: each collective's last arrivers and the waits on them.
         staleness: ``{consumer rank: StalenessSummary}``.
         ledger: the ledger table, or None when no ledger was given.
         curves: ``{metric: {"x": [...], "y": [...]}}`` (``None`` for non-finite y).
@@ -111,6 +113,7 @@ class Report:
     curves: Mapping[str, Mapping[str, Sequence[Any]]]
     metrics: tuple[MetricSummary, ...]
     notes: tuple[str, ...]
+    collectives: tuple[CollectiveWaits, ...] = ()
 
     # --- plain data -----------------------------------------------------------------
 
@@ -130,6 +133,7 @@ class Report:
                        for name, c in self.curves.items()},
             "metrics": [m.to_dict() for m in self.metrics],
             "notes": list(self.notes),
+            "collectives": [c.to_dict() for c in self.collectives],
         }
 
     @classmethod
@@ -160,6 +164,7 @@ class Report:
                     for n, c in data["curves"].items()},
             metrics=tuple(MetricSummary.from_dict(m) for m in data["metrics"]),
             notes=tuple(str(n) for n in data["notes"]),
+            collectives=tuple(CollectiveWaits.from_dict(c) for c in data.get("collectives", ())),
         )
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -240,6 +245,7 @@ class Report:
                     f"  {role}/{p.phase}: {where} slowest in {p.straggler_iterations} of "
                     f"{p.contested_iterations} contested iterations; its time "
                     f"{_secs(p.busy[p.straggler])} s vs mean {_secs(mean_busy)} s")
+        lines += collective_lines(list(self.collectives), self.hosts)
         if len(lines) == 1:
             lines.append("  none (no phase had ranks with different times)")
         return lines
@@ -405,7 +411,10 @@ def build_report(
         imbalance[role] = tuple(phases)
         notes += [f"{role}: {note}" for p in phases for note in p.notes()]
 
-    waits = wait_matrix(timers)
+    collectives = collective_waits(timers)
+    notes += [f"collective {c.name} of ranks {list(c.group)}: no seconds from rank(s) {rank_list(c.missing)}, "
+              f"so its last arrivers are unknown" for c in collectives if c.missing]
+    waits = wait_matrix(timers, collectives)
     all_ranks = set(timers) | set(role_of) | set(host_of) | set(stale) | set(waits.ranks)
     if ledger_rows is not None:
         all_ranks |= set(ledger_rows.rows)
@@ -420,4 +429,5 @@ def build_report(
         curves=curves,
         metrics=tuple(metric_summaries(curves, goals)),
         notes=tuple(notes),
+        collectives=tuple(collectives),
     )

@@ -1,4 +1,4 @@
-"""Per-rank timers: phase times per iteration, time blocked on each peer, rates and ETAs.
+"""Per-rank timers: phase times per iteration, time blocked on each peer, collectives.
 
 Nothing here talks to other ranks. Each rank owns one :class:`StepTimer`; at the
 end of a run the runtime gathers every rank's :meth:`StepTimer.to_dict` (plain
@@ -29,28 +29,35 @@ Those totals become the rows of the report's who-waited-on-whom matrix
 (row = this rank, column = ``peer``). A ``wait_on`` block inside a ``phase``
 block is counted in both: the phase time includes the wait.
 
+``collective(name, group)`` wraps one collective of a group (an all-reduce of
+gradients, ...) and appends its seconds to ``collectives[(name, group)]``.
+Nobody knows on whom a collective waited until every member's seconds are
+together: the report (:mod:`gflowdist.timing.collectives`) names the member
+that arrived last and how long each other one waited on it.
+
+With a ``trace`` (:class:`gflowdist.timing.trace.TraceRecorder`) every phase
+and collective is also a duration event of the rank's timeline.
+
 Costs: one clock call at entry and one at exit (``time.perf_counter`` unless a
-``clock`` is injected), one list append or dict update; no locks, no I/O.
+``clock`` is injected), one list append or dict update (a second append into
+the trace's ring when there is one); no locks, no I/O.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gflowdist.errors import GflowdistError
 
-__all__ = [
-    "StepTimer",
-    "Throughput",
-    "eta_seconds",
-    "format_duration",
-    "STEP_TIMER_FORMAT",
-]
+if TYPE_CHECKING:
+    from gflowdist.timing.trace import TraceRecorder
+
+__all__ = ["StepTimer", "STEP_TIMER_FORMAT"]
 
 #: Version of the :meth:`StepTimer.to_dict` layout; :meth:`StepTimer.from_dict` checks it.
 STEP_TIMER_FORMAT = 1
@@ -78,6 +85,23 @@ class _TimedBlock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._done(self._clock() - self._start)
+
+
+class _TracedBlock(_TimedBlock):
+    """A :class:`_TimedBlock` that also puts the block on the trace's timeline (a duration event)."""
+
+    __slots__ = ("_trace", "_name", "_cat", "_args")
+
+    def __init__(self, clock: Clock, done: Callable[[float], None], trace: TraceRecorder, name: str, cat: str,
+                 args: dict[str, Any] | None = None):
+        super().__init__(clock, done)
+        self._trace, self._name, self._cat, self._args = trace, name, cat, args
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        seconds = self._clock() - self._start
+        self._done(seconds)
+        self._trace.span(self._name, self._cat, self._start, seconds, self._args)
 
 
 def _check_name(name: object, what: str) -> str:
@@ -108,21 +132,29 @@ class StepTimer:
         clock: a callable returning seconds as a float, monotonic; defaults to
             ``time.perf_counter``. Tests inject a fake clock.
 
+        trace: a :class:`~gflowdist.timing.trace.TraceRecorder` that also gets
+            every phase and collective as a duration event (None: no trace).
+            It must use the same clock.
+
     State (read-only views; mutate through the methods):
         ``phases``: ``{phase: [seconds, ...]}``, one entry per timed block.
         ``waits``: ``{peer_rank: {label: total seconds blocked}}``.
         ``wait_counts``: ``{peer_rank: {label: number of waits}}``.
+        ``collectives``: ``{(name, group): [seconds, ...]}``, one entry per collective,
+        ``group`` the members' world ranks, ascending.
     """
 
-    __slots__ = ("_clock", "phases", "waits", "wait_counts")
+    __slots__ = ("_clock", "phases", "waits", "wait_counts", "collectives", "trace")
 
-    def __init__(self, *, clock: Clock = time.perf_counter):
+    def __init__(self, *, clock: Clock = time.perf_counter, trace: TraceRecorder | None = None):
         if not callable(clock):
             raise GflowdistError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
         self.phases: dict[str, list[float]] = {}
         self.waits: dict[int, dict[str, float]] = {}
         self.wait_counts: dict[int, dict[str, int]] = {}
+        self.collectives: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+        self.trace = trace
 
     # --- recording ----------------------------------------------------------------------
 
@@ -131,7 +163,10 @@ class StepTimer:
 
         The time is recorded even when the block raises (the time was spent).
         """
-        return _TimedBlock(self._clock, partial(self._append, _check_name(name, "phase name")))
+        done = partial(self._append, _check_name(name, "phase name"))
+        if self.trace is None:
+            return _TimedBlock(self._clock, done)
+        return _TracedBlock(self._clock, done, self.trace, name, "phase")
 
     def wait_on(self, peer_rank: int, label: str = "wait") -> _TimedBlock:
         """``with timer.wait_on(peer, label):`` adds the block's seconds to ``waits[peer][label]``.
@@ -141,6 +176,22 @@ class StepTimer:
         """
         return _TimedBlock(self._clock, partial(self._add_wait, _check_peer(peer_rank),
                                                 _check_name(label, "wait label")))
+
+    def collective(self, name: str, group: Sequence[int]) -> _TimedBlock:
+        """``with timer.collective(name, group):`` wraps one collective; its seconds go to ``collectives``.
+
+        ``group``: the world ranks of the collective's members (every member
+        wraps the same collectives in the same order, so the ``i``-th entries
+        of the members belong to one collective). Wrap the whole call, from
+        this rank's arrival to its departure.
+        """
+        key = (_check_name(name, "collective name"), tuple(sorted(_check_peer(r) for r in group)))
+        done = partial(self._add_collective, key)
+        if self.trace is None:
+            return _TimedBlock(self._clock, done)
+        index = len(self.collectives.get(key, ()))  # which of the group's collectives of this name
+        return _TracedBlock(self._clock, done, self.trace, name, "collective",
+                            {"group": list(key[1]), "index": index})
 
     def record(self, name: str, seconds: float) -> None:
         """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere)."""
@@ -159,6 +210,13 @@ class StepTimer:
         times = self.phases.get(name)
         if times is None:
             self.phases[name] = [seconds]
+        else:
+            times.append(seconds)
+
+    def _add_collective(self, key: tuple[str, tuple[int, ...]], seconds: float) -> None:
+        times = self.collectives.get(key)
+        if times is None:
+            self.collectives[key] = [seconds]
         else:
             times.append(seconds)
 
@@ -188,14 +246,21 @@ class StepTimer:
             {"format": 1,
              "phases": {"rollout": [0.12, 0.11, ...], ...},
              "waits": {"3": {"sample": 1.75}, ...},       # seconds blocked on rank 3
-             "wait_counts": {"3": {"sample": 40}, ...}}
+             "wait_counts": {"3": {"sample": 40}, ...},
+             "collectives": [{"name": "gradients", "group": [0, 1], "seconds": [0.004, ...]}, ...]}
+
+        ``collectives`` is left out when there are none.
         """
-        return {
+        out = {
             "format": STEP_TIMER_FORMAT,
             "phases": {name: list(times) for name, times in self.phases.items()},
             "waits": {str(peer): dict(labels) for peer, labels in self.waits.items()},
             "wait_counts": {str(peer): dict(labels) for peer, labels in self.wait_counts.items()},
         }
+        if self.collectives:
+            out["collectives"] = [{"name": name, "group": list(group), "seconds": list(times)}
+                                  for (name, group), times in self.collectives.items()]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, clock: Clock = time.perf_counter) -> StepTimer:
@@ -206,7 +271,7 @@ class StepTimer:
         """
         if not isinstance(data, Mapping):
             raise GflowdistError(f"StepTimer data must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"format", "phases", "waits", "wait_counts"}
+        unknown = set(data) - {"format", "phases", "waits", "wait_counts", "collectives"}
         if unknown:
             raise GflowdistError(f"StepTimer data has unknown keys {sorted(map(str, unknown))}")
         if data.get("format") != STEP_TIMER_FORMAT:
@@ -227,6 +292,12 @@ class StepTimer:
             timer.wait_counts[peer] = {
                 _check_name(label, "wait label"): _check_count(n, f"wait count on rank {peer}")
                 for label, n in _mapping(labels, f"wait_counts[{peer_key!r}]").items()}
+        for entry in _sequence(data.get("collectives", []), "collectives"):
+            entry = _mapping(entry, "collectives entry")
+            name = _check_name(entry.get("name"), "collective name")
+            group = tuple(sorted(_check_peer(r) for r in _sequence(entry.get("group", ()), f"{name} group")))
+            timer.collectives[(name, group)] = [_check_seconds(t, f"time of collective {name!r}")
+                                                for t in _sequence(entry.get("seconds", ()), name)]
         return timer
 
     @classmethod
@@ -282,82 +353,3 @@ def _sequence(value: object, what: str) -> list[Any]:
         raise GflowdistError(
             f"times of {what!r} must be a list of seconds, got {type(value).__name__}")
     return list(value)  # type: ignore[call-overload]
-
-
-class Throughput:
-    """Exponential moving average of a rate in items per second, for progress lines.
-
-    Each :meth:`update` with ``n`` new items at clock time ``t`` forms the
-    instantaneous rate ``r = n_pending / (t - t_last)`` and folds it in::
-
-        rate = r                               (first measurement)
-        rate = alpha * r + (1 - alpha) * rate  (afterwards)
-
-    Items reported when no time has passed (``t == t_last``) stay pending and
-    join the next measurement, so no item is lost and no division by zero occurs.
-
-    Args:
-        alpha: weight of the newest measurement, in (0, 1]. 1.0 = no smoothing.
-        clock: seconds callable; ``time.perf_counter`` by default.
-    """
-
-    __slots__ = ("alpha", "_clock", "_last", "_pending", "rate", "total", "_start")
-
-    def __init__(self, alpha: float = 0.1, *, clock: Clock = time.perf_counter):
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
-            raise GflowdistError(f"Throughput alpha must be in (0, 1], got {alpha!r}")
-        self.alpha = float(alpha)
-        self._clock = clock
-        self._start = self._last = clock()
-        self._pending = 0.0
-        #: smoothed items per second; ``None`` until the first measurement
-        self.rate: float | None = None
-        #: all items ever reported
-        self.total = 0.0
-
-    def update(self, n: float = 1) -> float | None:
-        """Report ``n`` more items done now; returns the smoothed rate (None if no time passed yet)."""
-        if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
-            raise GflowdistError(f"Throughput.update needs a count >= 0, got {n!r}")
-        now = self._clock()
-        self.total += n
-        self._pending += n
-        elapsed = now - self._last
-        if elapsed <= 0.0:
-            return self.rate
-        instant = self._pending / elapsed
-        self.rate = instant if self.rate is None else (
-            self.alpha * instant + (1.0 - self.alpha) * self.rate)
-        self._pending = 0.0
-        self._last = now
-        return self.rate
-
-    def mean_rate(self) -> float | None:
-        """Unsmoothed ``total / (now - start)``; None when no time has passed."""
-        elapsed = self._clock() - self._start
-        return self.total / elapsed if elapsed > 0.0 else None
-
-    def eta(self, remaining: float) -> float | None:
-        """Seconds to finish ``remaining`` items at the smoothed rate (see :func:`eta_seconds`)."""
-        return eta_seconds(remaining, self.rate)
-
-
-def eta_seconds(remaining: float, rate: float | None) -> float | None:
-    """``remaining / rate`` seconds; 0.0 when nothing remains; None when the rate is unknown or 0."""
-    if remaining <= 0:
-        return 0.0
-    if rate is None or rate <= 0.0 or not math.isfinite(rate):
-        return None
-    return remaining / rate
-
-
-def format_duration(seconds: float | None) -> str:
-    """``"1h02m03s"``, ``"4m05s"``, ``"6.2s"``; ``"?"`` for None (unknown ETA)."""
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    if seconds < 60.0:
-        return f"{seconds:.1f}s"
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"

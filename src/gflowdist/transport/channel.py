@@ -34,6 +34,10 @@ A :class:`Channel` owns one tag of one communicator::
   :attr:`Channel.stats` stay as they were. ``T <= max_message_bytes`` is
   accepted by both ends.
 
+- **Observable.** An ``observer`` (:class:`ChannelObserver`, e.g. the
+  runtime's timeline trace) hears of every message sent and taken, with its
+  sequence number and when the call started; without one nothing is timed.
+
 One channel per (communicator, tag): two channels on the same tag would
 consume each other's messages and break the sequence checks.
 """
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from gflowdist.comm import AsyncSendHandle, Communicator
 from gflowdist.comm.buffers import BufferPool
@@ -50,7 +54,19 @@ from gflowdist.errors import DeadlineError, ProtocolError
 from gflowdist.transport.codec import DEFAULT_MAX_MESSAGE_BYTES, Message, MessageType, decode, encode
 from gflowdist.transport.values import EncodeError
 
-__all__ = ["Channel", "ChannelStats"]
+__all__ = ["Channel", "ChannelStats", "ChannelObserver"]
+
+
+class ChannelObserver(Protocol):
+    """Told of each message a :class:`Channel` sent or took (the runtime's trace implements it)."""
+
+    clock: Callable[[], float]  # read when a send or receive call starts
+
+    def sent(self, msg_type: MessageType, dst: int, tag: int, seq: int, started: float) -> None:
+        """``isend`` started at ``started`` handed message ``seq`` to ``dst`` (it returns now)."""
+
+    def took(self, message: Message, tag: int, started: float) -> None:
+        """A receive call started at ``started`` returns ``message``."""
 
 
 @dataclass
@@ -98,6 +114,7 @@ class Channel:
         # costs a page fault per 4 KiB. A buffer returns to service once its send completed
         # (the handle drops it) and nothing else references it.
         self._send_buffers = BufferPool(max_buffers=max_in_flight + 2)
+        self.observer: ChannelObserver | None = None
 
     # -- sending ----------------------------------------------------------------
     def isend(self, msg_type: MessageType, body: Any, dst: int, *,
@@ -107,6 +124,8 @@ class Channel:
         Raises :class:`~gflowdist.transport.values.EncodeError` (nothing sent)
         when the encoded message is over ``max_message_bytes``.
         """
+        observer = self.observer
+        started = observer.clock() if observer is not None else 0.0
         pending = self._pending[dst]
         self._retire(pending)
         if len(pending) >= self.max_in_flight:
@@ -133,6 +152,8 @@ class Channel:
         self.stats.sent += 1
         self.stats.bytes_sent += buffer.nbytes
         pending.append(handle)
+        if observer is not None:
+            observer.sent(msg_type, dst, self.tag, seq, started)
         return handle
 
     def send(self, msg_type: MessageType, body: Any, dst: int, *, timeout: float | None = None) -> None:
@@ -174,13 +195,25 @@ class Channel:
     # -- receiving --------------------------------------------------------------
     def try_recv(self, src: int | None = None, *, copy: bool = False) -> Message | None:
         """The next message if one has arrived, else None (never blocks)."""
+        observer = self.observer
+        started = observer.clock() if observer is not None else 0.0
         got = self.comm.try_recv(src, self.tag)
-        return None if got is None else self._open(*got, copy=copy)
+        if got is None:
+            return None
+        message = self._open(*got, copy=copy)
+        if observer is not None:
+            observer.took(message, self.tag, started)
+        return message
 
     def recv(self, src: int | None = None, *, timeout: float | None = None, copy: bool = False) -> Message:
         """The next message (from ``src``, or any rank); DeadlineError after ``timeout``."""
+        observer = self.observer
+        started = observer.clock() if observer is not None else 0.0
         sender, payload = self.comm.recv(src, self.tag, timeout=timeout)
-        return self._open(sender, payload, copy=copy)
+        message = self._open(sender, payload, copy=copy)
+        if observer is not None:
+            observer.took(message, self.tag, started)
+        return message
 
     def _open(self, sender: int, payload: Any, *, copy: bool) -> Message:
         self.stats.bytes_received += int(payload.numel())
