@@ -117,3 +117,16 @@ def test_parameters_listed_as_torch_lists_them():
     for module in (model, torch.nn.TransformerEncoderLayer(8, 2), torch.nn.LSTM(3, 4, 2)):
         listed, expected = parameters_of(module), list(module.parameters())
         assert len(listed) == len(expected) and all(a is b for a, b in zip(listed, expected))
+
+
+def test_sparse_gradients_refused_on_every_rank_and_backward_unharmed(comm):
+    if comm.size == 1:
+        pytest.skip("a world of one averages nothing")
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 2, sparse=True), torch.nn.Linear(2, 1))
+    model(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(TypeError, match="dense gradients only"):
+        average_gradients(model)  # refused before any reduction, the same on every rank
+    model.zero_grad()
+    model(torch.tensor([3])).sum().backward()  # the hooks from the first call leave sparse gradients alone
+    assert model[0].weight.grad.is_sparse and model[1].weight.grad is not None
+    comm.barrier()

@@ -105,7 +105,8 @@ def _mover(bucket_ref: "weakref.ref[GradBucket]", index: int):
     def move(param: torch.Tensor) -> None:
         bucket = bucket_ref()
         grad = param.grad
-        if bucket is not None and grad is not None and grad.data_ptr() != bucket.pointers[index]:
+        if bucket is not None and grad is not None and grad.layout is torch.strided \
+                and grad.data_ptr() != bucket.pointers[index]:
             bucket.adopt(index, grad)
     return move
 

@@ -100,6 +100,7 @@ def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
 
 
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+_STRIDED = torch.strided
 
 
 def _movable(grad: torch.Tensor, slot: torch.Tensor) -> bool:
@@ -109,7 +110,7 @@ def _movable(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     whole storage (not a slice of someone else's buffer, such as a
     flat-buffer optimizer's) and is outside the autograd graph.
     """
-    return (grad.layout is torch.strided and not grad.requires_grad and grad.dtype == slot.dtype
+    return (grad.layout is _STRIDED and not grad.requires_grad and grad.dtype == slot.dtype
             and grad.device == slot.device and grad._base is None and grad.is_contiguous()
             and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size())
 
@@ -178,7 +179,8 @@ class GradBucket:
         the result back (:meth:`write_back`).
         """
         grads = [p.grad for p in self.params]
-        if all(g is not None for g in grads) and [g.data_ptr() for g in grads] == self.pointers:
+        if all(g is not None and g.layout is _STRIDED for g in grads) and \
+                [g.data_ptr() for g in grads] == self.pointers:
             self.presence.fill_(1.0)  # the steady state: every gradient already lives in its slot
             return False, []
         flags: list[float] = []
@@ -192,10 +194,11 @@ class GradBucket:
                 self.slots[index].zero_()
                 continue
             flags.append(1.0)
+            if grad.layout is not _STRIDED:
+                raise TypeError(f"gradient averaging supports dense gradients only (a parameter of shape "
+                                f"{tuple(grad.shape)} has a {grad.layout} gradient)")
             if grad.data_ptr() == pointer:
                 continue
-            if grad.is_sparse:
-                raise TypeError("gradient averaging supports dense gradients only (a parameter has a sparse grad)")
             (movers if _movable(grad, self.slots[index]) else copied).append(index)
         if movers or copied:
             for index in movers:
