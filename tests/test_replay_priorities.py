@@ -111,6 +111,7 @@ def test_initial_priorities_set_the_sampling_distribution():
     batch, _ = buffer.sample(draws)
     assert frequencies_match(batch["tag"], priorities, alpha, draws)
     assert buffer.sampler.max_priority == pytest.approx(6.0 + EPS)
+    assert buffer.counters["initial_priorities"] == 6
 
 
 @pytest.mark.parametrize("priorities, error, words", [

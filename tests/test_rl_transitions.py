@@ -97,3 +97,22 @@ def test_environment_actor_keeps_episodes_across_rollouts():
     assert 400 - 2 * 2 <= seen <= 400
     assert 8 <= metrics["episode_return"] <= 60  # random CartPole episodes last ~22 steps
     assert "episode_return" not in actor.metrics()  # reported once
+
+
+def test_a_paced_actor_waits_for_its_learner():
+    config = Config.from_dict({"replay": {"min_size_to_sample": 100}, "sync": {"weights_to_actors_every": 10},
+                               "params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "rollout_steps": 5,
+                                          "env_steps_per_update": 8}})
+    actor = RandomCartPole(rank=0, config=config, generator=torch.Generator().manual_seed(2))
+    actor.setup()
+    for version, allowed in ((0, 100 + 8 * 10), (5, 100 + 8 * 15)):
+        batches = 0
+        while actor.rollout(version) is not None:
+            batches += 1
+            assert batches < 100
+        # a rollout is 2 envs x 5 steps: the actor stops within one rollout past its allowance
+        assert allowed <= actor.env_steps < allowed + 10, (version, actor.env_steps)
+    with pytest.raises(ConfigError, match="params.env_steps_per_update"):
+        bad = RandomCartPole(rank=0, config=config.apply_overrides(["params.env_steps_per_update=0"]),
+                             generator=torch.Generator())
+        bad.setup()

@@ -119,7 +119,8 @@ class ReplayBuffer:
         self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
         self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
                          "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0,
-                         "sample_calls": 0, "priority_updates": 0, "stale_priority_updates": 0}
+                         "sample_calls": 0, "initial_priorities": 0, "priority_updates": 0,
+                         "stale_priority_updates": 0}
 
     # -- presets --------------------------------------------------------------
 
@@ -269,6 +270,8 @@ class ReplayBuffer:
         else:
             self.scores[slots] = scores[stored]
         self.sampler.on_write(slots, None if priorities is None else priorities[stored])
+        if priorities is not None:
+            self.counters["initial_priorities"] += int(slots.numel())
 
     def _count_admission(self, size: int, result) -> AdmitResult:
         admitted = int(result.admitted.sum())

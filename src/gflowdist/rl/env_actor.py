@@ -23,14 +23,28 @@ environments each) is rung ``a * E + j`` of Ape-X's ladder of ``N * E``
 epsilons (:func:`gflowdist.rl.exploration.apex_epsilons`); ``self.epsilon``
 holds this actor's ``E`` values.
 
+Pacing (optional): with ``params.env_steps_per_update = r`` the ``N``
+actors together take about ``r`` environment steps per learner step. Actor
+``a`` lets :meth:`rollout` return None (the loop keeps receiving weights and
+asks again) while its own step count is at or above::
+
+    ceil(replay.min_size_to_sample / N) + (r / N) * (v + sync.weights_to_actors_every)
+
+where ``v`` is the policy version of the newest weights it holds (the
+learner's step, known up to ``weights_to_actors_every`` steps late). Without
+it, actors run flat out as in Ape-X.
+
 ``params`` read here (with defaults): ``env_id`` (required),
 ``envs_per_actor`` (1), ``rollout_steps`` (16), ``n_step`` (1), ``gamma``
-(0.99), ``epsilon`` (0.4), ``epsilon_alpha`` (7.0).
+(0.99), ``epsilon`` (0.4), ``epsilon_alpha`` (7.0), ``env_steps_per_update``
+(None).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import math
 
 import numpy as np
 import torch
@@ -96,8 +110,30 @@ class EnvironmentActor(Actor):
         self.finished_returns: list[float] = []
         self.env_steps = 0
         self.episodes = 0
+        self.pace = self._pace(params, actors)
 
-    def rollout(self, policy_version: int) -> dict[str, torch.Tensor]:
+    def _pace(self, params, actors: int) -> tuple[float, float] | None:
+        """``(steps allowed before learning starts, steps per learner step)`` of this actor."""
+        rate = params.get("env_steps_per_update")
+        if rate is None:
+            return None
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise ConfigError(f"must be a number > 0 or null, got {rate!r}", key="params.env_steps_per_update")
+        replay, sync = getattr(self.config, "replay", None), getattr(self.config, "sync", None)
+        lead = sync.weights_to_actors_every if sync is not None else 1
+        warmup = math.ceil(replay.min_size_to_sample / actors) if replay is not None else 0
+        return warmup + lead * rate / actors, rate / actors
+
+    def paced(self, policy_version: int) -> bool:
+        """Whether this actor is ahead of its learner (see the module docstring)."""
+        return self.pace is not None and self.env_steps >= self.pace[0] + self.pace[1] * policy_version
+
+    def rollout(self, policy_version: int) -> dict[str, torch.Tensor] | None:
+        """:meth:`collect`, or None while the actor is ahead of its learner (:meth:`paced`)."""
+        return None if self.paced(policy_version) else self.collect()
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        """Step every environment ``rollout_steps`` times; the transitions that became complete."""
         for _ in range(self.rollout_steps):
             self.step_environments()
         return self.transitions.take()
