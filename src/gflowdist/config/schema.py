@@ -234,12 +234,24 @@ class ReplayConfig(_Section):
     priority_alpha: float = setting(0.6, FloatCheck(0.0),
                                     "Prioritized sampler: P(i) proportional to priority^alpha.")
     priority_beta: float = setting(0.4, FloatCheck(0.0),
-                                   "Prioritized sampler: importance weight exponent.")
+                                   "Prioritized sampler: importance weight exponent (the first, "
+                                   "when it anneals).")
+    priority_beta_final: float | None = setting(None, OptionalCheck(FloatCheck(0.0)),
+                                                "Prioritized sampler: beta anneals linearly to this "
+                                                "over `priority_beta_steps` learner steps; null = "
+                                                "constant beta.")
+    priority_beta_steps: int = setting(0, IntCheck(low=0),
+                                       "Learner steps (each sample request's policy version) over "
+                                       "which beta anneals; needs `priority_beta_final`.")
     replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0, high_open=True),
                                      "Share of each learner batch that is replayed: with F fresh "
                                      "trajectories a step adds round(F x f / (1 - f)) replayed ones, "
                                      "at least 1 (0.5: as many as fresh; 0: no replay). Below 1: "
                                      "every batch holds the step's fresh rollout.")
+    learner_batch: int | None = setting(None, OptionalCheck(IntCheck(low=1)),
+                                        "Replayed items per step of a pure learner (a trainer "
+                                        "whose rollout() returns None, as in Ape-X); null = such a "
+                                        "trainer is refused.")
     max_staleness: int | None = setting(None, OptionalCheck(IntCheck(low=0)),
                                         "Drop trajectories older than this many policy versions; "
                                         "null = keep all.")
@@ -265,13 +277,22 @@ class ReplayConfig(_Section):
         if self.writer == "dedup" and self.dedup_key is None:
             raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, "
                                          "e.g. terminal)")
+        if self.priority_beta_final is not None and self.priority_beta_steps < 1:
+            raise self.fail("priority_beta_steps", f"must be >= 1 when replay.priority_beta_final is set, "
+                                                   f"found {self.priority_beta_steps}")
+        if self.priority_beta_final is None and self.priority_beta_steps:
+            raise self.fail("priority_beta_steps", f"is {self.priority_beta_steps} but replay.priority_beta_final "
+                                                   "is null: there is nothing to anneal towards")
 
-    def replayed_per_step(self, fresh: int) -> int:
+    def replayed_per_step(self, fresh: int | None) -> int:
         """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.
 
         ``round(fresh * f / (1 - f))``, at least 1 when f > 0: f = 0.5 doubles the batch,
-        f = 0.2 adds a quarter (4 beside 16 fresh), f = 0 adds none.
+        f = 0.2 adds a quarter (4 beside 16 fresh), f = 0 adds none. ``fresh`` None (a pure
+        learner's rollout gave nothing): ``learner_batch``, 0 when that is null.
         """
+        if fresh is None:
+            return self.learner_batch or 0
         if self.replay_fraction == 0:
             return 0
         return max(1, round(fresh * self.replay_fraction / (1.0 - self.replay_fraction)))
@@ -291,6 +312,10 @@ class SyncConfig(_Section):
     weights_to_actors_every: int = setting(1, IntCheck(low=1),
                                            "A trainer sends its weights to its actors every "
                                            "this many steps.")
+    weights_to_coordinator_every: int = setting(0, IntCheck(low=0),
+                                                "The first trainer sends its weights to the "
+                                                "coordinator (Coordinator.on_weights) every this "
+                                                "many steps; 0 = never.")
 
 
 @dataclass(frozen=True)

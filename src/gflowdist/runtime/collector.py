@@ -46,17 +46,18 @@ LOG_EVERY_REFUSAL = 100
 class Collector:
     def __init__(self, w: Wiring, *, metrics_file: TextIO | None, run_dir=None, on_metrics: Callable | None = None,
                  on_summary: Callable | None = None, extra_fields: Callable[[], dict] | None = None,
-                 out: TextIO = sys.stdout):
+                 on_weights: Callable | None = None, out: TextIO = sys.stdout):
         self.w = w
         self.layout = w.context.layout
         self.others = [r for r in range(w.comm.size) if r != w.rank]
         now = time.monotonic()
         self.last_seen = {r: now for r in self.others}
         self.finals: dict[int, dict] = {}
-        self.latest: dict[int, dict] = {}  # trainer rank -> last metrics
+        self.latest: dict[int, dict] = {}  # trainer or actor rank -> last metrics
         self.metrics_file = metrics_file
         self.on_metrics = on_metrics
         self.on_summary = on_summary
+        self.on_weights = on_weights
         self.extra_fields = extra_fields or (lambda: {})
         self.out = out
         self.rate = Throughput()
@@ -117,6 +118,8 @@ class Collector:
             self.record_metrics(msg.sender, body)
         elif msg.type is MessageType.USER and self.on_summary is not None:
             self.on_summary(msg.sender, body)
+        elif msg.type is MessageType.WEIGHTS and self.on_weights is not None:
+            self.on_weights(msg.sender, body["state"], int(body["version"]))
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
             self.w.finished.add(msg.sender)
@@ -163,7 +166,8 @@ class Collector:
         self._last_print = now
         if not self.latest:
             return
-        steps = [m.get("step", 0) + 1 for m in self.latest.values()]
+        trainers = set(self.layout.trainers)  # an actor's "step" is the version it acts with
+        steps = [m.get("step", 0) + 1 for rank, m in self.latest.items() if rank in trainers] or [0]
         traj = sum(m.get("trajectories", 0) for m in self.latest.values())
         self.rate.update(traj - self._last_traj)
         self._last_traj = traj

@@ -163,7 +163,8 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
     collector = Collector(rank.w, metrics_file=metrics_file, out=out, run_dir=run_dir,
                           on_metrics=coordinator.on_metrics if coordinator else None,
                           on_summary=coordinator.on_summary if coordinator else None,
-                          extra_fields=coordinator.progress_fields if coordinator else None)
+                          extra_fields=coordinator.progress_fields if coordinator else None,
+                          on_weights=coordinator.on_weights if coordinator else None)
     out.write(f"gflowdist: {layout.summary()}\ngflowdist: run directory {run_dir}\n")
     _say_resumed(out, rank.resumed_from, rank.skipped)
     return collector

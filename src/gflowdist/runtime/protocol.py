@@ -5,7 +5,7 @@ channel, messages between two ranks arrive in the order they were sent.
 
 | channel | between |
 |---|---|
-| `DATA` | a client (trainer or actor) and its buffer: trajectories, sample requests and replies, checkpoint markers, `done` |
+| `DATA` | a client (trainer or actor) and its buffer: trajectories, sample requests and replies, priority updates, checkpoint markers, `done` |
 | `CONTROL` | every rank and the collector (the coordinator, else rank 0): heartbeats, metrics, summaries, `saved`, `stop`, final reports |
 | `WEIGHTS` | a trainer and its actors: weights, checkpoint markers, `stop` |
 
@@ -18,13 +18,14 @@ who sends it to whom, and where it is sent and handled.
 | :func:`trajectories` | TRAJECTORIES | DATA | client -> its buffer | :func:`client.ship` / :meth:`BufferLoop.admit` |
 | :func:`sample_request` | SAMPLE_REQUEST | DATA | trainer -> its buffer | :meth:`ReplayRequests.take` / :meth:`BufferLoop.serve_sample` |
 | :func:`sample_reply` | SAMPLE_REPLY | DATA | buffer -> the trainer that asked | :meth:`BufferLoop.serve_sample` / :meth:`ReplayRequests.take` |
+| :func:`priorities` | PRIORITIES | DATA | trainer -> its buffer, after a step that learned from replayed items | :meth:`TrainerLoop.return_priorities` / :meth:`BufferLoop.handle` |
 | :func:`done` | CONTROL `done` | DATA | client -> its buffer, after its last trajectory | :func:`client.finish` / :meth:`BufferLoop.handle` |
 | :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`client.checkpoint_cut` / :meth:`BufferLoop.handle`, :func:`actor.read_inbox` |
 | :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :meth:`BufferLoop.save_complete_cuts` / :func:`client.checkpoint_cut` |
-| :func:`weights` | WEIGHTS | WEIGHTS | trainer -> its actors | :meth:`TrainerLoop.send_weights` / :func:`actor.read_inbox` |
+| :func:`weights` | WEIGHTS | WEIGHTS, CONTROL | trainer -> its actors (WEIGHTS); the first trainer -> the coordinator (CONTROL, every `sync.weights_to_coordinator_every` steps) | :meth:`TrainerLoop.send_weights`, :meth:`TrainerLoop.publish` / :func:`actor.read_inbox`, :meth:`Collector.poll` |
 | :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`coordinator.run_coordinator`, :meth:`TrainerLoop.finish` / :meth:`Wiring.check_control`, :func:`actor.read_inbox` |
 | :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Wiring.heartbeat` / :meth:`Collector.poll`, :meth:`Wiring.check_control` |
-| :func:`metrics` | METRICS | CONTROL | trainer -> collector | :meth:`TrainerLoop.publish` / :meth:`Collector.poll` |
+| :func:`metrics` | METRICS | CONTROL | trainer, actor -> collector | :meth:`TrainerLoop.publish`, :func:`actor.run_actor` / :meth:`Collector.poll` |
 | :func:`summary` | USER | CONTROL | buffer -> collector | :meth:`BufferLoop.idle`, :meth:`BufferLoop.run` / :meth:`Collector.poll` |
 | :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Wiring.checkpoint` / :meth:`Collector.poll` |
 | :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Wiring.send_final` / :meth:`Collector.poll` |
@@ -32,6 +33,13 @@ who sends it to whom, and where it is sent and handled.
 A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;
 :func:`command_of` reads it. A constructor returns ``(MessageType, body)``,
 what :meth:`Channel.isend` takes first: ``w.data.isend(*protocol.done(), buffer)``.
+
+Prioritized replay (``replay.sampler: prioritized``) adds to three bodies:
+:func:`trajectories` may carry the producer's ``priorities`` (one per item),
+:func:`sample_reply` carries each item's importance ``weights`` and ``keys``
+(slot and generation, see :mod:`gflowdist.replay.priorities`), and
+:func:`priorities` takes the learner's new priorities back to the buffer with
+those keys. Nobody waits for a :func:`priorities` message.
 
 Two numbers are called a sequence number and are not the same: the body of
 :func:`trajectories` has ``seq``, the producer's number of the batch's first
@@ -49,7 +57,8 @@ import torch
 
 from gflowdist.transport import Message, MessageType
 
-__all__ = ["Tags", "Command", "MessageType", "Outgoing", "trajectories", "sample_request", "sample_reply", "done", "checkpoint",
+__all__ = ["Tags", "Command", "MessageType", "Outgoing", "trajectories", "sample_request", "sample_reply", "priorities",
+           "done", "checkpoint",
            "checkpointed", "weights", "stop", "heartbeat", "metrics", "summary", "saved", "final_report",
            "command_of", "is_command"]
 
@@ -89,9 +98,16 @@ def _command(command: Command, **fields: Any) -> Outgoing:
 
 # -- constructors: one per message ----------------------------------------------------------------
 
-def trajectories(batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n: int) -> Outgoing:
-    """``n`` trajectories sampled with policy ``version``; ``seq`` numbers the first (see the module docstring)."""
-    return MessageType.TRAJECTORIES, {"batch": batch, "seq": seq, "version": version, "n": n}
+def trajectories(batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n: int,
+                 priorities: torch.Tensor | None = None) -> Outgoing:
+    """``n`` trajectories sampled with policy ``version``; ``seq`` numbers the first (see the module docstring).
+
+    ``priorities``: the producer's initial priority of each (prioritized replay), or None.
+    """
+    body = {"batch": batch, "seq": seq, "version": version, "n": n}
+    if priorities is not None:
+        body["priorities"] = priorities
+    return MessageType.TRAJECTORIES, body
 
 
 def sample_request(n: int, version: int) -> Outgoing:
@@ -99,11 +115,23 @@ def sample_request(n: int, version: int) -> Outgoing:
     return MessageType.SAMPLE_REQUEST, {"n": n, "version": version}
 
 
-def sample_reply(batch: Mapping[str, torch.Tensor] | None, versions: torch.Tensor | None = None) -> Outgoing:
-    """A sampled batch and the policy version of each trajectory, or ``batch=None``: not enough stored yet."""
+def sample_reply(batch: Mapping[str, torch.Tensor] | None, versions: torch.Tensor | None = None, *,
+                 weights: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> Outgoing:
+    """A sampled batch and the policy version of each trajectory, or ``batch=None``: not enough stored yet.
+
+    From a prioritized buffer also each item's importance ``weights`` and ``keys``.
+    """
     if batch is None:
         return MessageType.SAMPLE_REPLY, {"batch": None}
-    return MessageType.SAMPLE_REPLY, {"batch": batch, "versions": versions}
+    body = {"batch": batch, "versions": versions}
+    if keys is not None:
+        body.update(weights=weights, keys=keys)
+    return MessageType.SAMPLE_REPLY, body
+
+
+def priorities(keys: torch.Tensor, values: torch.Tensor) -> Outgoing:
+    """New priorities of replayed items, named by the ``keys`` their sample reply carried."""
+    return MessageType.PRIORITIES, {"keys": keys, "priorities": values}
 
 
 def done() -> Outgoing:
@@ -137,7 +165,8 @@ def heartbeat(step: int, **extra: Any) -> Outgoing:
 
 
 def metrics(values: Mapping[str, Any]) -> Outgoing:
-    """A trainer's metrics of one step (``step``, ``loss``, ``trajectories``, the user's)."""
+    """A trainer's metrics of one step (``step``, ``loss``, ``trajectories``, the user's), or an actor's
+    (``step``: the policy version it acts with, ``trajectories``, the user's)."""
     return MessageType.METRICS, dict(values)
 
 

@@ -11,6 +11,11 @@
     loop: repeat { apply new weights if any arrived; batch = rollout(v);
                    isend batch to my buffer (never blocks the next rollout) }
 
+    ``rollout`` may return None (nothing to send now, e.g. an actor pacing
+    itself); ``initial_priorities(batch)`` may give each item's priority for a
+    prioritized buffer; ``metrics()`` go to the collector every
+    ``run.log_every`` rollouts.
+
 **Trainer** — an actor that also learns::
 
     class MyTrainer(Trainer):
@@ -24,7 +29,12 @@
     loop, per step: fresh = rollout(v) -> isend fresh to my buffer ->
       take the replay batch prefetched last step and request the next one ->
       loss(fresh + replay) -> backward -> average gradients in my agent group
-      -> optimizer step -> v += 1 -> weights to my actors
+      -> optimizer step -> priorities(batch) back to my buffer -> v += 1
+      -> weights to my actors
+
+    A pure learner (Ape-X) returns None from ``rollout`` and learns from
+    ``replay.learner_batch`` replayed items per step; with a prioritized
+    buffer the batch holds ``weights`` and ``keys`` (see :meth:`Trainer.loss`).
 
 **BufferManager** — owns a replay buffer, serves its clients::
 
@@ -104,8 +114,23 @@ class Actor(BaseRole):
     model: torch.nn.Module | None = None
 
     @abc.abstractmethod
-    def rollout(self, policy_version: int) -> dict[str, torch.Tensor]:
-        """Sample a batch of trajectories (a dict of tensors with the batch dimension first)."""
+    def rollout(self, policy_version: int) -> dict[str, torch.Tensor] | None:
+        """Sample a batch of trajectories (a dict of tensors with the batch dimension first).
+
+        None: nothing to send this time (a pure learner, an actor pacing itself);
+        the loop goes on receiving weights and control messages and asks again.
+        """
+
+    def initial_priorities(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Priorities (finite, ``>= 0``, one per item) my buffer admits ``batch`` with when
+        ``replay.sampler`` is ``prioritized`` (Ape-X actors send their TD errors); default None:
+        the largest priority the buffer has seen."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers for the progress line and metrics.jsonl (default: none): a trainer's every
+        ``run.log_every`` steps, an actor's every ``run.log_every`` rollouts."""
+        return {}
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Apply weights sent by my trainer (default: ``self.model.load_state_dict``)."""
@@ -127,11 +152,17 @@ class Trainer(Actor):
 
     @abc.abstractmethod
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The scalar loss of a batch (fresh and replayed trajectories concatenated)."""
+        """The scalar loss of a batch (fresh and replayed trajectories concatenated).
 
-    def metrics(self) -> dict[str, float]:
-        """Numbers for the progress line and metrics.jsonl (default: none beyond the loss)."""
-        return {}
+        With ``replay.sampler: prioritized`` the batch also holds ``weights``
+        (importance weights; 1 for fresh items) and ``keys`` (-1 for fresh items).
+        """
+
+    def priorities(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """New priorities, one per item of the batch just learned from (e.g. ``|TD error|`` kept
+        by :meth:`loss`), called after the optimizer step; the replayed items' values go back to
+        my buffer without waiting. Default None: priorities stay as they are."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -154,7 +185,8 @@ class BufferManager(BaseRole):
 
         cfg = self.config.replay
         return ReplayBuffer.from_config(cfg, generator=self.generator, dedup_key=cfg.dedup_key,
-                                        alpha=cfg.priority_alpha, beta=cfg.priority_beta)
+                                        alpha=cfg.priority_alpha, beta=cfg.priority_beta,
+                                        beta_final=cfg.priority_beta_final, beta_steps=cfg.priority_beta_steps)
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """Per-trajectory scores (priority / keep-highest); default: ``log_rewards`` if present."""
@@ -168,7 +200,7 @@ class Coordinator(BaseRole):
     """Aggregates reports; decides when the run ends."""
 
     def on_metrics(self, rank: int, step: int, metrics: Mapping[str, float]) -> None:
-        """A trainer's metrics at ``step``."""
+        """A trainer's metrics at ``step``, or an actor's (``step``: the policy version it acts with)."""
 
     def on_summary(self, rank: int, summary: Mapping[str, Any]) -> None:
         """A role's :meth:`BaseRole.summary` (buffers report what they track)."""
@@ -176,6 +208,10 @@ class Coordinator(BaseRole):
     def progress_fields(self) -> dict[str, Any]:
         """Extra fields for the progress line (e.g. ``{"modes": "4/4"}``)."""
         return {}
+
+    def on_weights(self, rank: int, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """The first trainer's weights at ``version``, every ``sync.weights_to_coordinator_every``
+        steps (e.g. to evaluate the greedy policy)."""
 
     def should_stop(self) -> bool:
         """End the run now (default: never; the run ends when every trainer finished)."""

@@ -22,6 +22,7 @@ class MessageType(enum.IntEnum):
     LEDGER = 8
     USER = 9
     PING = 10
+    PRIORITIES = 11
 
 
 #: Wire value -> member, the decoder's lookup (a dict get is cheaper than ``MessageType(value)``).

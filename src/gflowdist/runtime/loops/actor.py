@@ -3,12 +3,17 @@
     per step: read my trainer's messages (weights, checkpoint markers, stop)
               -> apply the newest weights -> checkpoint cuts -> rollout -> ship -> heartbeat
     until my trainer (or the coordinator) says stop; then finish
+
+A rollout of None ships nothing (the step backs off briefly); every
+``run.log_every`` rollouts my :meth:`Actor.metrics` go to the collector.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gflowdist.comm.polling import Backoff
+from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
 from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
 from gflowdist.runtime.roles import Actor
@@ -33,6 +38,8 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
     placement = w.context.placement
     trainer, buffer = placement.trainer, placement.buffer
     inbox = Inbox()
+    rollouts = 0
+    idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
     while not inbox.stopped and not w.check_control():
         inbox = read_inbox(w, trainer)
         apply_weights(actor, w, state, inbox.weights)
@@ -42,13 +49,28 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             break
         with w.timer.phase("rollout"):
             batch = actor.rollout(state.version)
-        with w.timer.phase("send"):
-            ship(w, batch, state, buffer)
+        if batch is None:  # nothing to send now (e.g. pacing itself): keep listening, ask again soon
+            with w.timer.phase("idle"):
+                idle.pause()
+        else:
+            idle.reset()
+            with w.timer.phase("send"):
+                ship(w, actor, batch, state, buffer)
+            rollouts += 1
+            if rollouts % w.config.run.log_every == 0:
+                report_metrics(actor, w, state)
         w.heartbeat(state.produced)
     if not inbox.stopped:
         await_trainer_stop(w, trainer)
     finish(w, buffer)
     return state
+
+
+def report_metrics(actor: Actor, w: Wiring, state: ActorState) -> None:
+    """My metrics to the collector; ``step`` is the policy version I act with."""
+    metrics = actor.metrics()
+    if metrics:
+        w.report(protocol.metrics({"step": state.version, "trajectories": state.produced, **metrics}))
 
 
 def read_inbox(w: Wiring, trainer: int) -> Inbox:

@@ -15,6 +15,7 @@ from gflowdist.comm.polling import Backoff
 from gflowdist.errors import ProtocolError
 from gflowdist.replay import RateLimitedError, ReplayBuffer
 from gflowdist.runtime import protocol
+from gflowdist.runtime.loops.priorities import apply_priority_update, sample_reply_for
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.roles import BufferManager
 from gflowdist.runtime.state import BufferState
@@ -90,6 +91,9 @@ class BufferLoop:
             self.hear_version(msg)
             with self.w.timer.phase("sample"):
                 self.serve_sample(msg)
+        elif msg.type is MessageType.PRIORITIES:
+            with self.w.timer.phase("priorities"):
+                apply_priority_update(self.replay, msg.body, msg.sender)
         elif command_of(msg) is Command.CHECKPOINT:
             self.marked.setdefault(msg.body["name"], set()).add(msg.sender)
         elif command_of(msg) is Command.DONE:
@@ -111,7 +115,7 @@ class BufferLoop:
         batch = msg.body["batch"]
         try:
             result = self.replay.extend(batch, producer=msg.sender, seq=int(msg.body["seq"]), policy_version=version,
-                                        scores=self.manager.score(batch))
+                                        scores=self.manager.score(batch), priorities=msg.body.get("priorities"))
         except RateLimitedError:
             ledger.drop("rate_limit", n)
             return
@@ -126,13 +130,9 @@ class BufferLoop:
             self.manager.on_admitted({k: v[mask] for k, v in batch.items()})
 
     def serve_sample(self, msg: Message) -> None:
-        """Answer a sample request: a batch and its policy versions, or nothing while too little is stored."""
-        n = int(msg.body["n"])
-        if self.replay.can_sample(n):
-            batch, info = self.replay.sample(n)
-            reply = protocol.sample_reply(batch, info["policy_version"])
-        else:
-            reply = protocol.sample_reply(None)
+        """Answer a sample request: a batch and its policy versions (prioritized: weights and keys, beta at
+        the requester's version), or nothing while too little is stored."""
+        reply = sample_reply_for(self.replay, int(msg.body["n"]), int(msg.body["version"]))
         self.w.data.isend(*reply, msg.sender)
 
     def save_complete_cuts(self) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError
 from gflowdist.runtime import protocol
+from gflowdist.runtime.loops.priorities import initial_priorities
 from gflowdist.runtime.protocol import Command, command_of
 from gflowdist.runtime.state import ActorState, TrainerState
 from gflowdist.runtime.wiring import Wiring
@@ -24,21 +25,33 @@ def trajectory_count(batch: Mapping[str, torch.Tensor]) -> int:
     return sizes.pop()
 
 
-def concat_batches(fresh: Mapping[str, torch.Tensor], replayed: Mapping[str, torch.Tensor] | None) -> dict:
+def concat_batches(fresh: Mapping[str, torch.Tensor] | None, replayed: Mapping[str, torch.Tensor] | None,
+                   device: torch.device | str = "cpu") -> dict | None:
     """Fresh trajectories followed by replayed ones, field by field (fields only ``fresh`` has stay as they are).
 
-    Replayed tensors (received into host memory) move to the device of the fresh ones first.
+    Replayed tensors (received into host memory) move to the device of the fresh ones first (to
+    ``device`` when there are no fresh ones). ``weights`` and ``keys`` of prioritized replay are
+    1 and -1 for the fresh items. None when there is neither.
     """
     if not replayed:
-        return dict(fresh)
+        return None if fresh is None else dict(fresh)
+    if fresh is None:
+        return {k: v.to(device) for k, v in replayed.items()}
+    first = next(iter(fresh.values()))
+    pad = {"weights": torch.ones(first.shape[0], device=first.device),
+           "keys": torch.full((first.shape[0],), -1, dtype=torch.int64, device=first.device)}
+    fresh = {**{k: v for k, v in pad.items() if k in replayed}, **fresh}
     return {k: torch.cat([fresh[k], replayed[k].to(fresh[k].device)]) if k in replayed else fresh[k] for k in fresh}
 
 
-def ship(w: Wiring, batch: dict, state: TrainerState | ActorState, buffer: int) -> int:
-    """Send ``batch`` to my buffer (asynchronously), stamped with my policy version; returns its size."""
+def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buffer: int) -> int:
+    """Send ``batch`` to my buffer (asynchronously), stamped with my policy version and the
+    ``producer``'s initial priorities (if any); returns its size."""
     n = trajectory_count(batch)
+    priorities = initial_priorities(producer, batch, n)
     w.ledger.produced += n
-    w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n), buffer)
+    w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n,
+                                        priorities=priorities), buffer)
     w.ledger.sent += n
     state.produced += n
     return n

@@ -1,8 +1,13 @@
 """The trainer's loop: a short sequence of named steps, repeated ``run.steps`` times.
 
     align with my agent group, weights to my actors
-    per step: rollout -> ship -> replayed -> learn -> sync -> publish -> checkpoint -> keep alive
+    per step: rollout -> ship -> replayed -> learn -> return priorities -> sync -> publish
+              -> checkpoint -> keep alive
     settle what my buffer still owes me, stop my actors, finish
+
+A pure learner (``rollout`` returns None, as in Ape-X) learns from
+``replay.learner_batch`` replayed items per step; while its buffer cannot
+serve yet, a step waits (backing off, heartbeating) instead of learning.
 
 Each step is a method of :class:`TrainerLoop`; the user's code runs in
 ``rollout`` (:meth:`Actor.rollout`) and ``learn`` (:meth:`Trainer.loss`).
@@ -14,11 +19,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gflowdist.comm.polling import Backoff
+from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
 from gflowdist.runtime.loops.agent_group import AgentGroup
 from gflowdist.runtime.loops.client import (checkpoint_cut, concat_batches, finish, reply_from, ship,
                                              trajectory_count, use_locally)
+from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
 from gflowdist.runtime.state import TrainerState
 from gflowdist.runtime.wiring import Wiring
@@ -38,7 +46,8 @@ def run_trainer(trainer: Trainer, w: Wiring, state: TrainerState, collector: Col
 class ReplayRequests:
     """Sample requests to my buffer, kept ``replay.prefetch`` ahead of use (replies arrive in order).
 
-    Each asks for this step's share, ``replay.replayed_per_step(fresh)``. With
+    Each asks for this step's share, ``replay.replayed_per_step(fresh)`` (``fresh``
+    None: a pure learner's ``replay.learner_batch``). With
     ``prefetch`` 0 each step asks and waits; with ``prefetch`` k the reply used
     at a step was asked for k steps earlier, and the first steps learn from
     fresh trajectories only.
@@ -50,8 +59,9 @@ class ReplayRequests:
         self.prefetch = w.config.replay.prefetch
         self.outstanding = 0
 
-    def take(self, state: TrainerState, fresh: int) -> dict | None:
-        """The replayed batch for this step (None: nothing asked yet, or my buffer had too little)."""
+    def take(self, state: TrainerState, fresh: int | None) -> dict | None:
+        """The replayed batch for this step (None: nothing asked yet, or my buffer had too little);
+        from a prioritized buffer with ``weights`` and ``keys``."""
         w, replayed = self.w, None
         per_step = w.config.replay.replayed_per_step(fresh)
         if self.outstanding == 0 and self.prefetch == 0:
@@ -60,8 +70,8 @@ class ReplayRequests:
             with w.timer.phase("wait_replay"), w.timer.wait_on(self.buffer, "replay"):
                 reply = reply_from(w, self.buffer, w.config.faults.peer_timeout_s)
             self.outstanding -= 1
-            if reply.body.get("batch") is not None:
-                replayed = reply.body["batch"]
+            replayed = replayed_batch(reply.body)
+            if replayed is not None:
                 state.staleness.update((state.version - reply.body["versions"]).tolist())
         while self.outstanding < self.prefetch:
             self._ask(per_step, state.version)
@@ -87,8 +97,13 @@ class TrainerLoop:
         placement = w.context.placement
         self.buffer, self.actors = placement.buffer, placement.actors
         self.group = AgentGroup(w.context.agent_group, self.config.sync, w.timer)
-        replays = self.buffer is not None and self.config.replay.replay_fraction > 0
+        replay = self.config.replay
+        replays = self.buffer is not None and (replay.replay_fraction > 0 or replay.learner_batch)
         self.requests = ReplayRequests(w, self.buffer) if replays else None
+        layout = w.context.layout
+        self.evaluator = (layout.coordinator if self.config.sync.weights_to_coordinator_every
+                          and layout.coordinator is not None and layout.trainers[0] == w.rank else None)
+        self.idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
@@ -96,7 +111,13 @@ class TrainerLoop:
         while self.state.step < self.config.run.steps and not self.group.agree_to_stop(self.w):
             fresh = self.rollout()
             self.ship(fresh)
-            loss = self.learn(concat_batches(fresh, self.replayed(fresh)))
+            replayed = self.replayed(fresh)
+            batch = concat_batches(fresh, replayed, self.trainer.device)
+            if batch is None:
+                self.wait_for_items()
+                continue
+            loss = self.learn(batch)
+            self.return_priorities(batch, replayed)
             self.sync()
             self.publish(loss)
             self.state.step += 1
@@ -105,21 +126,39 @@ class TrainerLoop:
         self.finish()
 
     # -- the steps, in order ------------------------------------------------------------------
-    def rollout(self) -> dict:
+    def rollout(self) -> dict | None:
         with self.w.timer.phase("rollout"):
             return self.trainer.rollout(self.state.version)
 
-    def ship(self, fresh: dict) -> None:
+    def ship(self, fresh: dict | None) -> None:
         """Fresh trajectories to my buffer (or counted as used here, without one)."""
+        if fresh is None:
+            return
         if self.buffer is None:
             use_locally(self.w, fresh, self.state)
             return
         with self.w.timer.phase("send"):
-            ship(self.w, fresh, self.state, self.buffer)
+            ship(self.w, self.trainer, fresh, self.state, self.buffer)
 
-    def replayed(self, fresh: dict) -> dict | None:
-        """This step's replayed trajectories (``replay.replay_fraction`` of the batch), if any."""
-        return self.requests.take(self.state, trajectory_count(fresh)) if self.requests is not None else None
+    def replayed(self, fresh: dict | None) -> dict | None:
+        """This step's replayed trajectories (``replay.replay_fraction`` of the batch, or a pure
+        learner's ``replay.learner_batch``), if any."""
+        if fresh is None and (self.requests is None or not self.config.replay.learner_batch):
+            raise GflowdistError(f"{type(self.trainer).__name__}.rollout() returned None, so trainer rank "
+                                 f"{self.w.rank} learns from replay only: set replay.learner_batch (replayed "
+                                 f"items per step){'' if self.buffer is not None else ' and give it a buffer'}")
+        count = None if fresh is None else trajectory_count(fresh)
+        return self.requests.take(self.state, count) if self.requests is not None else None
+
+    def wait_for_items(self) -> None:
+        """A pure learner whose buffer cannot serve yet: no step; back off, stay alive, ask again."""
+        if self.group.shared:
+            raise GflowdistError(f"trainer rank {self.w.rank} has nothing to learn from (its rollout gave None, "
+                                 f"its buffer nothing yet) but averages with its agent group every step: a "
+                                 f"pure learner needs sync.mode none or an agent group of one")
+        with self.w.timer.phase("wait_replay"):
+            self.idle.pause()
+        self.keep_alive()
 
     def learn(self, batch: dict) -> torch.Tensor:
         """loss -> backward -> gradients averaged in my agent group -> optimizer step -> version + 1."""
@@ -132,7 +171,14 @@ class TrainerLoop:
         with timer.phase("optimizer"):
             trainer.optimizer.step()
         self.state.version += 1
+        self.idle.reset()
         return loss
+
+    def return_priorities(self, batch: dict, replayed: dict | None) -> None:
+        """The replayed items' new priorities (:meth:`Trainer.priorities`) to my buffer, not waited for."""
+        update = priority_update(self.trainer, batch, 0 if replayed is None else trajectory_count(replayed))
+        if update is not None:
+            self.w.data.isend(*update, self.buffer)
 
     def sync(self) -> None:
         """Mode ``models``: average the weights in my agent group (every ``sync.every`` versions)."""
@@ -142,6 +188,9 @@ class TrainerLoop:
         """Weights to my actors (every ``sync.weights_to_actors_every`` versions), metrics to the collector."""
         if self.actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
             self.send_weights()
+        if self.evaluator is not None and self.state.version % self.config.sync.weights_to_coordinator_every == 0:
+            weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
+            self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
         step, run = self.state.step, self.config.run
         if step % run.log_every == 0 or step == run.steps - 1:
             metrics = {"step": step, "loss": float(loss.detach()), "trajectories": self.state.produced,
