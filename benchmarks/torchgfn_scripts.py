@@ -22,12 +22,14 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gflowdist.jobenv import free_port, without_launcher
+from gflowdist.process_tree import kill_group
 
 __all__ = ["CONFIGS", "prepare", "run_one", "metrics"]
 
@@ -66,18 +68,12 @@ def prepare(torchgfn: Path, workdir: Path) -> dict[str, Path]:
     return roots
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_one(python: str, root: Path, ranks: int, script: str, args: list[str], timeout: float) -> dict:
     """One run: ``{"status", "seconds", "output", "command"}`` (the job's own process group is killed after)."""
     mpiexec = Path(python).parent / "mpiexec"
     command = [str(mpiexec), "-n", str(ranks), python, f"tutorials/examples/{script}", *args, *COMMON]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
-    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = without_launcher(dict(os.environ))
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     start = time.monotonic()
     proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -85,7 +81,7 @@ def run_one(python: str, root: Path, ranks: int, script: str, args: list[str], t
         output, _ = proc.communicate(timeout=timeout)
         status = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        kill_group(proc.pid)
         output, _ = proc.communicate()
         status = "timeout"
     return {"status": status, "seconds": time.monotonic() - start, "output": output,
