@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gflowdist.errors import GflowdistError
+from gflowdist.config import Config
+from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay import ReplayBuffer
 from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.client import concat_batches
@@ -104,3 +105,15 @@ def test_a_malformed_update_names_its_sender():
     replay.extend(items([1.0, 2.0]), producer=0, seq=0, policy_version=0)
     with pytest.raises(GflowdistError, match="from rank 5"):
         apply_priority_update(replay, {"keys": torch.tensor([0, 1]), "priorities": torch.tensor([1.0])}, 5)
+
+
+@pytest.mark.parametrize("data, key, words", [
+    ({"replay": {"priority_beta_final": 1.0}}, "replay.priority_beta_steps", "must be >= 1"),
+    ({"replay": {"priority_beta_steps": 100}}, "replay.priority_beta_steps", "nothing to anneal towards"),
+    ({"sync": {"weights_to_coordinator_every": 10}, "layout": {"coordinator": False}},
+     "sync.weights_to_coordinator_every", "no coordinator to send the weights to"),
+])
+def test_settings_that_cannot_work_are_refused_naming_the_key(data, key, words):
+    with pytest.raises(ConfigError, match=words) as err:
+        Config.from_dict(data)
+    assert err.value.key == key

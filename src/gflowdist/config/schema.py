@@ -393,6 +393,10 @@ class Config:
             if not isinstance(value, cls):
                 raise ConfigError(f"expected a {cls.__name__}, found {found(value)}", key=name,
                                   file=self.file)
+        if self.sync.weights_to_coordinator_every and not self.layout.coordinator:
+            raise ConfigError(f"is {self.sync.weights_to_coordinator_every} but layout.coordinator is false: "
+                              "there is no coordinator to send the weights to",
+                              key="sync.weights_to_coordinator_every", file=self.file)
         object.__setattr__(self, "params", _frozen_params(self.params))
 
     # --- loading ---------------------------------------------------------
