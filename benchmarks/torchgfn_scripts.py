@@ -92,8 +92,13 @@ _NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?|None)"
 
 
 def metrics(output: str) -> dict[str, float | None]:
-    """Rank 0's final ``loss``, ``l1_dist`` and ``n_modes_found`` from the script's last log line."""
-    line = next((ln for ln in reversed(output.splitlines()) if "Training complete, logs:" in ln), "")
+    """Rank 0's final ``loss``, ``l1_dist`` and ``n_modes_found`` from the script's last log line.
+
+    The line is read from ``Training complete, logs:`` on, across line
+    breaks: mpiexec may put another rank's log line inside it.
+    """
+    start = output.rfind("Training complete, logs:")
+    line = "" if start < 0 else output[start:]
     found = {}
     for key in ("loss", "l1_dist", "n_modes_found"):
         match = re.search(rf"'{key}': {_NUMBER}", line)

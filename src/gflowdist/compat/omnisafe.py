@@ -20,7 +20,8 @@ Same names and signatures (each collective takes an extra optional
 OmniSafe also re-exports ``torch.distributed``'s ``reduce``, ``all_reduce``,
 ``gather``, ``all_gather``, ``broadcast`` and ``scatter``; here they have
 torch's signatures but run on the job's communicator (MPI included), with
-``group`` a gflowdist :class:`~gflowdist.comm.Communicator`. They are
+``group`` a gflowdist :class:`~gflowdist.comm.Communicator` or a torch
+process group (or mpi4py communicator). They are
 synchronous: ``async_op=True`` returns an already completed handle.
 """
 

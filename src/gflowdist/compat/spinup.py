@@ -3,7 +3,8 @@
     from spinup.utils.mpi_tools import mpi_fork, proc_id, mpi_avg, num_procs   # before
     from gflowdist.compat.spinup import mpi_fork, proc_id, mpi_avg, num_procs  # after
 
-Same names and signatures (each takes an extra optional ``group``); works
+Same names and signatures (each takes an extra optional ``group``: a
+gflowdist communicator, an mpi4py communicator or a torch process group); works
 under mpiexec, under torch.distributed and as a plain process. Fixed here:
 
 - ``mpi_fork`` also detects a job started by ``mpiexec`` itself (not only

@@ -1,8 +1,9 @@
 """Tensor collectives, gradient/model averaging, pooled statistics and per-rank seeds, over any group.
 
-Every operation takes ``group`` (a :class:`~gflowdist.comm.Communicator`;
-None = the whole job) and behaves as a world of one when no launcher
-started the process. See docs/ops.md.
+Every operation takes ``group`` (a :class:`~gflowdist.comm.Communicator`, a
+torch.distributed process group or an mpi4py communicator; None = the whole
+job) and behaves as a world of one when no launcher started the process.
+See docs/ops.md.
 """
 
 from gflowdist.ops.averaging import GradientAverager, average_gradients, average_models, sync_params
