@@ -38,6 +38,7 @@ from gflowdist.replay.priorities import check_priorities, current_keys, item_key
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
 from gflowdist.replay.samplers import (FifoSampler, PrioritizedSampler, Sampler,
                                        UniformSampler)
+from gflowdist.replay.stamps import STAMPS, stamp_rows
 from gflowdist.replay.storage import Batch, TensorStorage
 from gflowdist.replay.writers import (REJECTED_DUPLICATE, REJECTED_LOW_SCORE, DedupWriter,
                                       KeepHighestWriter, RoundRobinWriter, Writer)
@@ -45,10 +46,6 @@ from gflowdist.replay.writers import (REJECTED_DUPLICATE, REJECTED_LOW_SCORE, De
 __all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
 
 STATE_VERSION = 1
-
-# int64 metadata, one column each of ReplayBuffer.stamps; the score is kept apart (float32).
-_STAMPS = ("producer", "seq", "policy_version", "insert_step")
-
 
 class RateLimitedError(GflowdistError):
     """``extend`` or ``sample`` was called while the rate limiter forbids it."""
@@ -74,24 +71,6 @@ class AdmitResult:
     admitted_mask: torch.Tensor
 
 
-def _fill(column: torch.Tensor, value: int | torch.Tensor, name: str,
-          consecutive: bool = False) -> None:
-    """Write an int (or, if ``consecutive``, ``value + arange``) or a tensor into ``column``."""
-    size = column.numel()
-    if isinstance(value, torch.Tensor):
-        if value.numel() != size:
-            raise ValueError(f"{name} has {value.numel()} entries for a batch of {size}")
-        if value.dtype.is_floating_point or value.dtype.is_complex:
-            raise ValueError(f"{name} must hold integers, got {value.dtype}")
-        column.copy_(value.flatten())
-    elif isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int or a tensor of {size} ints, got {value!r}")
-    elif consecutive:
-        column.copy_(torch.arange(value, value + size))
-    else:
-        column.fill_(value)
-
-
 class ReplayBuffer:
     """Composes a storage, a sampler, a writer and an optional rate limiter.
 
@@ -115,7 +94,7 @@ class ReplayBuffer:
             generator = torch.Generator()
             generator.manual_seed(torch.initial_seed())
         self.generator = generator
-        self.stamps = torch.zeros(storage.capacity, len(_STAMPS), dtype=torch.int64)
+        self.stamps = torch.zeros(storage.capacity, len(STAMPS), dtype=torch.int64)
         self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
         self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
                          "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0,
@@ -197,7 +176,7 @@ class ReplayBuffer:
     def metadata(self) -> dict[str, torch.Tensor]:
         """Per-slot metadata as views: ``producer``, ``seq``, ``policy_version``,
         ``insert_step`` (int64) and ``score`` (float32). Free slots hold stale values."""
-        return {**{name: self.stamps[:, column] for column, name in enumerate(_STAMPS)},
+        return {**{name: self.stamps[:, column] for column, name in enumerate(STAMPS)},
                 "score": self.scores}
 
     @property
@@ -225,10 +204,7 @@ class ReplayBuffer:
         if size == 0:
             empty = torch.zeros(0, dtype=torch.int64)
             return AdmitResult(0, 0, 0, 0, 0, empty, empty.bool())
-        rows = torch.empty(size, len(_STAMPS), dtype=torch.int64)
-        _fill(rows[:, 0], producer, "producer")
-        _fill(rows[:, 1], seq, "seq", consecutive=True)
-        _fill(rows[:, 2], policy_version, "policy_version")
+        rows = stamp_rows(size, producer, seq, policy_version)
         if scores is not None:
             scores = torch.as_tensor(scores).flatten()
             if scores.numel() != size:
@@ -331,7 +307,7 @@ class ReplayBuffer:
         info = {"indices": indices,
                 "keys": item_keys(indices, rows[:, 3], self.capacity),
                 "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
-                **{name: rows[:, column] for column, name in enumerate(_STAMPS)},
+                **{name: rows[:, column] for column, name in enumerate(STAMPS)},
                 "score": self.scores[indices]}
         self.counters["sampled"] += n
         self.counters["sample_calls"] += 1
@@ -407,8 +383,8 @@ class ReplayBuffer:
             self.rate_limiter.load_state_dict(state["rate_limiter"])
         live = self.storage.live_indices()
         saved = state["metadata"]
-        self.stamps = torch.zeros(self.capacity, len(_STAMPS), dtype=torch.int64)
-        self.stamps[live] = torch.stack([saved[name].to(torch.int64) for name in _STAMPS], 1)
+        self.stamps = torch.zeros(self.capacity, len(STAMPS), dtype=torch.int64)
+        self.stamps[live] = torch.stack([saved[name].to(torch.int64) for name in STAMPS], 1)
         self.scores = torch.full((self.capacity,), math.nan, dtype=torch.float32)
         self.scores[live] = saved["score"].to(torch.float32)
         # counters added since (sample_calls, priority updates) start at 0 from older checkpoints
