@@ -24,7 +24,8 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
     while len(collector.finals) < len(collector.others):
         got = collector.poll()
         if not stop_sent and (w.stop or coordinator.should_stop()):
-            reason = w.stop.reason or "the coordinator decided to stop"
+            w.stop.set("the coordinator decided to stop")  # a signal's reason, if one came first, stays
+            reason = w.stop.reason
             for rank in layout.trainers + layout.actors:
                 w.control.isend(*protocol.stop(reason), rank)
             stop_sent = True
