@@ -1,30 +1,44 @@
 """Ping-pong latency and bandwidth: gflowdist's byte transport vs the raw engines, in one run.
 
-    python benchmarks/transport.py            # full table (MPI and gloo), ~1-2 minutes
+    python benchmarks/transport.py            # full tables (MPI and gloo), ~2 minutes
     python benchmarks/transport.py --quick    # a few sizes, seconds
+    python benchmarks/transport.py --json F   # also write every measurement to F
 
 Launches itself under ``mpiexec -n 2`` (MPI part) and as 2 gloo processes
-(torch part). Raw baselines receive into preallocated buffers; gflowdist
-receives with its normal API (a fresh message per call, recycled buffers).
-Round-trip times are medians over many repetitions.
+(torch part). Each engine is measured two ways against its raw baseline:
+
+- the core communicator (``MPIComm`` / ``TorchComm``) ``send``/``recv``;
+- the torchgfn compat layer (``gflowdist.compat.torchgfn.send``/``recv`` of a
+  uint8 tensor, what torchgfn's replay-buffer code sends).
+
+Raw baselines are mpi4py ``Send``/``Recv`` and ``torch.distributed``
+``send``/``recv`` into preallocated buffers; gflowdist receives with its
+normal API (a fresh message per call). Raw and gflowdist rounds alternate in
+batches (raw, ours, raw, ours, ...), so both see the same machine; the RTT
+columns are medians over the batches, the ratio is the median of the
+per-batch-pair ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
 
 from harness import fmt_size, run_mpi_workers, run_torch_workers
 
-SIZES = [8, 1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-QUICK = [8, 1024, 1 << 20]
+SIZES = [8, 1024, 4096, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+QUICK = [8, 4096, 1 << 20]
+#: targets (issue 14): RTT ratio up to 4 KiB, bandwidth share from 1 MiB
+TARGETS = {"mpi": (2.0, 0.90), "torch": (1.5, 0.90)}
 
 
 def reps_for(size: int) -> int:
-    return max(10, min(2000, int(2e8 // max(size, 1) // 20)))
+    """Round trips per size: about 0.2 GB moved, between 20 and 4000."""
+    return max(20, min(4000, int(2e8 // max(size, 1) // 2)))
 
 
 def _median(values):
@@ -32,63 +46,87 @@ def _median(values):
     return values[len(values) // 2]
 
 
-def time_pingpong(rank: int, one_round, reps: int) -> float:
-    for _ in range(min(reps, 20)):  # warm up
-        one_round()
-    samples = []
-    batch = max(1, reps // 20)
-    for _ in range(reps // batch):
-        t0 = time.perf_counter()
-        for _ in range(batch):
+def alternate(barrier, rounds: dict, reps: int, batches: int = 20) -> dict:
+    """Time each round function in alternating batches; per name the per-batch seconds per round."""
+    batch = max(1, reps // batches)
+    for one_round in rounds.values():  # warm up
+        for _ in range(min(batch, 20)):
             one_round()
-        samples.append((time.perf_counter() - t0) / batch)
-    return _median(samples)
+    samples: dict[str, list[float]] = {name: [] for name in rounds}
+    for _ in range(max(1, reps // batch)):
+        for name, one_round in rounds.items():
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                one_round()
+            samples[name].append((time.perf_counter() - t0) / batch)
+    return samples
 
 
-def round_trips(rank: int, peer: int, buf, send, recv, comm):
-    """The two ping-pong rounds of one size: raw (``send``/``recv`` into ``buf``) and gflowdist's ``comm``."""
-    def raw_round():
+def ping_pong(rank: int, peer: int, send, recv):
+    """One round trip: rank 0 sends and waits for the answer, rank 1 answers with what it got."""
+    def one_round():
         if rank == 0:
-            send(buf, peer)
-            recv(buf, peer)
+            send(peer)
+            recv(peer)
         else:
-            recv(buf, peer)
-            send(buf, peer)
+            send(peer, recv(peer))
+    return one_round
 
-    def ours_round():
-        if rank == 0:
-            comm.send(buf, peer, 0)
-            comm.recv(peer, 0)
-        else:
-            _, got = comm.recv(peer, 0)
-            comm.send(got, peer, 0)
 
-    return raw_round, ours_round
+def rounds_for(rank, peer, buf, raw_send, raw_recv, comm, compat_send, compat_recv) -> dict:
+    """The three ping-pongs of one size: raw (preallocated), the communicator, the compat layer."""
+    def ours_send(p, data=None):
+        comm.send(buf if data is None else data, p, 0)
+
+    def ours_recv(p):
+        return comm.recv(p, 0)[1]
+
+    def compat_s(p, data=None):
+        compat_send(buf if data is None else data, p, tag=1)
+
+    def compat_r(p):
+        return compat_recv(p, tag=1)[1]
+
+    def raw_s(p, data=None):
+        raw_send(buf, p)
+
+    def raw_r(p):
+        raw_recv(buf, p)
+        return buf
+
+    return {"raw": ping_pong(rank, peer, raw_s, raw_r), "comm": ping_pong(rank, peer, ours_send, ours_recv),
+            "compat": ping_pong(rank, peer, compat_s, compat_r)}
+
+
+def summarise(size: int, samples: dict) -> dict:
+    raw = samples["raw"]
+    row = {"size": size, "raw": _median(raw)}
+    for name in ("comm", "compat"):
+        row[name] = _median(samples[name])
+        row[name + "_ratio"] = _median([o / r for o, r in zip(samples[name], raw)])
+    return row
 
 
 def mpi_worker(sizes) -> None:
-    import numpy as np
+    import torch
     from mpi4py import MPI
 
-    from gflowdist.comm.mpi import MPIComm
+    from gflowdist.comm import world_comm
+    from gflowdist.compat.torchgfn import recv, send
 
     world = MPI.COMM_WORLD
     raw = world.Dup()
-    comm = MPIComm(world)
+    comm = world_comm("mpi")
     rank, peer = world.rank, 1 - world.rank
     results = []
     for size in sizes:
-        reps = reps_for(size)
-        buf = np.zeros(size, dtype=np.uint8)
-        raw_round, ours_round = round_trips(rank, peer, buf, lambda b, p: raw.Send([b, MPI.BYTE], p, 0),
-                                            lambda b, p: raw.Recv([b, MPI.BYTE], p, 0), comm)
-
-        world.Barrier()
-        t_raw = time_pingpong(rank, raw_round, reps)
-        world.Barrier()
-        t_ours = time_pingpong(rank, ours_round, reps)
-        world.Barrier()
-        results.append({"size": size, "raw": t_raw, "ours": t_ours})
+        buf = torch.zeros(size, dtype=torch.uint8)
+        array = buf.numpy()
+        rounds = rounds_for(rank, peer, buf, lambda b, p: raw.Send([array, MPI.BYTE], p, 0),
+                            lambda b, p: raw.Recv([array, MPI.BYTE], p, 0), comm,
+                            lambda d, p, tag: send(d, p, "mpi", tag), lambda p, tag: recv(p, "mpi", tag))
+        results.append(summarise(size, alternate(world.Barrier, rounds, reps_for(size))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
 
@@ -97,69 +135,71 @@ def torch_worker(sizes) -> None:
     import torch
     import torch.distributed as dist
 
-    from gflowdist.comm.torch_dist import TorchComm
+    from gflowdist.comm import world_comm
+    from gflowdist.compat.torchgfn import recv, send
 
     dist.init_process_group("gloo")
-    comm = TorchComm()
+    comm = world_comm("torch")
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
     results = []
     for size in sizes:
-        reps = max(5, reps_for(size) // 4)
         buf = torch.zeros(size, dtype=torch.uint8)
-        raw_round, ours_round = round_trips(rank, peer, buf, lambda b, p: dist.send(b, p, tag=7),
-                                            lambda b, p: dist.recv(b, p, tag=7), comm)
-
-        dist.barrier()
-        t_raw = time_pingpong(rank, raw_round, reps)
-        dist.barrier()
-        t_ours = time_pingpong(rank, ours_round, reps)
-        dist.barrier()
-        results.append({"size": size, "raw": t_raw, "ours": t_ours})
+        rounds = rounds_for(rank, peer, buf, lambda b, p: dist.send(b, p, tag=7),
+                            lambda b, p: dist.recv(b, p, tag=7), comm,
+                            lambda d, p, tag: send(d, p, "torch", tag), lambda p, tag: recv(p, "torch", tag))
+        results.append(summarise(size, alternate(dist.barrier, rounds, max(10, reps_for(size) // 4))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     comm.free()
 
 
-def run_mpi(sizes):
-    return run_mpi_workers(__file__, ["--sizes", ",".join(map(str, sizes))])
-
-
-def run_torch(sizes):
-    return run_torch_workers(__file__, ["--sizes", ",".join(map(str, sizes))])
-
-
-def table(name: str, rows) -> str:
-    lines = [f"\n{name}", f"{'size':>8} | {'raw RTT us':>10} | {'ours RTT us':>11} | {'RTT ratio':>9} | "
-             f"{'raw MB/s':>9} | {'ours MB/s':>9} | {'bw % raw':>8}", "-" * 83]
+def table(name: str, rows, engine: str) -> str:
+    rtt_target, bw_target = TARGETS[engine]
+    lines = [f"\n{name}",
+             f"{'size':>8} | {'raw RTT us':>10} | {'comm RTT us':>11} | {'ratio':>6} | {'bw % raw':>8} | "
+             f"{'compat RTT us':>13} | {'ratio':>6} | {'bw % raw':>8}", "-" * 96]
     for r in rows:
-        bw_raw = 2 * r["size"] / r["raw"] / 1e6
-        bw_ours = 2 * r["size"] / r["ours"] / 1e6
-        lines.append(f"{fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | {r['ours'] * 1e6:11.1f} | "
-                     f"{r['ours'] / r['raw']:9.2f} | {bw_raw:9.0f} | {bw_ours:9.0f} | {100 * bw_ours / bw_raw:7.0f}%")
+        cells = []
+        for name_ in ("comm", "compat"):
+            ratio = r[name_ + "_ratio"]
+            width = 11 if name_ == "comm" else 13
+            cells.append(f"{r[name_] * 1e6:{width}.1f} | {ratio:6.2f} | {100 / ratio:7.0f}%")
+        lines.append(f"{fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | " + " | ".join(cells))
+    lines.append(f"targets: RTT ratio <= {rtt_target:g} up to 4 KiB; >= {bw_target:.0%} of raw bandwidth "
+                 "(ratio <= {:.2f}) from 1 MiB".format(1 / bw_target))
     return "\n".join(lines)
+
+
+def run(engine: str, sizes) -> list:
+    """Rows of one engine (rank 0's measurements)."""
+    args = ["--sizes", ",".join(map(str, sizes))]
+    return run_mpi_workers(__file__, args) if engine == "mpi" else run_torch_workers(__file__, args)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few sizes only")
     parser.add_argument("--worker", choices=["mpi", "torch"], help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help="comma list of message sizes in bytes")
     parser.add_argument("--engines", default="mpi,torch", help="comma list of mpi, torch")
+    parser.add_argument("--json", help="write every measurement to this file")
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK if args.quick else SIZES)
     if args.worker:
-        sizes = [int(s) for s in args.sizes.split(",")]
         (mpi_worker if args.worker == "mpi" else torch_worker)(sizes)
         return 0
-    sizes = QUICK if args.quick else SIZES
-    print(f"ping-pong between 2 ranks on {socket.gethostname()}; RTT = median round trip")
-    engines = args.engines.split(",")
-    if "mpi" in engines:
-        print(table("MPI: gflowdist MPIComm send/recv vs raw mpi4py Send/Recv (preallocated)", run_mpi(sizes)))
-    if "torch" in engines:
-        print(table("gloo: gflowdist TorchComm send/recv vs raw torch.distributed send/recv (preallocated)",
-                    run_torch(sizes)))
-    print("\ntargets: MPI >= 90% of raw bandwidth from 1 MiB, <= 2x raw RTT up to 1 KiB; "
-          "gloo >= 80% of raw bandwidth from 1 MiB")
+    print(f"ping-pong between 2 ranks on {socket.gethostname()}; load average {os.getloadavg()[0]:.1f}; "
+          "RTT = median round trip")
+    titles = {"mpi": "MPI: vs raw mpi4py Send/Recv (preallocated)",
+              "torch": "gloo: vs raw torch.distributed send/recv (preallocated)"}
+    results = {}
+    for engine in args.engines.split(","):
+        results[engine] = run(engine, sizes)
+        print(table(titles[engine], results[engine], engine), flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=1)
     return 0
 
 

@@ -62,9 +62,9 @@ class WireAbuseTrainer(ToyTrainer):
         elif kind == "claim":
             from mpi4py import MPI
 
-            from gflowdist.comm.mpi import _CHUNKED
+            from gflowdist.comm.mpi import wire_tag
 
             header = np.array([int(self.params["abuse_bytes"])], dtype=np.int64)
-            world._p2p.Send([header, MPI.BYTE], buffer, (Tags.DATA << 1) | _CHUNKED)
+            world._p2p.Send([header, MPI.BYTE], buffer, wire_tag(Tags.DATA, chunked=True))
         else:
             raise ValueError(f"params.abuse must be 'oversized' or 'claim', not {kind!r}")

@@ -16,7 +16,11 @@ arrays and work in place where that makes sense. Point-to-point messages are
 bytes: ``send``/``isend`` take anything :func:`~gflowdist.comm.buffers.as_byte_array`
 accepts, ``recv`` returns ``(source, uint8 tensor)``. Messages between one
 pair of ranks on one tag arrive in the order they were sent, whatever their
-size (messages above ``chunk_bytes`` are split and reassembled).
+size (messages above ``chunk_bytes`` are split and reassembled). Each message
+also carries a one-bit *kind* the sender chooses (``kind=0`` or ``1``) and
+:meth:`Communicator.recv_kind` reads back: it travels in the engine's framing
+(the MPI wire tag, the gloo header), so a layer above can tell two formats apart
+without wrapping the payload in an envelope.
 
 Every blocking call takes ``timeout`` (seconds; None waits forever) and
 raises :class:`~gflowdist.errors.DeadlineError` when it passes. Waiting polls
@@ -26,6 +30,7 @@ sleeps instead of spinning a core.
 
 from __future__ import annotations
 
+import collections
 import enum
 import socket
 from abc import ABC, abstractmethod
@@ -36,13 +41,16 @@ import torch
 
 from gflowdist.comm.polling import Backoff, poll_until
 
-__all__ = ["ReduceOp", "Communicator", "AsyncSendHandle", "CompletedSend", "MAX_TAG",
-           "check_groups", "take_from_inbox"]
+__all__ = ["ReduceOp", "Communicator", "AsyncSendHandle", "CompletedSend", "MAX_TAG", "KINDS",
+           "check_groups", "take_from_inbox", "file_in_inbox"]
 
 ArrayLike = TypeVar("ArrayLike", torch.Tensor, np.ndarray)
 
-#: Largest user tag. Engines reserve the bits above it for their framing.
-MAX_TAG = (1 << 14) - 1
+#: Largest user tag. Engines reserve the bits above it for their framing (MPI puts the tag,
+#: the kind and a chunk bit in one wire tag, within the 32767 every MPI library allows).
+MAX_TAG = (1 << 13) - 1
+#: The kinds a message may have (see :meth:`Communicator.recv_kind`).
+KINDS = (0, 1)
 
 #: Default size of one wire chunk; larger payloads are split (MPI counts are 32-bit ints).
 DEFAULT_CHUNK_BYTES = 1 << 30
@@ -178,16 +186,24 @@ class Communicator(ABC):
 
     # -- point to point ---------------------------------------------------------
     @abstractmethod
-    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
-        """Start sending ``data`` (bytes-like) to ``dst``; returns at once."""
+    def isend(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0) -> AsyncSendHandle:
+        """Start sending ``data`` (bytes-like) to ``dst``; returns at once.
 
-    def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        ``kind`` (0 or 1) travels with the message; :meth:`recv_kind` reads it back.
+        """
+
+    def send(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0, timeout: float | None = None) -> None:
         """Send ``data`` to ``dst`` and wait until its buffer may be reused."""
-        self.isend(data, dst, tag).wait(timeout)
+        self.isend(data, dst, tag, kind=kind).wait(timeout)
 
     @abstractmethod
+    def try_recv_kind(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor, int] | None:
+        """A waiting message from ``src`` (None: any source) on ``tag`` as ``(source, payload, kind)``, or None."""
+
     def try_recv(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor] | None:
         """A waiting message from ``src`` (None: any source) on ``tag``, or None at once."""
+        found = self.try_recv_kind(src, tag)
+        return None if found is None else (found[0], found[1])
 
     def recv(self, src: int | None = None, tag: int = 0, *,
              timeout: float | None = None) -> tuple[int, torch.Tensor]:
@@ -197,12 +213,18 @@ class Communicator(ABC):
         raises :class:`DeadlineError` after ``timeout`` seconds without losing
         any message (a later call receives it).
         """
+        source, payload, _ = self.recv_kind(src, tag, timeout=timeout)
+        return source, payload
+
+    def recv_kind(self, src: int | None = None, tag: int = 0, *,
+                  timeout: float | None = None) -> tuple[int, torch.Tensor, int]:
+        """As :meth:`recv`, and the kind the sender gave: ``(source rank, uint8 tensor, kind)``."""
         self._check_peer(src, "src", allow_none=True)
         who = "any rank" if src is None else f"rank {src}"
         found: list = []
 
         def arrived() -> bool:
-            message = self.try_recv(src, tag)
+            message = self.try_recv_kind(src, tag)
             if message is not None:
                 found.append(message)
             return message is not None
@@ -250,23 +272,45 @@ class Communicator(ABC):
             raise ValueError(f"{name}={peer!r} is not a rank of this communicator (size {self.size})")
 
     @staticmethod
-    def _check_tag(tag: int) -> None:
+    def _check_tag(tag: int, kind: int = 0) -> None:
         if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) <= MAX_TAG:
             raise ValueError(f"tag must be an int in [0, {MAX_TAG}], got {tag!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+    def _check_send(self, dst: Any, tag: Any, kind: Any) -> None:
+        """Validate a send's arguments (the cheap test first: this runs on every message)."""
+        if type(dst) is not int or not 0 <= dst < self.size:
+            self._check_peer(dst, "dst")
+        if type(tag) is not int or not 0 <= tag <= MAX_TAG or (kind != 0 and kind != 1):
+            self._check_tag(tag, kind)
+
+
+def file_in_inbox(inbox: dict, tag: int, entry: tuple) -> None:
+    """Queue a received ``(sender, payload, kind)`` under ``tag`` (the inbox holds no empty queues)."""
+    queue = inbox.get(tag)
+    if queue is None:
+        inbox[tag] = queue = collections.deque()
+    queue.append(entry)
 
 
 def take_from_inbox(inbox: dict, src: int | None, tag: int):
-    """Pop the oldest ``(sender, payload)`` queued under ``tag`` (from ``src``, or anyone); None if none."""
+    """Pop the oldest ``(sender, payload, kind)`` queued under ``tag`` (from ``src``, or anyone); None if none."""
     queue = inbox.get(tag)
     if not queue:
         return None
+    found = None
     if src is None:
-        return queue.popleft()
-    for index, (sender, payload) in enumerate(queue):
-        if sender == src:
-            del queue[index]
-            return sender, payload
-    return None
+        found = queue.popleft()
+    else:
+        for index, entry in enumerate(queue):
+            if entry[0] == src:
+                found = entry
+                del queue[index]
+                break
+    if not queue:
+        del inbox[tag]
+    return found
 
 
 def require_float_for_avg(x: Any) -> None:

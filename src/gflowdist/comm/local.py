@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp,
-                                 check_groups, require_float_for_avg)
+                                 check_groups, file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import as_byte_array
 
 __all__ = ["LocalComm"]
@@ -34,7 +34,7 @@ class LocalComm(Communicator):
     def __init__(self) -> None:
         self.rank = 0
         self.size = 1
-        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._inbox: dict[int, collections.deque] = {}
 
     def barrier(self, timeout: float | None = None) -> None:
         return None
@@ -62,16 +62,12 @@ class LocalComm(Communicator):
         groups = check_groups(groups, 1)
         return LocalComm() if groups else None
 
-    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
-        self._check_peer(dst, "dst")
-        self._check_tag(tag)
+    def isend(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0) -> AsyncSendHandle:
+        self._check_send(dst, tag, kind)
         payload = torch.from_numpy(as_byte_array(data).copy())
-        self._inbox[tag].append(payload)
+        file_in_inbox(self._inbox, tag, (0, payload, kind))
         return CompletedSend(dst, tag, payload.numel())
 
-    def try_recv(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0):
         self._check_peer(src, "src", allow_none=True)
-        queue = self._inbox.get(tag)
-        if queue:
-            return 0, queue.popleft()
-        return None
+        return take_from_inbox(self._inbox, src, tag)

@@ -1,8 +1,10 @@
 """The MPI engine (mpi4py).
 
 Point-to-point framing: a message of at most ``chunk_bytes`` is one MPI
-message on wire tag ``tag << 1``. A larger one is a sequence on wire tag
-``(tag << 1) | 1``: an int64 total length, then the chunks. The receiver
+message on wire tag ``tag << 2 | kind << 1`` (:func:`wire_tag`; the kind is the
+one bit :meth:`~gflowdist.comm.base.Communicator.recv_kind` reads back). A
+larger one is a sequence on that wire tag ``| 1``: an int64 total length, then
+the chunks. The receiver
 learns a message's size with a *matched* probe (``Improbe`` + ``Message.Recv``),
 so two threads can never steal each other's message, and probes with
 ``ANY_TAG`` so the order of messages from one sender is kept whatever their
@@ -24,18 +26,27 @@ import torch
 from mpi4py import MPI
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
-                                 take_from_inbox,
-                                 require_float_for_avg)
+                                 file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.native import register
 from gflowdist.comm.polling import Backoff, poll_until
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.errors import ProtocolError
 
-__all__ = ["MPIComm"]
+__all__ = ["MPIComm", "wire_tag"]
 
 _OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
 _CHUNKED = 1
+_KIND_SHIFT = 1
+_TAG_SHIFT = 2
+_UINT8 = torch.uint8
+
+
+def wire_tag(tag: int, kind: int = 0, chunked: bool = False) -> int:
+    """The MPI tag a message of ``tag`` and ``kind`` (0/1) travels on: ``tag << 2 | kind << 1 | chunked``."""
+    return (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT) | (_CHUNKED if chunked else 0)
+
+
 #: :meth:`MPIComm.recv` polls this long in a tight loop before the general wait (see there)
 RECV_SPIN_S = 200e-6
 
@@ -78,7 +89,7 @@ class MPIComm(Communicator):
             self.chunk_bytes = int(chunk_bytes)
         #: a chunked message claiming more than this is refused before allocation
         self.max_recv_bytes = max_recv_bytes
-        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._inbox: dict[int, collections.deque] = {}  # tag -> (sender, payload, kind), no empty queues
         self._send_lock = threading.Lock()
         self._recv_lock = threading.RLock()
         self._pool = BufferPool()
@@ -175,19 +186,18 @@ class MPIComm(Communicator):
         return MPIComm(sub, chunk_bytes=self.chunk_bytes, max_recv_bytes=self.max_recv_bytes)
 
     # -- point to point ---------------------------------------------------------
-    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
-        self._check_peer(dst, "dst")
-        self._check_tag(tag)
+    def isend(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0) -> AsyncSendHandle:
+        self._check_send(dst, tag, kind)
         payload = as_byte_array(data)
         nbytes = payload.nbytes
         if dst == self.rank:  # an MPI self-send completes only when received: loop back instead
             with self._recv_lock:
-                self._inbox[tag].append((dst, torch.from_numpy(payload.copy())))
+                file_in_inbox(self._inbox, tag, (dst, torch.from_numpy(payload.copy()), kind))
             return CompletedSend(dst, tag, nbytes)
-        wire = tag << 1
+        wire = wire_tag(tag, kind)
         if nbytes <= self.chunk_bytes:
             request = self._p2p.Isend([payload, MPI.BYTE], dst, wire)
-            handle = _MPISendHandle(dst, tag, nbytes, [request], [payload])
+            handle = _MPISendHandle(dst, tag, nbytes, [request], [payload, data])
         else:
             header = np.array([nbytes], dtype=np.int64)
             with self._send_lock:  # the parts of one message must not interleave with another's
@@ -195,7 +205,7 @@ class MPIComm(Communicator):
                 for start in range(0, nbytes, self.chunk_bytes):
                     part = payload[start:start + self.chunk_bytes]
                     requests.append(self._p2p.Isend([part, MPI.BYTE], dst, wire | _CHUNKED))
-            handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload])
+            handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload, data])
         if not handle.is_complete():
             if len(self._in_flight) >= 64:
                 self._in_flight = [h for h in self._in_flight if not h.is_complete()]
@@ -205,54 +215,88 @@ class MPIComm(Communicator):
     #: messages up to this size go out with a blocking ``Send`` (MPI's eager path: no wait loop)
     eager_bytes = 64 << 10
 
-    def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        payload = data if type(data) is bytes else as_byte_array(data)  # bytes: MPI reads them as they are
-        if len(payload) <= self.eager_bytes and dst != self.rank:
-            self._check_peer(dst, "dst")
-            self._check_tag(tag)
-            self._p2p.Send([payload, MPI.BYTE], dst, tag << 1)
-            return
-        self.isend(payload, dst, tag).wait(timeout)
+    def send(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0, timeout: float | None = None) -> None:
+        if type(data) is torch.Tensor and data.dtype is _UINT8 and data.is_cpu and data.is_contiguous():
+            # read at the tensor's address (alive for this blocking call): no numpy view to build
+            nbytes = data.nbytes
+            buffer = MPI.buffer.fromaddress(data.data_ptr(), nbytes) if nbytes else b""
+        elif type(data) is bytes:
+            buffer, nbytes = data, len(data)
+        else:
+            buffer = as_byte_array(data)
+            nbytes = buffer.nbytes
+        self._check_send(dst, tag, kind)
+        if nbytes <= self.eager_bytes and dst != self.rank:  # small: one blocking Send, no wait loop
+            self._p2p.Send([buffer, MPI.BYTE], dst, (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT))
+        else:
+            self.isend(data, dst, tag, kind=kind).wait(timeout)
 
-    def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
-        found = self.try_recv(src, tag)  # fast path: the message is already here
+    def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+        found = self.try_recv_kind(src, tag)  # fast path: the message is already here
         if found is not None:
             return found
-        # A reply that is on its way usually lands within microseconds: poll for it in a tight
+        # A reply that is on its way usually lands within microseconds: probe for it in a tight
         # loop first, then wait the general way (spin, back off, keep-alive hook, deadline).
         spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
+        probe, source, status = self._p2p.Improbe, MPI.ANY_SOURCE if src is None else src, MPI.Status()
         while time.perf_counter() < spin_until:
-            found = self.try_recv(src, tag)
-            if found is not None:
-                return found
-        return super().recv(src, tag, timeout=timeout)
+            message = probe(source, MPI.ANY_TAG, status)
+            if message is not None:
+                with self._recv_lock:
+                    found = self._take(message, status, src, tag)
+                if found is not None:
+                    return found
+        return super().recv_kind(src, tag, timeout=timeout)
 
-    def try_recv(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0):
+        if src is not None and (type(src) is not int or not 0 <= src < self.size):
+            self._check_peer(src, "src", allow_none=True)
         with self._recv_lock:
-            queued = take_from_inbox(self._inbox, src, tag)
-            if queued is not None:
-                return queued
-            source = MPI.ANY_SOURCE if src is None else src
+            if self._inbox:
+                queued = take_from_inbox(self._inbox, src, tag)
+                if queued is not None:
+                    return queued
+            source, status, probe = MPI.ANY_SOURCE if src is None else src, self._status, self._p2p.Improbe
             while True:
-                message = self._p2p.Improbe(source, MPI.ANY_TAG, self._status)
+                message = probe(source, MPI.ANY_TAG, status)
                 if message is None:
                     return None
-                sender, wire = self._status.Get_source(), self._status.Get_tag()
-                if wire & _CHUNKED and (sender, wire) in self._draining:
-                    self._drain_part(message, sender, wire)  # a part of a refused message: discard
-                    continue
-                if wire & _CHUNKED:
-                    payload = self._recv_chunked(message, sender, wire)
-                else:
-                    buffer = self._pool.take(self._status.Get_count(MPI.BYTE))
+                wire = status.Get_tag()
+                if wire >> _TAG_SHIFT == tag and not wire & _CHUNKED and tag not in self._inbox:
+                    # the common case, inline: a whole message for this tag, nothing queued before it
+                    count = status.Get_count(MPI.BYTE)
+                    buffer = np.empty(count, dtype=np.uint8) if count < self._pool.min_bytes \
+                        else self._pool.take(count)
                     message.Recv([buffer, MPI.BYTE])
-                    payload = torch.from_numpy(buffer)
-                if wire >> 1 == tag:
-                    return sender, payload
-                self._inbox[wire >> 1].append((sender, payload))
+                    return status.Get_source(), torch.from_numpy(buffer), (wire >> _KIND_SHIFT) & 1
+                found = self._take(message, status, src, tag)
+                if found is not None:
+                    return found
 
-    def _recv_chunked(self, message: "MPI.Message", sender: int, wire: int) -> torch.Tensor:
-        count = self._status.Get_count(MPI.BYTE)
+    def _take(self, message: "MPI.Message", status: "MPI.Status", src: int | None, tag: int):
+        """Receive a probed message (caller holds ``_recv_lock``): ``(sender, payload, kind)`` if it is
+        the oldest one for ``(src, tag)``, else None (it waits in the inbox)."""
+        sender, wire = status.Get_source(), status.Get_tag()
+        if wire & _CHUNKED:
+            if (sender, wire) in self._draining:
+                self._drain_part(message, status, sender, wire)  # a part of a refused message: discard
+                return None
+            payload = self._recv_chunked(message, status, sender, wire)
+        else:
+            count = status.Get_count(MPI.BYTE)
+            buffer = np.empty(count, dtype=np.uint8) if count < self._pool.min_bytes else self._pool.take(count)
+            message.Recv([buffer, MPI.BYTE])
+            payload = torch.from_numpy(buffer)
+        found = (sender, payload, (wire >> _KIND_SHIFT) & 1)
+        if wire >> _TAG_SHIFT != tag or tag in self._inbox:
+            # another tag's, or an earlier one of this tag may be queued (filed by another thread
+            # between this caller's inbox check and its probe): queue it behind them
+            file_in_inbox(self._inbox, wire >> _TAG_SHIFT, found)
+            found = take_from_inbox(self._inbox, src, tag)
+        return found
+
+    def _recv_chunked(self, message: "MPI.Message", status: "MPI.Status", sender: int, wire: int) -> torch.Tensor:
+        count = status.Get_count(MPI.BYTE)  # the probe's status: the caller's own when it probed outside the lock
         if count != 8:
             message.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])  # take it off the wire, then refuse
             raise ProtocolError(f"chunked message without an 8-byte length header ({count} bytes)", sender=sender)
@@ -282,8 +326,8 @@ class MPIComm(Communicator):
         return poll_until(lambda: self._p2p.Improbe(sender, wire, self._status), timeout=timeout,
                           what="next chunk of a chunked message", peer=sender)
 
-    def _drain_part(self, message: "MPI.Message", sender: int, wire: int) -> None:
-        count = self._status.Get_count(MPI.BYTE)
+    def _drain_part(self, message: "MPI.Message", status: "MPI.Status", sender: int, wire: int) -> None:
+        count = status.Get_count(MPI.BYTE)
         message.Recv([np.empty(min(count, 1 << 24), dtype=np.uint8) if count <= 1 << 24
                       else np.empty(count, dtype=np.uint8), MPI.BYTE])
         left = self._draining[(sender, wire)] - max(count, 1)

@@ -1,22 +1,20 @@
 """The torch.distributed engine (gloo on CPU; nccl for CUDA tensor collectives).
 
-Point-to-point framing: every message is a header — int64 ``[channel tag,
-total bytes, chunk bytes]`` — on wire tag ``HEADER_TAG``, then its payload in
-chunks on ``PAYLOAD_TAG``, both to the same peer. The receiver keeps one
-any-source header receive posted; when a header lands it receives that
-sender's payload right away and files the message under its channel tag.
-Ordering per (sender, channel) therefore rests on the pairwise ordering of
-the transport, not on tags (NCCL ignores tags). Byte traffic always runs on a
-gloo group (created next to an nccl default group when needed), so it works
-whatever backend the job's collectives use.
+Point-to-point framing (:mod:`gflowdist.comm.torch_p2p`): every message
+starts with a header ``[channel tag, kind, mode, total bytes, chunk bytes]``;
+a payload up to 64 KiB travels inside the header message (one gloo
+operation), a larger one follows it. Ordering per (sender, channel) rests on
+the pairwise ordering of the transport, not on tags (NCCL ignores tags). Byte
+traffic always runs on a gloo group (created next to an nccl default group
+when needed), so it works whatever backend the job's collectives use.
 
 Gloo reports a point-to-point operation complete only from a blocking
 ``wait()`` (``is_completed()`` stays False, and a timed-out wait closes the
-connection), so each communicator runs two daemon threads: a receiver that
-blocks on the posted header receive and files whole messages into the inbox,
-and a send-completion thread that waits on sends in order and marks their
-handles. Callers wait on condition variables, never by polling: an idle rank
-uses no CPU.
+connection), so each communicator runs daemon threads: one receiver per peer,
+which keeps receives posted for that peer and files whole messages into the
+inbox, and a send-completion thread that waits on sends in order and marks
+their handles. Callers wait on condition variables, never by polling: an idle
+rank uses no CPU.
 
 torch.distributed creates groups collectively over the *world*, so
 :meth:`TorchComm.split` is available on the world communicator only; build
@@ -40,19 +38,15 @@ import torch
 import torch.distributed as dist
 
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
-                                 take_from_inbox,
-                                 require_float_for_avg)
-from gflowdist.comm.buffers import BufferPool, as_byte_array, read_only_tensor
+                                 file_in_inbox, require_float_for_avg, take_from_inbox)
+from gflowdist.comm.buffers import as_byte_array, read_only_tensor
 from gflowdist.comm.native import register
-from gflowdist.errors import DeadlineError, ProtocolError, TransportError
+from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, close_notices, post_message
+from gflowdist.errors import DeadlineError, TransportError
 
 __all__ = ["TorchComm"]
 
-HEADER_TAG = 1 << 20
-PAYLOAD_TAG = HEADER_TAG + 1
-_HEADER_WORDS = 3
-#: the channel of the notice :meth:`TorchComm.free` sends every peer (user tags are >= 0)
-_CLOSE_CHANNEL = -1
+_UINT8 = torch.uint8
 #: how long :meth:`TorchComm.free` waits for its peers to free too
 FREE_TIMEOUT_S = 30.0
 
@@ -132,28 +126,29 @@ class TorchComm(Communicator):
             p2p_group = group if self.backend == "gloo" else dist.new_group(
                 dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
         self._p2p = p2p_group
+        self._pg = p2p_group if p2p_group is not None else dist.group.WORLD  # its send/recv take the works
+        self._p2p_ranks = [self._group_to_p2p_rank(r) for r in range(self.size)]
         if chunk_bytes is not None:
             self.chunk_bytes = int(chunk_bytes)
         self.max_recv_bytes = max_recv_bytes
-        self._inbox: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._inbox: dict[int, collections.deque] = {}  # tag -> (sender, payload, kind), no empty queues
         self._inbox_bytes = 0
-        #: the receiver thread stops receiving while this much is waiting unread, so a slow
+        #: the receiver threads stop receiving while this much is waiting unread, so a slow
         #: reader pushes back on its senders instead of buffering without bound
         self.max_inbox_bytes = 64 << 20
         self._arrived = threading.Condition()  # guards _inbox, _inbox_bytes and _receive_error
         self._receive_error: BaseException | None = None
-        self._receiver: threading.Thread | None = None
+        self._lanes: dict[int, Lane] = {}  # peer -> what it sends us (torch_p2p)
+        self._receivers: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         self._sends: "queue.SimpleQueue[_TorchSendHandle | None]" = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
-        self._pool = BufferPool()
         self._freed = False
-        self._closed_by: set[int] = set()  # peers whose close notice arrived (see free)
         self._serial = next(_SERIALS)
         _OPEN.add(self)
         register(self, group if group is not None else dist.group.WORLD)  # found again from the group
         # Receive from the start: a peer's send completes only once a receive is posted here.
-        self._start_receiver()
+        self._start_receivers()
 
     @property
     def process_group(self) -> "dist.ProcessGroup | None":
@@ -253,146 +248,151 @@ class TorchComm(Communicator):
                          max_recv_bytes=self.max_recv_bytes)
 
     # -- point to point ---------------------------------------------------------
-    def isend(self, data: Any, dst: int, tag: int = 0) -> AsyncSendHandle:
-        self._check_peer(dst, "dst")
-        self._check_tag(tag)
-        payload = read_only_tensor(as_byte_array(data))
-        nbytes = payload.numel()
+    def _payload(self, data: Any, dst: int, tag: int, kind: int) -> torch.Tensor:
+        """``data`` as a flat uint8 CPU tensor, after checking the arguments of a send."""
+        self._check_send(dst, tag, kind)
+        if type(data) is torch.Tensor and data.dtype is _UINT8 and data.ndim == 1 and data.is_cpu \
+                and data.is_contiguous():
+            return data
+        return read_only_tensor(as_byte_array(data))
+
+    def isend(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0) -> AsyncSendHandle:
+        payload = self._payload(data, dst, tag, kind)
         if dst == self.rank:  # gloo has no connection to oneself: loop back through the inbox
-            with self._arrived:
-                self._inbox[tag].append((dst, payload.clone()))
-                self._inbox_bytes += nbytes
-                self._arrived.notify_all()
-            return CompletedSend(dst, tag, nbytes)
-        header = torch.tensor([tag, nbytes, self.chunk_bytes], dtype=torch.int64)
-        with self._send_lock:  # header and chunks of one message stay together
-            works = [dist.isend(header, group=self._p2p, tag=HEADER_TAG, group_dst=dst)]
-            for start in range(0, nbytes, self.chunk_bytes):
-                works.append(dist.isend(payload[start:start + self.chunk_bytes], group=self._p2p,
-                                        tag=PAYLOAD_TAG, group_dst=dst))
-            handle = _TorchSendHandle(dst, tag, nbytes, works, [header, payload])
+            self._file(tag, dst, payload.clone(), kind)
+            return CompletedSend(dst, tag, payload.numel())
+        with self._send_lock:  # the parts of one message stay together
+            works, buffers = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
+            handle = _TorchSendHandle(dst, tag, payload.numel(), works, buffers)
             self._ensure_completer()
             self._sends.put(handle)
         return handle
 
-    def send(self, data: Any, dst: int, tag: int = 0, *, timeout: float | None = None) -> None:
+    def send(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0, timeout: float | None = None) -> None:
         """Blocking send without the completion thread (one thread hand-off less per message).
 
         Gloo queues a pair's sends in the order they are posted, so this send
         still follows any earlier ``isend`` on the wire.
         """
         if timeout is not None or dst == self.rank or self.wait_hook is not None:
-            self.isend(data, dst, tag).wait(timeout)
+            self.isend(data, dst, tag, kind=kind).wait(timeout)
             return
-        self._check_peer(dst, "dst")
-        self._check_tag(tag)
-        payload = read_only_tensor(as_byte_array(data))
-        nbytes = payload.numel()
-        header = torch.tensor([tag, nbytes, self.chunk_bytes], dtype=torch.int64)
-        with self._send_lock:  # header and chunks of one message stay together
-            dist.send(header, group=self._p2p, tag=HEADER_TAG, group_dst=dst)
-            for start in range(0, nbytes, self.chunk_bytes):
-                dist.send(payload[start:start + self.chunk_bytes], group=self._p2p, tag=PAYLOAD_TAG, group_dst=dst)
+        payload = self._payload(data, dst, tag, kind)
+        with self._send_lock:  # the parts of one message stay together
+            works, _ = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
+        for work in works:
+            work.wait()
 
-    def try_recv(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0):
         self._check_peer(src, "src", allow_none=True)
-        self._start_receiver()
+        self._observe(src)
         with self._arrived:
             return self._take_queued(src, tag)
 
-    def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
-        self._check_peer(src, "src", allow_none=True)
-        self._start_receiver()
-        found = None
-
-        def ready() -> bool:
-            nonlocal found
-            found = self._take_queued(src, tag)
-            return found is not None
-
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+        if src is not None and (type(src) is not int or not 0 <= src < self.size):
+            self._check_peer(src, "src", allow_none=True)
         with self._arrived:
-            while not ready():
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    who = "any rank" if src is None else f"rank {src}"
-                    raise DeadlineError(f"receive on tag {tag} from {who}: nothing within {timeout:g} s",
-                                        peer=src)
-                # wake up now and then to run the keep-alive hook (outside the lock)
-                slice_s = 0.25 if remaining is None else min(remaining, 0.25)
-                if not self._arrived.wait(slice_s) and self.wait_hook is not None:
-                    self._arrived.release()
-                    try:
-                        self.wait_hook()
-                    finally:
-                        self._arrived.acquire()
-        return found
+            found = self._take_queued(src, tag)
+        if found is not None:  # the common case of a busy rank: no waiting at all
+            return found
+        lane = self._lanes.get(src)
+        if lane is not None and timeout is None and self.wait_hook is None:
+            lane.last_direct = time.monotonic()  # keeps the lane's thread away (Lane.park)
+            if lane.owner.acquire(blocking=False):
+                try:
+                    return self._recv_direct(lane, tag)
+                finally:
+                    lane.last_direct = time.monotonic()
+                    lane.owner.release()
+        else:
+            self._observe(src)
+        with self._arrived:
+            return self._wait_queued(src, tag, timeout)
+
+    def _recv_direct(self, lane: Lane, tag: int):
+        """Wait in gloo for ``lane``'s next message on ``tag`` (the caller owns the lane); file the others."""
+        while True:
+            with self._arrived:  # filed by the lane's thread before this caller took the lane over
+                found = self._take_queued(lane.peer, tag)
+            if found is not None:
+                return found
+            message = lane.next_message()
+            if message is None:
+                raise TransportError(f"rank {lane.peer} freed the communicator while rank {self.rank} waited for "
+                                     f"a message from it on tag {tag}", peer=lane.peer)
+            channel, payload, kind = message
+            if channel == tag:
+                return lane.peer, payload, kind
+            self._file(channel, lane.peer, payload, kind)
+
+    def _observe(self, src: int | None) -> None:
+        """Have the lanes' threads watch ``src`` (None: every peer) now, without the park delay."""
+        for peer, lane in self._lanes.items():
+            if (src is None or peer == src) and lane.last_direct:
+                lane.wake()
+
+    def _wait_queued(self, src: int | None, tag: int, timeout: float | None):
+        """Wait on the inbox's condition (caller holds it) until a matching message is filed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            found = self._take_queued(src, tag)
+            if found is not None:
+                return found
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                who = "any rank" if src is None else f"rank {src}"
+                raise DeadlineError(f"receive on tag {tag} from {who}: nothing within {timeout:g} s", peer=src)
+            # wake up now and then to run the keep-alive hook (outside the lock)
+            slice_s = 0.25 if remaining is None else min(remaining, 0.25)
+            if not self._arrived.wait(slice_s) and self.wait_hook is not None:
+                self._arrived.release()
+                try:
+                    self.wait_hook()
+                finally:
+                    self._arrived.acquire()
 
     def _take_queued(self, src: int | None, tag: int):
         """Pop the oldest matching message (caller holds ``_arrived``)."""
         if self._receive_error is not None:
             error, self._receive_error = self._receive_error, None
             raise error
+        if not self._inbox:
+            return None
         found = take_from_inbox(self._inbox, src, tag)
         if found is not None:
             self._inbox_bytes -= found[1].numel()
-            self._arrived.notify_all()  # the receiver thread may be waiting for room
+            if self._inbox_bytes < self.max_inbox_bytes:
+                self._arrived.notify_all()  # a receiver thread may be waiting for room
         return found
 
-    def _start_receiver(self) -> None:
-        if self._receiver is None:
-            with self._arrived:
-                if self._receiver is None:
-                    self._receiver = threading.Thread(target=self._receive_forever, daemon=True,
-                                                      name=f"gflowdist-recv-{self.rank}")
-                    self._receiver.start()
+    def _file(self, tag: int, sender: int, payload: torch.Tensor, kind: int) -> None:
+        """Queue a received message and wake its readers (called by the receiver threads)."""
+        with self._arrived:
+            file_in_inbox(self._inbox, tag, (sender, payload, kind))
+            self._inbox_bytes += payload.numel()
+            self._arrived.notify_all()
 
-    def _receive_forever(self) -> None:
-        """Receiver thread: one whole message at a time, filed under its channel tag.
+    def _wait_for_room(self) -> None:
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._inbox_bytes < self.max_inbox_bytes or self._freed)
 
-        It ends once every peer's close notice has arrived (see :meth:`free`),
-        or when the transport fails.
-        """
-        header = torch.empty(_HEADER_WORDS, dtype=torch.int64)
-        while len(self._closed_by) < self.size - 1:
-            with self._arrived:
-                self._arrived.wait_for(lambda: self._inbox_bytes < self.max_inbox_bytes or self._freed)
-            work = dist.irecv(header, group=self._p2p, tag=HEADER_TAG)
-            try:
-                work.wait()
-                sender = self._p2p_to_group_rank(work._source_rank())
-                channel, total, chunk = header.tolist()
-                if channel == _CLOSE_CHANNEL:
-                    self._closed_by.add(sender)
-                    continue
-                message = self._receive_payload(sender, channel, total, chunk)
-            except (ProtocolError, RuntimeError) as exc:
-                with self._arrived:
-                    self._receive_error = exc if isinstance(exc, ProtocolError) else TransportError(
-                        f"receiving failed: {exc}")
-                    self._arrived.notify_all()
-                if not isinstance(exc, ProtocolError):
-                    return  # the transport itself is broken: stop receiving
+    def _fail(self, error: BaseException) -> None:
+        with self._arrived:
+            self._receive_error = error
+            self._arrived.notify_all()
+
+    def _start_receivers(self) -> None:
+        """A lane per peer, each with receives posted for that peer and a thread serving it (torch_p2p)."""
+        for peer in range(self.size):
+            if peer == self.rank:
                 continue
-            with self._arrived:
-                self._inbox[message[0]].append(message[1:])
-                self._inbox_bytes += message[2].numel()
-                self._arrived.notify_all()
-
-    def _receive_payload(self, sender: int, channel: int, total: int, chunk: int) -> tuple[int, int, torch.Tensor]:
-        if total < 0 or chunk <= 0 or (self.max_recv_bytes is not None and total > self.max_recv_bytes):
-            raise ProtocolError(f"header claims {total} bytes in chunks of {chunk}", sender=sender)
-        buffer = torch.from_numpy(self._pool.take(total))
-        for start in range(0, total, chunk):
-            dist.recv(buffer[start:start + chunk], group=self._p2p, tag=PAYLOAD_TAG,
-                      group_src=self._group_to_p2p_rank(sender))
-        return channel, sender, buffer
-
-    def _p2p_to_group_rank(self, rank: int) -> int:
-        if self._p2p is self._group:
-            return rank
-        return dist.get_group_rank(self._group, dist.get_global_rank(self._p2p, rank)) \
-            if self._group is not None else dist.get_global_rank(self._p2p, rank)
+            lane = self._lanes[peer] = Lane(self._pg, peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes)
+            deliver = lambda channel, payload, kind, peer=peer: self._file(channel, peer, payload, kind)  # noqa: E731
+            thread = threading.Thread(target=lane.serve, args=(deliver, self._wait_for_room, self._fail),
+                                      daemon=True, name=f"gflowdist-recv-{self.rank}-from-{peer}")
+            self._receivers.append(thread)
+            thread.start()
 
     def _group_to_p2p_rank(self, rank: int) -> int:
         if self._p2p is self._group:
@@ -418,14 +418,15 @@ class TorchComm(Communicator):
     def free(self, timeout: float = FREE_TIMEOUT_S) -> None:
         """Collective, like ``MPI_Comm_free``: stop the helper threads once every peer frees too.
 
-        Each rank sends every peer a close notice behind all its earlier
-        messages, so a receiver thread ends only after it has filed all that
-        was sent to it. The caller waits up to ``timeout`` seconds for the
-        notices and for its own sends; a thread still blocked then (a peer
-        that died, or never frees) is left behind and logged. Joining the
-        threads matters: a daemon thread that leaves torch code while the
-        interpreter shuts down aborts the process ("terminate called without
-        an active exception").
+        Each rank sends every peer close notices behind all its earlier
+        messages (as many as that peer keeps receives posted, so none is left
+        posted on the group), so a receiver thread ends only after it has
+        filed all that was sent to it. The caller waits up to ``timeout``
+        seconds for the notices and for its own sends; a thread still blocked
+        then (a peer that died, or never frees) is left behind and logged.
+        Joining the threads matters: a daemon thread that leaves torch code
+        while the interpreter shuts down aborts the process ("terminate called
+        without an active exception").
         """
         if self._freed:
             return
@@ -433,26 +434,33 @@ class TorchComm(Communicator):
         _OPEN.discard(self)
         deadline = time.monotonic() + timeout
         if self.size > 1 and dist.is_initialized():  # destroy_process_group() first: nobody to tell
-            header = torch.tensor([_CLOSE_CHANNEL, 0, 1], dtype=torch.int64)
-            peers = [p for p in range(self.size) if p != self.rank]
             with self._send_lock:
-                try:
-                    works = [dist.isend(header, group=self._p2p, tag=HEADER_TAG, group_dst=p) for p in peers]
-                except RuntimeError as exc:  # a broken pair: the receiver has stopped already
-                    log.warning("rank %d: freeing the communicator: close notice not sent: %s", self.rank, exc)
-                else:
+                for peer in range(self.size):
+                    if peer == self.rank:
+                        continue
+                    try:
+                        works, buffers = close_notices(self._pg, self._p2p_ranks[peer])
+                    except RuntimeError as exc:  # a broken pair: the receiver has stopped already
+                        log.warning("rank %d: freeing the communicator: close notice to rank %d not sent: %s",
+                                    self.rank, peer, exc)
+                        continue
                     self._ensure_completer()
-                    self._sends.put(_TorchSendHandle(-1, _CLOSE_CHANNEL, 0, works, [header]))
+                    self._sends.put(_TorchSendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
         if self._completer is not None:
             self._sends.put(None)
         with self._arrived:
             self._arrived.notify_all()
-        for thread in (self._completer, self._receiver):
+        self._observe(None)
+        threads = [self._completer] + self._receivers
+        for thread in threads:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
-        stuck = [t.name for t in (self._completer, self._receiver) if t is not None and t.is_alive()]
+        stuck = [t.name for t in threads if t is not None and t.is_alive()]
         if stuck:
-            missing = sorted(set(range(self.size)) - self._closed_by - {self.rank})
+            missing = [str(peer) for peer, lane in self._lanes.items() if not lane.closed]
             log.warning("rank %d: freeing the communicator: %s still blocked after %g s (no close notice "
-                        "from rank(s) %s)", self.rank, ", ".join(stuck), timeout,
-                        ", ".join(map(str, missing)) or "-")
+                        "from rank(s) %s)", self.rank, ", ".join(stuck), timeout, ", ".join(missing) or "-")
+            return
+        # Hold nothing of gloo's past this point: a process group (or a work) that the interpreter
+        # destroys while it shuts down can abort the process, as one left undestroyed can.
+        self._lanes, self._receivers, self._completer, self._pg = {}, [], None, None

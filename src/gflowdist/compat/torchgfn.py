@@ -30,8 +30,11 @@ Fixed behaviour (each has a test in tests/ranked/test_compat_torchgfn.py):
   by the world size, so averaging over a sub-group shrank the weights);
 - ``initialize_distributed_compute_mpi4py`` needs no torch.distributed;
 - ``cleanup()`` never raises and may be called twice;
-- messages are gflowdist wire messages (msgpack header + raw array frames),
-  never pickle; :func:`send` takes tensors and plain Python values;
+- never pickle on the wire: a flat uint8 tensor (what torchgfn sends) goes
+  out as its own bytes, with no envelope and no copy, marked as such by the
+  message's kind (:meth:`~gflowdist.comm.Communicator.recv_kind`); any other
+  value (tensors of any dtype and shape, plain Python values) as a gflowdist
+  wire message (msgpack header + raw array frames);
 - ``broadcast(src=...)`` is a rank *of the group* on both backends (torchgfn's
   torch path took a global rank, its MPI path a group rank);
 - the torch path files every message under its channel tag from a header
@@ -54,7 +57,7 @@ from gflowdist.compat.torchgfn_context import (
     initialize_distributed_compute,
     initialize_distributed_compute_mpi4py,
 )
-from gflowdist.compat.torchgfn_groups import engine_of, resolve_group, world_for
+from gflowdist.compat.torchgfn_groups import _WORLDS, engine_of, resolve_group, world_for
 from gflowdist.timing import report_load_imbalance, report_time_info
 from gflowdist.transport import EncodeError, MessageType, decode, encode
 
@@ -88,13 +91,26 @@ __all__ = [
 default_backend = "mpi"
 
 _SEQ = itertools.count()
+#: Message kinds (:meth:`Communicator.recv_kind`): a gflowdist wire message, or a uint8
+#: tensor's own bytes. A plain ``Communicator.send`` is kind 0, so bytes that did not come
+#: from :func:`send` are decoded, and refused with a ProtocolError, never taken as a tensor.
+_ENCODED, _RAW = 0, 1
+_UINT8 = torch.uint8
+
+
+def _is_raw(data: Any) -> bool:
+    """A 1-D uint8 tensor travels as its bytes (the communicator makes it contiguous if needed)."""
+    return type(data) is torch.Tensor and data.dtype is _UINT8 and data.ndim == 1
 
 
 # -- point to point -------------------------------------------------------------------------
 
 
 def _world_of(backend: str, what: str) -> Communicator:
-    return resolve_group(backend, None, what)
+    # the world a backend name resolved to before (the names are the engines' names), without the
+    # three calls of resolve_group on every message
+    known = _WORLDS.get(backend) if type(backend) is str else None
+    return known if known is not None else resolve_group(backend, None, what)
 
 
 def _encode(data: Any, sender: int, dst_rank: int):
@@ -120,11 +136,14 @@ def send(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0)
     receives it (a blocking MPI send to oneself never returns).
     """
     comm = _world_of(backend, "send")
-    message = _encode(data, comm.rank, dst_rank)
-    if dst_rank == comm.rank:
-        comm.isend(message, dst_rank, tag)  # the communicator keeps the buffer until it is received
+    if _is_raw(data):
+        message, kind = data, _RAW
     else:
-        comm.send(message, dst_rank, tag)
+        message, kind = _encode(data, comm.rank, dst_rank), _ENCODED
+    if dst_rank == comm.rank:
+        comm.isend(message, dst_rank, tag, kind=kind)  # the communicator keeps the buffer until it is received
+    else:
+        comm.send(message, dst_rank, tag, kind=kind)
 
 
 def isend(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0) -> AsyncSendHandle:
@@ -135,7 +154,9 @@ def isend(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0
     Dropping the handle does not cancel the send.
     """
     comm = _world_of(backend, "isend")
-    return comm.isend(_encode(data, comm.rank, dst_rank), dst_rank, tag)
+    if _is_raw(data):
+        return comm.isend(data, dst_rank, tag, kind=_RAW)
+    return comm.isend(_encode(data, comm.rank, dst_rank), dst_rank, tag, kind=_ENCODED)
 
 
 def recv(src_rank: int | None = None, backend: str = default_backend, tag: int = 0, *,
@@ -149,9 +170,10 @@ def recv(src_rank: int | None = None, backend: str = default_backend, tag: int =
     :class:`~gflowdist.errors.ProtocolError` naming the sender.
     """
     comm = _world_of(backend, "recv")
-    source, payload = comm.recv(src_rank, tag, timeout=timeout)
-    message = decode(payload, sender=source, expected_types=(MessageType.USER,))
-    return source, message.body
+    source, payload, kind = comm.recv_kind(src_rank, tag, timeout=timeout)
+    if kind == _RAW:
+        return source, payload
+    return source, decode(payload, sender=source, expected_types=(MessageType.USER,)).body
 
 
 # -- collectives ----------------------------------------------------------------------------
