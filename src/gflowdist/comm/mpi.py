@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
+from gflowdist.comm.base import (MAX_TAG, AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.native import register
@@ -40,6 +40,10 @@ _CHUNKED = 1
 _KIND_SHIFT = 1
 _TAG_SHIFT = 2
 _UINT8 = torch.uint8
+_U8 = np.dtype(np.uint8)
+_new_bytes = np.empty
+_ANY_SOURCE, _ANY_TAG, _BYTE = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
+_fromaddress = MPI.buffer.fromaddress
 
 
 def wire_tag(tag: int, kind: int = 0, chunked: bool = False) -> int:
@@ -91,8 +95,10 @@ class MPIComm(Communicator):
         self.max_recv_bytes = max_recv_bytes
         self._inbox: dict[int, collections.deque] = {}  # tag -> (sender, payload, kind), no empty queues
         self._send_lock = threading.Lock()
-        self._recv_lock = threading.RLock()
+        self._recv_lock = threading.Lock()
         self._pool = BufferPool()
+        self._pool_min = self._pool.min_bytes  # smaller receives get a fresh array
+        self._improbe = self._p2p.Improbe
         self._status = MPI.Status()
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
@@ -219,15 +225,17 @@ class MPIComm(Communicator):
         if type(data) is torch.Tensor and data.dtype is _UINT8 and data.is_cpu and data.is_contiguous():
             # read at the tensor's address (alive for this blocking call): no numpy view to build
             nbytes = data.nbytes
-            buffer = MPI.buffer.fromaddress(data.data_ptr(), nbytes) if nbytes else b""
+            buffer = _fromaddress(data.data_ptr(), nbytes) if nbytes else b""
         elif type(data) is bytes:
             buffer, nbytes = data, len(data)
         else:
             buffer = as_byte_array(data)
             nbytes = buffer.nbytes
-        self._check_send(dst, tag, kind)
+        if not (type(dst) is int and 0 <= dst < self.size and type(tag) is int and 0 <= tag <= MAX_TAG
+                and (kind == 0 or kind == 1)):
+            self._check_send(dst, tag, kind)  # raises, naming what is wrong (or accepts numpy integers)
         if nbytes <= self.eager_bytes and dst != self.rank:  # small: one blocking Send, no wait loop
-            self._p2p.Send([buffer, MPI.BYTE], dst, (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT))
+            self._p2p.Send([buffer, _BYTE], dst, (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT))
         else:
             self.isend(data, dst, tag, kind=kind).wait(timeout)
 
@@ -238,14 +246,15 @@ class MPIComm(Communicator):
         # A reply that is on its way usually lands within microseconds: probe for it in a tight
         # loop first, then wait the general way (spin, back off, keep-alive hook, deadline).
         spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
-        probe, source, status = self._p2p.Improbe, MPI.ANY_SOURCE if src is None else src, MPI.Status()
+        probe, source, status = self._improbe, _ANY_SOURCE if src is None else src, MPI.Status()
         while time.perf_counter() < spin_until:
-            message = probe(source, MPI.ANY_TAG, status)
-            if message is not None:
-                with self._recv_lock:
-                    found = self._take(message, status, src, tag)
-                if found is not None:
-                    return found
+            for _ in range(4):  # probes between clock reads: the reply is seen sooner after it lands
+                message = probe(source, _ANY_TAG, status)
+                if message is not None:
+                    with self._recv_lock:
+                        found = self._take(message, status, src, tag)
+                    if found is not None:
+                        return found
         return super().recv_kind(src, tag, timeout=timeout)
 
     def try_recv_kind(self, src: int | None = None, tag: int = 0):
@@ -256,19 +265,11 @@ class MPIComm(Communicator):
                 queued = take_from_inbox(self._inbox, src, tag)
                 if queued is not None:
                     return queued
-            source, status, probe = MPI.ANY_SOURCE if src is None else src, self._status, self._p2p.Improbe
+            status = self._status
             while True:
-                message = probe(source, MPI.ANY_TAG, status)
+                message = self._improbe(_ANY_SOURCE if src is None else src, _ANY_TAG, status)
                 if message is None:
                     return None
-                wire = status.Get_tag()
-                if wire >> _TAG_SHIFT == tag and not wire & _CHUNKED and tag not in self._inbox:
-                    # the common case, inline: a whole message for this tag, nothing queued before it
-                    count = status.Get_count(MPI.BYTE)
-                    buffer = np.empty(count, dtype=np.uint8) if count < self._pool.min_bytes \
-                        else self._pool.take(count)
-                    message.Recv([buffer, MPI.BYTE])
-                    return status.Get_source(), torch.from_numpy(buffer), (wire >> _KIND_SHIFT) & 1
                 found = self._take(message, status, src, tag)
                 if found is not None:
                     return found
@@ -283,9 +284,9 @@ class MPIComm(Communicator):
                 return None
             payload = self._recv_chunked(message, status, sender, wire)
         else:
-            count = status.Get_count(MPI.BYTE)
-            buffer = np.empty(count, dtype=np.uint8) if count < self._pool.min_bytes else self._pool.take(count)
-            message.Recv([buffer, MPI.BYTE])
+            count = status.Get_count(_BYTE)
+            buffer = _new_bytes(count, _U8) if count < self._pool_min else self._pool.take(count)
+            message.Recv([buffer, _BYTE])
             payload = torch.from_numpy(buffer)
         found = (sender, payload, (wire >> _KIND_SHIFT) & 1)
         if wire >> _TAG_SHIFT != tag or tag in self._inbox:

@@ -135,15 +135,13 @@ def send(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0)
     itself returns at once: it could not complete before this same thread
     receives it (a blocking MPI send to oneself never returns).
     """
-    comm = _world_of(backend, "send")
-    if _is_raw(data):
-        message, kind = data, _RAW
+    comm = _WORLDS.get(backend) if type(backend) is str else None  # _world_of, inline: once per message
+    if comm is None:
+        comm = _world_of(backend, "send")
+    if type(data) is torch.Tensor and data.dtype is _UINT8 and data.ndim == 1:  # _is_raw, inline
+        comm.send(data, dst_rank, tag, kind=_RAW)  # to this rank itself: looped back, at once
     else:
-        message, kind = _encode(data, comm.rank, dst_rank), _ENCODED
-    if dst_rank == comm.rank:
-        comm.isend(message, dst_rank, tag, kind=kind)  # the communicator keeps the buffer until it is received
-    else:
-        comm.send(message, dst_rank, tag, kind=kind)
+        comm.send(_encode(data, comm.rank, dst_rank), dst_rank, tag, kind=_ENCODED)
 
 
 def isend(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0) -> AsyncSendHandle:
@@ -169,7 +167,9 @@ def recv(src_rank: int | None = None, backend: str = default_backend, tag: int =
     and loses nothing. Bytes that are not a gflowdist message raise
     :class:`~gflowdist.errors.ProtocolError` naming the sender.
     """
-    comm = _world_of(backend, "recv")
+    comm = _WORLDS.get(backend) if type(backend) is str else None  # _world_of, inline: once per message
+    if comm is None:
+        comm = _world_of(backend, "recv")
     source, payload, kind = comm.recv_kind(src_rank, tag, timeout=timeout)
     if kind == _RAW:
         return source, payload
