@@ -2,9 +2,10 @@
 broken ones.
 
 The real run is the README's main command, ``gflowdist run examples/hypergrid/config.yaml``
-(40 steps, 4 ranks, with ``run.tensorboard=true``). It starts once per module in its own
-session with a deadline; its process group is killed whatever happens. Besides the report,
-its run directory is checked for ``report.png`` and the TensorBoard event files.
+(40 steps, 4 ranks, with ``run.tensorboard=true`` and ``run.trace=true``). It starts once per
+module in its own session with a deadline; its process group is killed whatever happens.
+Besides the report, its run directory is checked for ``report.png``, the TensorBoard event
+files, and a timeline drawn from its ``trace.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run directory of ``gflowdist run examples/hypergrid/config.yaml`` (40 steps)."""
     out = tmp_path_factory.mktemp("runs")
     cmd = [sys.executable, "-m", "gflowdist", "run", "examples/hypergrid/config.yaml",
-           "run.steps=40", "run.log_every=10", f"run.out_dir={out}", "run.tensorboard=true"]
+           "run.steps=40", "run.log_every=10", f"run.out_dir={out}", "run.tensorboard=true", "run.trace=true"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=base_env(), cwd=REPO, start_new_session=True)
     try:
@@ -221,3 +222,14 @@ def test_png_with_matplotlib(capsys, copy_of_run: Path) -> None:
     assert code == 0 and "Load imbalance" in out
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(target) in err
+
+
+def test_timeline_of_a_real_run_and_without_a_trace(capsys, run_dir: Path, copy_of_run: Path) -> None:
+    shutil.copy(run_dir / "trace.json", copy_of_run / "trace.json")
+    target = copy_of_run / "timeline.png"
+    code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target), "--window", "0:80")
+    assert code == 0 and "Load imbalance" in out and str(target) in err
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (copy_of_run / "trace.json").unlink()
+    code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target))
+    assert code == 1 and out == "" and "trace.json not found: run with run.trace=true" in err

@@ -12,7 +12,8 @@ process. Config errors name the file and the key path.
     │   └── DeadlineError  a blocking wait passed its deadline (also a TimeoutError)
     ├── PeerLostError      a rank stopped answering or died (rank, role, host)
     ├── LedgerError        trajectories were lost: produced != delivered + dropped
-    └── CheckpointError    a checkpoint cannot be written or read (the file, what is wrong)
+    ├── CheckpointError    a checkpoint cannot be written or read (the file, what is wrong)
+    └── ReplayDivergence   a replayed run stopped doing what the recorded one did (rank, step, event)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "PeerLostError",
     "LedgerError",
     "CheckpointError",
+    "ReplayDivergence",
     "describe_peer",
 ]
 
@@ -121,3 +123,16 @@ class CheckpointError(GflowdistError):
     def __init__(self, message: str, *, path: str | None = None):
         self.path = path
         super().__init__(message)
+
+
+class ReplayDivergence(GflowdistError):
+    """A replayed run (``gflowdist replay``) stopped doing what the recorded run did.
+
+    ``rank``, ``role`` and ``host`` say where, ``where`` at which step
+    (``"step 12"``, ``"trajectory 40"``, ``"message 57"``), ``event`` what the
+    recording holds there and what the replay did instead.
+    """
+
+    def __init__(self, rank: int, *, role: str | None = None, host: str | None = None, where: str, event: str):
+        self.rank, self.role, self.host, self.where, self.event = rank, role, host, where, event
+        super().__init__(f"replay diverged on {describe_peer(rank, role, host)} at {where}: {event}")

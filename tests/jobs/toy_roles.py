@@ -1,11 +1,15 @@
 """Tiny roles for runtime tests: a linear model learning y = x . w from generated data.
 
 Fast (a few ms a step) so end-to-end tests spend their time on the framework.
-Behaviour switches come from ``params`` (fail_after, delay_s, ...).
+Behaviour switches come from ``params`` (fail_after, delay_s, ...), and one from
+the environment, since a replay runs the recorded params: with
+``GFLOWDIST_TEST_PERTURB=<rank>:<version>`` that trainer's rollout at that
+policy version changes by a hair (an injected divergence).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -37,7 +41,10 @@ class ToyTrainer(Trainer):
         _delay(self.params, self.generator)
         if self.params.get("fail_in_trainer") and policy_version >= int(self.params["fail_in_trainer"]):
             raise RuntimeError("toy trainer failure on purpose")
-        return make_batch(self.n, self.generator)
+        batch = make_batch(self.n, self.generator)
+        if os.environ.get("GFLOWDIST_TEST_PERTURB") == f"{self.rank}:{policy_version}":
+            batch["y"] = batch["y"] + 1e-6
+        return batch
 
     def loss(self, batch):
         return ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()

@@ -38,19 +38,21 @@ class Job:
 
     ``env`` adds variables on top of :func:`tests.support.launching.base_env`;
     ``cwd`` is where it starts (default ``folder``); ``log`` names its output
-    file in ``folder`` (several jobs may share a folder).
+    file in ``folder`` (several jobs may share a folder). ``command`` another
+    than ``run`` (``replay``) gets ``ARGS`` only.
     """
 
     def __init__(self, folder: Path, *args: str, config: Path | str | None = TOY,
-                 env: dict[str, str] | None = None, cwd: Path | None = None, log: str = "launcher.log"):
+                 env: dict[str, str] | None = None, cwd: Path | None = None, log: str = "launcher.log",
+                 command: str = "run"):
         self.folder = folder
         self.out_dir = folder / "runs"
         self.log = open(folder / log, "w+")
         self.marker = new_marker()
-        cmd = [sys.executable, "-m", "gflowdist", "run"]
+        cmd = [sys.executable, "-m", "gflowdist", command]
         if config is not None:
             cmd.append(str(config))
-        cmd += [f"run.out_dir={self.out_dir}", *args]
+        cmd += [f"run.out_dir={self.out_dir}", *args] if command == "run" else list(args)
         self.cmd = cmd
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,

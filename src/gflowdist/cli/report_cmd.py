@@ -1,4 +1,5 @@
-"""``gflowdist report RUN_DIR [--json] [--png PATH] [--tensorboard]``: show a finished run's report again.
+"""``gflowdist report RUN_DIR [--json] [--png PATH] [--tensorboard] [--timeline PNG [--window A:B]]``: show a
+finished run's report again.
 
 Every run ends with the collector writing ``report.json`` (via
 :meth:`gflowdist.timing.Report.save`) and ``ledger.json`` into its run
@@ -23,6 +24,9 @@ With ``--json`` stdout is one JSON object instead:
 dependency of gflowdist). ``--tensorboard`` also writes the run's TensorBoard
 event files into ``RUN_DIR/tensorboard/`` (as ``run.tensorboard: true`` does at
 the end of a run; :mod:`gflowdist.timing.tensorboard`), replacing earlier ones.
+``--timeline PNG`` draws a stretch of the run's ``trace.json`` (``run.trace``)
+to ``PNG`` (:mod:`gflowdist.timing.trace_figure`): ``--window START_MS:END_MS``
+of the trace's time line, by default 150 ms from its middle.
 
 Exit status: 0 when the report was printed and the ledger balanced; 1 when the
 ledger did not balance, or the PNG or the event files could not be written
@@ -73,7 +77,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 
     parser.add_argument("--tensorboard", action="store_true",
                         help="also write TensorBoard event files of every metric and timing phase into "
                              "RUN_DIR/tensorboard (needs the tensorboard package)")
+    parser.add_argument("--timeline", metavar="PNG", default=None,
+                        help="also draw a stretch of RUN_DIR/trace.json (a run with run.trace=true) into PNG")
+    parser.add_argument("--window", metavar="START_MS:END_MS", default=None, type=_window,
+                        help="the stretch --timeline draws, in milliseconds of the trace (default: 150 ms from "
+                             "the middle of the run)")
     parser.set_defaults(handler=run)
+
+
+def _window(text: str) -> tuple[float, float]:
+    """argparse type of ``--window``: ``START_MS:END_MS`` with START < END."""
+    start, _, end = text.partition(":")
+    try:
+        window = float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START_MS:END_MS, e.g. 200:350, found {text!r}") from None
+    if window[0] >= window[1]:
+        raise argparse.ArgumentTypeError(f"expected START_MS < END_MS, found {text!r}")
+    return window
 
 
 @dataclass(frozen=True)
@@ -204,12 +225,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _missing_tool(args: argparse.Namespace) -> str | None:
-    """Why ``--png`` or ``--tensorboard`` cannot be done (checked before anything is printed)."""
-    if args.png is not None:
+    """Why ``--png``, ``--timeline`` or ``--tensorboard`` cannot be done (checked before anything is printed)."""
+    if args.timeline is not None and not (Path(args.run_dir) / "trace.json").is_file():
+        return f"--timeline: {Path(args.run_dir) / 'trace.json'} not found: run with run.trace=true to write it"
+    if args.png is not None or args.timeline is not None:
         from gflowdist.timing.figure import figure_unavailable_reason
 
         if figure_unavailable_reason() is not None:
-            return "--png needs matplotlib, a dependency of gflowdist, which does not import: " \
+            option = "--png" if args.png is not None else "--timeline"
+            return f"{option} needs matplotlib, a dependency of gflowdist, which does not import: " \
                    "pip install 'matplotlib>=3.6'"
     if args.tensorboard:
         from gflowdist.timing.tensorboard import tensorboard_unavailable_reason
@@ -230,6 +254,15 @@ def _write_extras(args: argparse.Namespace, record: RunRecord) -> None:
         except OSError as err:
             raise OSError(f"cannot write {args.png}: {err}") from None
         print(f"gflowdist report: figure written to {written}", file=sys.stderr)
+    if args.timeline is not None:
+        from gflowdist.timing.trace_figure import draw_timeline
+
+        trace = _read_json(record.run_dir / "trace.json")
+        try:
+            written = draw_timeline(trace, args.timeline, window_ms=args.window)
+        except OSError as err:
+            raise OSError(f"cannot write {args.timeline}: {err}") from None
+        print(f"gflowdist report: timeline written to {written}", file=sys.stderr)
     if args.tensorboard:
         from gflowdist.timing.tensorboard import write_tensorboard
 

@@ -1,4 +1,4 @@
-"""``gflowdist run CONFIG [key.path=value ...] [-n N] [--engine mpi|torch] [--resume RUN_DIR]``.
+"""``gflowdist run CONFIG [key.path=value ...] [-n N] [--engine mpi|torch] [--resume RUN_DIR] [--record]``.
 
 Outside a job, the command re-launches itself on N ranks: under the
 ``mpiexec`` next to this Python (MPICH from PyPI), the one named by
@@ -43,7 +43,8 @@ examples:
   gflowdist run config.yaml
   gflowdist run config.yaml -n 4 run.steps=1000 layout.buffers=2
   gflowdist run config.yaml --set run.steps=1000        (the same as run.steps=1000)
-  gflowdist run --resume runs/arms-20260101-120000"""
+  gflowdist run --resume runs/arms-20260101-120000
+  gflowdist run config.yaml --record          (then: gflowdist replay RUN_DIR)"""
 
 
 def add_parser(subparsers) -> None:
@@ -61,6 +62,9 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
                         help="number of ranks (default: launch.nprocs)")
     parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--record", action="store_true",
+                        help="record every rank's choices that depend on timing (run.record=true), so that "
+                             "gflowdist replay RUN_DIR can run it again to the bit")
 
 
 def _load(args):
@@ -75,6 +79,13 @@ def _load(args):
         config_path = None
     if args.engine:
         overrides.append(f"launch.engine={args.engine}")
+    if args.record:
+        if args.resume:
+            raise ConfigError("--record starts a run from its beginning, which a replay repeats; it cannot "
+                              "record a resumed run (--resume): record a new one", key="--record")
+        overrides.append("run.record=true")
+    if args.resume:  # a recording replays a run from its start: a resumed run records nothing
+        overrides += ["run.record=false", "run.replay_of=null"]
     if config_path is None:
         if args.resume is None:
             raise ConfigError("give a config file (or --resume RUN_DIR)", key="CONFIG")

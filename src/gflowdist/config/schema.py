@@ -132,6 +132,22 @@ class RunConfig(_Section):
                                 "Also write TensorBoard event files (every metric per rank and averaged, "
                                 "every timing phase) into the run directory's tensorboard/ at the end; "
                                 "needs pip install 'gflowdist[tensorboard]'.")
+    trace: bool = setting(True, BoolCheck(),
+                          "Write trace.json, every rank's timeline (phases, collectives, messages as arrows) in "
+                          "the Chrome trace format, into the run directory; see docs/trace-replay.md.")
+    trace_events: int = setting(20_000, IntCheck(low=1),
+                                "Events each rank keeps for trace.json: a ring, the newest ones; the trace then "
+                                "covers the stretch of time every rank still holds.")
+    record: bool = setting(False, BoolCheck(),
+                           "Record every choice of every rank that depends on timing into record/ in the run "
+                           "directory, for gflowdist replay (gflowdist run --record).")
+    replay_of: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
+                                    "Set by gflowdist replay: the recorded run directory whose choices every "
+                                    "rank makes again.")
+
+    def check_together(self) -> None:
+        if self.record and self.replay_of is not None:
+            raise self.fail("record", "a replay (run.replay_of) cannot record itself: set run.record=false")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from gflowdist.comm.native import Group
 from gflowdist.ops.collectives import group_or_world
 
-__all__ = ["rank_seed", "rank_seeds", "seed_rank"]
+__all__ = ["rank_seed", "rank_seeds", "seed_rank", "seed_all"]
 
 _MASK_63 = (1 << 63) - 1
 
@@ -50,7 +50,12 @@ def seed_rank(run_seed: int, group: Group | None = None) -> int:
     modulo ``2**32``. No communication.
     """
     seed = rank_seed(run_seed, group_or_world(group).rank)
+    seed_all(seed)
+    return seed
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's ``random``, numpy's global generator (``seed`` modulo ``2**32``) and torch with ``seed``."""
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
-    return seed

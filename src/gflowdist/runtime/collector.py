@@ -30,6 +30,7 @@ from typing import Callable, TextIO
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
 from gflowdist.runtime.protocol import Command, MessageType, command_of
+from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import Throughput, eta_seconds, format_duration
 
@@ -41,6 +42,11 @@ log = logging.getLogger("gflowdist.runtime")
 LOG_FIRST_REFUSALS = 10
 #: After the first ones, every this many-th refusal is logged (with the running total).
 LOG_EVERY_REFUSAL = 100
+
+
+def is_heartbeat(msg) -> bool:
+    """Heartbeats are not choices: a replay lets them through whenever they come."""
+    return msg.type is MessageType.HEARTBEAT
 
 
 class Collector:
@@ -70,19 +76,26 @@ class Collector:
         self.saved: dict[str, dict[int, dict]] = {}  # periodic checkpoint name -> rank -> its file's size, digest
 
     # -- one poll ---------------------------------------------------------------
-    def poll(self, budget: int = 64) -> bool:
-        """Handle up to ``budget`` waiting messages; True if any arrived. Raises PeerLostError."""
-        got = False
+    def poll(self, budget: int = 64, *, point: int = FREE) -> bool:
+        """Handle up to ``budget`` waiting messages besides heartbeats; True if any arrived. Raises PeerLostError.
+
+        ``point``: the step of the trainer this collector runs on (FREE in the
+        coordinator's loop and at the end): a replay takes there the messages
+        the recorded run took there (:meth:`Wiring.take`).
+        """
+        got, handled = False, 0
         self.w.heartbeat(0)
-        for _ in range(budget):
+        while handled < budget:
             try:
-                msg = self.w.control.try_recv()
+                msg = self.w.take(Site.CONTROL, self.w.control, point, wait=point != FREE, transparent=is_heartbeat)
             except ProtocolError as err:
+                handled += 1
                 self.note_refused(err)
                 continue
             if msg is None:
                 break
             got = True
+            handled += msg.type is not MessageType.HEARTBEAT
             self.last_seen[msg.sender] = time.monotonic()
             self._handle(msg)
         self._check_liveness()
@@ -98,6 +111,7 @@ class Collector:
         sender = err.sender if err.sender is not None else -1  # -1: unnamed (a channel always names it)
         self.refused[sender] += 1
         self.w.ledger.malformed[sender] += 1
+        self.w.note("malformed message", "fault", sender=sender)
         total = self.protocol_errors
         if total <= LOG_FIRST_REFUSALS:
             more = (f" (further refusals are logged every {LOG_EVERY_REFUSAL}th, totals at the end)"

@@ -3,6 +3,7 @@
     checkpoints/<final>/MANIFEST.json   the final checkpoint, now complete
     finals.json                         every rank's final report
     report.txt, report.json, report.png the load-imbalance report (timing.build_report)
+    [trace.json]                        every rank's timeline (run.trace; timing.trace_file)
     [tensorboard/]                      event files of the metrics and timings (run.tensorboard)
     ledger.json                         the ledger check: balanced, totals, per rank, the final line
 
@@ -37,6 +38,9 @@ def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_s
         "world_size": world_size, "generation": generation, "complete": True,
         "steps": {str(r): f.get("step", 0) for r, f in finals.items()}},
         files={r: f["checkpoint_file"] for r, f in finals.items()})
+    traces = {r: f.pop("trace") for r, f in finals.items() if "trace" in f}
+    if traces:
+        _write_trace(run_dir, traces, finals)
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
     report = _report(run_dir, finals, ledgers)
@@ -68,6 +72,16 @@ def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger]):
         metrics=curves_by_step(rows))
     report.save(run_dir)
     return report
+
+
+def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict]) -> None:
+    """trace.json: every rank's timeline on the collector's clock, collectives with their last arrivers."""
+    from gflowdist.timing.trace_file import chrome_trace, write_trace
+
+    trace = chrome_trace(traces, names={r: f"rank {r} {f['role']} @{f['host']}" for r, f in finals.items()},
+                         offsets={r: float(f.get("clock_offset", 0.0)) for r, f in finals.items()},
+                         timings={r: f["timing"] for r, f in finals.items()})
+    write_trace(run_dir / "trace.json", trace)
 
 
 def _write_tensorboard(run_dir: Path, out: TextIO) -> None:

@@ -43,7 +43,7 @@ import torch
 from gflowdist.comm import Communicator
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
-from gflowdist.errors import GflowdistError, PeerLostError
+from gflowdist.errors import GflowdistError, PeerLostError, ReplayDivergence
 from gflowdist.layout import Role
 from gflowdist.replay import ReplayBuffer
 from gflowdist.rundir import write_config
@@ -53,6 +53,7 @@ from gflowdist.runtime.collector import Collector
 from gflowdist.runtime.conclusion import JobResult, conclude
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_trainer
+from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_trace
 from gflowdist.runtime.process import RankProcess, fail_job, prepare_rank
 from gflowdist.runtime.resume import restore
 from gflowdist.runtime.state import RunState, TrainerState, state_for
@@ -75,6 +76,8 @@ def run_job(config: Config, *, resume_dir: str | None = None, comm: Communicator
         return _run(process, config, resume_dir, out)
     except PeerLostError as err:
         fail_job(world, f"gflowdist: {err}", code=3)
+    except ReplayDivergence as err:
+        fail_job(world, f"gflowdist: {err}", code=4)
     except KeyboardInterrupt:
         fail_job(world, f"gflowdist: rank {world.rank} interrupted", code=130)
     except BaseException as err:  # noqa: BLE001 - any failure on any rank ends the whole job
@@ -102,14 +105,27 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     world, w = process.world, rank.w
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=config.faults.startup_timeout_s)
+    if config.run.trace:
+        w.clock_offset = measure_clock_offset(world, process.context, w.collector, config.faults.peer_timeout_s)
     w.reset_liveness()
     w.heartbeat_while_waiting()
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
+    try:
+        return _run_to_end(process, config, rank, collector, out)
+    finally:
+        w.tape.close()  # a recording keeps what it holds, also when the run fails
+
+
+def _run_to_end(process: RankProcess, config: Config, rank: Rank, collector: Collector | None,
+                out: TextIO) -> JobResult | None:
+    """The role's loop, the final checkpoint and report; on the collector, the run's end."""
+    w = rank.w
     _run_loop(process.context.role, rank, collector)
     final_name = checkpoints.checkpoint_name(w.generation)
     checkpoint_file = w.saver.save(final_name)
     final = w.send_final(process.context.role.value, _final_extras(rank, checkpoint_file))
     if collector is None:
+        w.tape.finish()  # a replay checks that it made every recorded choice
         log.info("finished: %s", json.dumps(w.ledger.to_dict()))
         return None
     return _conclude(process, config, rank, collector, final_name, final, out)
@@ -141,7 +157,8 @@ def _make_rank(process: RankProcess, config: Config, resume_dir: str | None) -> 
     ledger = restored.ledger if restored is not None else Ledger()
     saver = CheckpointSaver(process.run_dir, world.rank, role, state, ledger, process.generator, replay)
     w = Wiring.build(ctx, config, process.stop, ledger=ledger, saver=saver,
-                     generation=restored.generation if restored is not None else 0)
+                     generation=restored.generation if restored is not None else 0,
+                     tape=open_tape(config, process.run_dir, ctx), trace=open_trace(config))
     if restored is None:
         return Rank(role, state, replay, w, None, [])
     return Rank(role, state, replay, w, restored.name, restored.skipped)
@@ -207,6 +224,7 @@ def _conclude(process: RankProcess, config: Config, rank: Rank, collector: Colle
               final: dict, out: TextIO) -> JobResult:
     """On the collector: every rank's final report, the progress line's last word, the run's end."""
     finals = collector.wait_finals()
+    rank.w.tape.finish()  # the final reports were my last recorded choices
     final["ledger"] = rank.w.ledger.to_dict()  # with what the collector refused while it waited
     finals[process.world.rank] = final
     collector.progress(force=True)

@@ -6,7 +6,7 @@ world communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM
 into a :class:`~gflowdist.runtime.wiring.StopFlag`, build the
 :class:`~gflowdist.context.DistributedContext` (collective), agree on the run
 directory (``gflowdist.rundir``), start this rank's log and stack-dump
-files, seed torch.
+files, seed Python's ``random``, numpy's global generator and torch (:func:`~gflowdist.ops.seeds.seed_all`).
 :func:`fail_job` is how any rank ends the whole job on an error.
 """
 
@@ -28,7 +28,7 @@ from gflowdist.comm import Communicator, world_comm
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
 from gflowdist.jobenv import FAILURE_FILE_VARIABLE
-from gflowdist.ops.seeds import rank_seed
+from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
 from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.wiring import StopFlag, collector_rank
@@ -74,7 +74,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     log.info("rank %d role %s host %s pid %d device %s (%s)", world.rank, ctx.role.value, ctx.host, os.getpid(),
              placed.device, placed.reason)
     seed = rank_seed(config.run.seed, world.rank)
-    torch.manual_seed(seed)
+    seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
     return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
 
 

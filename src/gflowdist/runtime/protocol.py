@@ -72,6 +72,8 @@ class Tags:
     DATA = 1
     CONTROL = 2
     WEIGHTS = 3
+    #: not a channel: raw ping-pongs at start-up measuring clock offsets for trace.json (runtime.observing)
+    CLOCK = 4
 
 
 class Command(enum.Enum):

@@ -1,6 +1,11 @@
-"""What the role loops share: channels, the stop flag, liveness (heartbeats), the ledger, timers, the checkpoint saver.
+"""What the role loops share: channels, the stop flag, liveness (heartbeats), the ledger, timers, the checkpoint saver,
+the trace and the tape.
 
 The channels and every message on them are in :mod:`gflowdist.runtime.protocol`.
+Every choice a loop makes that depends on timing goes through :meth:`Wiring.take`,
+:meth:`Wiring.stop_seen` and :meth:`Wiring.decide` (and :meth:`Wiring.check` a value
+a replay must reproduce): the :mod:`~gflowdist.runtime.tape` records them
+(``--record``) or makes them as recorded (``gflowdist replay``).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from gflowdist.comm import Communicator
 from gflowdist.config import Config
@@ -19,8 +24,12 @@ from gflowdist.errors import PeerLostError
 from gflowdist.layout import Layout
 from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger
+from gflowdist.runtime.observing import TraceObserver
 from gflowdist.runtime.protocol import Command, Outgoing, Tags
+from gflowdist.runtime.tape import FREE, Site, Tape
 from gflowdist.timing import StepTimer
+from gflowdist.timing.trace import TraceRecorder
+from gflowdist.transport import Message
 from gflowdist.transport.channel import Channel
 
 if TYPE_CHECKING:
@@ -79,14 +88,18 @@ class Wiring:
     generation: int = 0  # resumptions so far: names this run's checkpoints
     saver: CheckpointSaver | None = None  # saves this rank's part of a checkpoint (None: checkpoints off)
     timer: StepTimer = field(default_factory=StepTimer)
+    tape: Tape = field(default_factory=Tape)  # records or replays this rank's choices (runtime.tape)
+    clock_offset: float = 0.0  # seconds from my clock to the collector's (trace.json; runtime.observing)
     finished: set[int] = field(default_factory=set)  # ranks whose final report arrived (on the collector)
     _last_beat: float = field(default=0.0, init=False)
     _collector_seen: float = field(default_factory=time.monotonic, init=False)
 
     @classmethod
     def build(cls, context: DistributedContext, config: Config, stop: StopFlag, *, ledger: Ledger | None = None,
-              generation: int = 0, saver: CheckpointSaver | None = None) -> "Wiring":
-        """The channels on ``context``'s world, with ``ledger`` (a resumed run's) and ``generation``."""
+              generation: int = 0, saver: CheckpointSaver | None = None, tape: Tape | None = None,
+              trace: TraceRecorder | None = None) -> "Wiring":
+        """The channels on ``context``'s world, with ``ledger`` (a resumed run's) and ``generation``;
+        ``tape`` records or replays the choices, ``trace`` gets every phase, collective and message."""
         comm = context.world
         # One limit at both ends: the communicator refuses a bigger claimed size before allocating,
         # each channel's decode refuses a bigger message, and each channel's isend refuses to send one
@@ -100,10 +113,15 @@ class Wiring:
             return Channel(comm, tag, max_in_flight=max_in_flight, max_message_bytes=limit, send_timeout=timeout,
                            limit_name=LIMIT_KEY)
 
-        return cls(comm=comm, context=context, config=config, data=channel(Tags.DATA, cap),
-                   control=channel(Tags.CONTROL, 64), weights=channel(Tags.WEIGHTS, 2), stop=stop,
+        channels = {"data": channel(Tags.DATA, cap), "control": channel(Tags.CONTROL, 64),
+                    "weights": channel(Tags.WEIGHTS, 2)}
+        if trace is not None:
+            observer = TraceObserver(trace)
+            for ch in channels.values():
+                ch.observer = observer
+        return cls(comm=comm, context=context, config=config, **channels, stop=stop,
                    collector=collector_rank(context.layout), ledger=ledger if ledger is not None else Ledger(),
-                   generation=generation, saver=saver)
+                   generation=generation, saver=saver, timer=StepTimer(trace=trace), tape=tape or Tape())
 
     @property
     def rank(self) -> int:
@@ -143,7 +161,7 @@ class Wiring:
         msg = self.control.try_recv(self.collector)
         while msg is not None:
             self._collector_seen = now
-            if protocol.is_command(msg, Command.STOP):
+            if protocol.is_command(msg, Command.STOP) and not self.tape.replaying:  # replayed: stop_seen()
                 self.stop.set(msg.body.get("reason", "coordinator"))
             msg = self.control.try_recv(self.collector)
         silent = now - self._collector_seen
@@ -163,6 +181,7 @@ class Wiring:
         """
         if self.saver is None:
             return None
+        self.note("checkpoint", "checkpoint", name=name)
         file = self.saver.save(name)
         self.report(protocol.saved(name, file))
         return file
@@ -173,14 +192,45 @@ class Wiring:
         Without this a rank blocked on a dead peer falls silent too, and could be
         reported as the lost one.
         """
-        def hook() -> None:
-            self.heartbeat(-1)
-            self.check_control()
-
         for name in COMM_NAMES:
             comm = self.context.comm(name)
             if comm is not None:
-                comm.wait_hook = hook
+                comm.wait_hook = self.keep_alive
+
+    def keep_alive(self) -> None:
+        """While waiting: heartbeat, and hear the collector (not on the collector: it polls elsewhere)."""
+        self.heartbeat(-1)
+        if self.rank != self.collector:
+            self.check_control()
+
+    # -- the choices (recorded with --record, made as recorded by gflowdist replay) -----------------
+    def take(self, site: Site, channel: Channel, point: int = FREE, *, source: int | None = None,
+             wait: bool = False, transparent: Callable[[Message], bool] | None = None) -> Message | None:
+        """The next message on ``channel`` at ``site`` (:meth:`Tape.take <gflowdist.runtime.tape.Tape.take>`)."""
+        return self.tape.take(site, channel, point, source=source, wait=wait, transparent=transparent,
+                              keep_alive=self.keep_alive)
+
+    def stop_seen(self, point: int) -> bool:
+        """Hear the collector; whether to stop before ``point`` (a step), as seen now or as recorded."""
+        seen = self.check_control()
+        decided, reason = self.tape.stop(point, seen, self.stop.reason)
+        if decided and not self.stop:
+            self.stop.set(reason)
+        return decided
+
+    def decide(self, site: Site, point: int, value: bool) -> bool:
+        """A choice made by the clock (``value``), or as recorded."""
+        return self.tape.decide(site, point, value)
+
+    def check(self, site: Site, point: int, value: Callable[[], Any]) -> None:
+        """A value a replay must reproduce to the bit (``value()`` is only computed when recording or replaying)."""
+        if self.tape.recording or self.tape.replaying:
+            self.tape.check(site, point, value())
+
+    def note(self, event: str, category: str, **args: Any) -> None:
+        """An instant ``event`` on my trace (a checkpoint, a fault); nothing without ``run.trace``."""
+        if self.timer.trace is not None:
+            self.timer.trace.instant(event, category, args)
 
     def report(self, message: Outgoing) -> None:
         """Send ``message`` (a :mod:`~gflowdist.runtime.protocol` constructor's) to the collector, unless I am it."""
@@ -190,8 +240,10 @@ class Wiring:
     def send_final(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
         """My final report (role, host, ledger, timers, channel statistics, ``extra``) to the collector; returns it."""
         final = {"role": role, "host": self.context.host, "ledger": self.ledger.to_dict(),
-                 "timing": self.timer.to_dict(),
+                 "timing": self.timer.to_dict(), "clock_offset": self.clock_offset,
                  "channels": {"data": self.data.stats.to_dict(), "control": self.control.stats.to_dict()}, **extra}
+        if self.timer.trace is not None:  # the collector writes it to trace.json, not to finals.json
+            final["trace"] = self.timer.trace.to_dict()
         if self.rank != self.collector:
             self.control.send(*protocol.final_report(final), self.collector)
         self.control.drain()

@@ -133,10 +133,11 @@ def collective_lines(collectives: list[CollectiveWaits], hosts: Mapping[int, str
             continue
         host = hosts.get(rank)
         where = f"rank {rank}" + (f" on {host}" if host else "")
-        others = len(c.group) - 1
+        others = [r for r in c.group if r != rank]
+        who = f"rank {others[0]}" if len(others) == 1 else f"the other {len(others)}"
         lines.append(f"  collective {c.name} of ranks {rank_list(c.group)}: {where} arrived last at "
-                     f"{c.last[rank]} of {c.count}; the other {others} waited {c.waited_on(rank):.3f} s on it "
-                     f"(on every last arriver: {sum(map(c.waited_on, c.group)):.3f} s)")
+                     f"{c.last[rank]} of {c.count}; {who} waited {c.waited_on(rank):.3f} s on it "
+                     f"({sum(map(c.waited_on, c.group)):.3f} s waited in all of them)")
     return lines
 
 

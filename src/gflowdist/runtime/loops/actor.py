@@ -6,6 +6,8 @@
 
 A rollout of None ships nothing (the step backs off briefly); every
 ``run.log_every`` rollouts my :meth:`Actor.metrics` go to the collector.
+The loop's iterations are counted (``turn``): the points at which my tape
+records what I took from my trainer and when I saw a stop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
 from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
 from gflowdist.runtime.roles import Actor
 from gflowdist.runtime.state import ActorState
+from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import Message
 
@@ -38,10 +41,10 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
     placement = w.context.placement
     trainer, buffer = placement.trainer, placement.buffer
     inbox = Inbox()
-    rollouts = 0
+    rollouts = turn = 0
     idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
-    while not inbox.stopped and not w.check_control():
-        inbox = read_inbox(w, trainer)
+    while not inbox.stopped and not w.stop_seen(turn):
+        inbox = read_inbox(w, trainer, turn)
         apply_weights(actor, w, state, inbox.weights)
         for name in inbox.cuts:
             checkpoint_cut(w, buffer, (), name)
@@ -60,6 +63,7 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             if rollouts % w.config.run.log_every == 0:
                 report_metrics(actor, w, state)
         w.heartbeat(state.produced)
+        turn += 1
     if not inbox.stopped:
         await_trainer_stop(w, trainer)
     finish(w, buffer)
@@ -73,10 +77,10 @@ def report_metrics(actor: Actor, w: Wiring, state: ActorState) -> None:
         w.report(protocol.metrics({"step": state.version, "trajectories": state.produced, **metrics}))
 
 
-def read_inbox(w: Wiring, trainer: int) -> Inbox:
-    """Every message my trainer sent since the last look, without waiting."""
+def read_inbox(w: Wiring, trainer: int, point: int) -> Inbox:
+    """Every message my trainer sent since the last look, without waiting (replayed: those taken at ``point``)."""
     inbox = Inbox()
-    msg = w.weights.try_recv(trainer)
+    msg = w.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
     while msg is not None:
         command = command_of(msg)
         if command is Command.CHECKPOINT:
@@ -85,7 +89,7 @@ def read_inbox(w: Wiring, trainer: int) -> Inbox:
             inbox.stopped = True
         elif msg.type is MessageType.WEIGHTS:
             inbox.weights = msg  # only the newest counts
-        msg = w.weights.try_recv(trainer)
+        msg = w.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
     return inbox
 
 

@@ -4,6 +4,11 @@
 (averaged every step, before the optimizer step), ``models`` (weights
 averaged every ``sync.every`` versions, after it) or ``none`` (each trainer
 learns alone). A group of one has nothing to average.
+
+Each collective of the group is timed on every member
+(:meth:`StepTimer.collective <gflowdist.timing.StepTimer.collective>`): the stop
+vote, the gradient and the model averages; the report names the member that
+arrived last at each and how long the others waited on it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class AgentGroup:
         self.sync = sync
         self.timer = timer
         self.shared = sync.mode != "none" and comm is not None and comm.size > 1
+        self.members = tuple(comm.world_rank(r) for r in range(comm.size)) if comm is not None else ()
 
     def align(self, model: torch.nn.Module) -> None:
         """Start every replica from the same weights: those of the group's first trainer."""
@@ -41,7 +47,7 @@ class AgentGroup:
         from gflowdist.ops.averaging import average_gradients
 
         if self.shared and self.sync.mode == "gradients":
-            with self.timer.phase("sync"):
+            with self.timer.phase("sync"), self.timer.collective("gradients", self.members):
                 average_gradients(model, self.comm)
 
     def average_models(self, model: torch.nn.Module, version: int) -> None:
@@ -49,22 +55,23 @@ class AgentGroup:
         from gflowdist.ops.averaging import average_models
 
         if self.shared and self.sync.mode == "models" and version % self.sync.every == 0:
-            with self.timer.phase("sync"):
+            with self.timer.phase("sync"), self.timer.collective("models", self.members):
                 average_models(model, self.comm)
 
-    def agree_to_stop(self, w: Wiring) -> bool:
-        """Whether to stop before this step, agreed by the whole group.
+    def agree_to_stop(self, w: Wiring, step: int) -> bool:
+        """Whether to stop before ``step``, agreed by the whole group.
 
         A signal reaches the trainers of a group at slightly different times (on
         other hosts, through hydra's proxies); a trainer that stopped alone would
         leave its peers waiting in the next average forever. One MAX all-reduce
         of the stop flag per step makes them stop at the same step.
         """
-        stop = w.check_control()
+        stop = w.stop_seen(step)
         if not self.shared:
             return stop
         flag = torch.tensor([1.0 if stop else 0.0])
-        self.comm.all_reduce(flag, op=ReduceOp.MAX)
+        with self.timer.collective("stop_vote", self.members):
+            self.comm.all_reduce(flag, op=ReduceOp.MAX)
         if flag.item() > 0 and not stop:
             w.stop.set("an agent-group peer stopped")
         return flag.item() > 0

@@ -4,6 +4,9 @@
                  then save every checkpoint whose markers have all arrived, and acknowledge it
     while idle:  heartbeat, a summary for the coordinator now and then, back off
     at the end:  drain my sends, a last summary
+
+A buffer's steps are the messages it took (``taken``): the point at which its
+tape records which client's message came next, and when a summary went out.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from gflowdist.runtime.loops.priorities import apply_priority_update, sample_rep
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.roles import BufferManager
 from gflowdist.runtime.state import BufferState
+from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import Message
 
@@ -44,19 +48,23 @@ class BufferLoop:
         self.backoff = Backoff()
         self.last_summary = 0.0
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
+        self.taken = 0  # messages taken (malformed ones too): where this loop is
 
     def run(self) -> None:
         while self.done != self.clients:
             try:
-                msg = self.w.data.try_recv()
+                msg = self.w.take(Site.DATA, self.w.data, self.taken)
             except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
+                self.taken += 1
                 self.w.ledger.malformed[err.sender] += 1
+                self.w.note("malformed message", "fault", sender=err.sender)
                 log.warning("%s", err)
                 continue
             self.w.heartbeat(self.w.ledger.received, stored=len(self.replay))
             if msg is None:
                 self.idle()
                 continue
+            self.taken += 1
             self.busy()
             self.handle(msg)
             self.save_complete_cuts()
@@ -67,7 +75,8 @@ class BufferLoop:
     def idle(self) -> None:
         """Nothing arrived: now and then a summary for the coordinator and a look at its messages; back off."""
         now = time.monotonic()
-        if now - self.last_summary > max(self.w.config.faults.heartbeat_s, 0.5):
+        due = now - self.last_summary > max(self.w.config.faults.heartbeat_s, 0.5)
+        if self.w.decide(Site.SUMMARY, self.taken, due):  # a timed choice: recorded, replayed
             self.last_summary = now
             self.w.report(protocol.summary(self.manager.summary()))
             self.w.check_control()

@@ -11,6 +11,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.priorities import initial_priorities
 from gflowdist.runtime.protocol import Command, command_of
 from gflowdist.runtime.state import ActorState, TrainerState
+from gflowdist.runtime.tape import Site, batch_digest
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import Message
 
@@ -49,6 +50,7 @@ def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buf
     ``producer``'s initial priorities (if any); returns its size."""
     n = trajectory_count(batch)
     priorities = initial_priorities(producer, batch, n)
+    w.check(Site.BATCH, state.produced, lambda: batch_digest(batch))  # before it leaves: a diverged rank names itself
     w.ledger.produced += n
     w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n,
                                         priorities=priorities), buffer)

@@ -29,6 +29,7 @@ from gflowdist.runtime.loops.client import (checkpoint_cut, concat_batches, fini
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
 from gflowdist.runtime.state import TrainerState
+from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 
 if TYPE_CHECKING:
@@ -104,23 +105,28 @@ class TrainerLoop:
         self.evaluator = (layout.coordinator if self.config.sync.weights_to_coordinator_every
                           and layout.coordinator is not None and layout.trainers[0] == w.rank else None)
         self.idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
+        #: my loop's turns: where my tape records what I took and saw; my step, but a pure learner's
+        #: waits for items are turns too
+        self.turn = state.step
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
         self.send_weights()
-        while self.state.step < self.config.run.steps and not self.group.agree_to_stop(self.w):
+        while self.state.step < self.config.run.steps and not self.group.agree_to_stop(self.w, self.turn):
             fresh = self.rollout()
             self.ship(fresh)
             replayed = self.replayed(fresh)
             batch = concat_batches(fresh, replayed, self.trainer.device)
             if batch is None:
                 self.wait_for_items()
+                self.turn += 1
                 continue
             loss = self.learn(batch)
             self.return_priorities(batch, replayed)
             self.sync()
             self.publish(loss)
             self.state.step += 1
+            self.turn += 1
             self.checkpoint()
             self.keep_alive()
         self.finish()
@@ -167,6 +173,7 @@ class TrainerLoop:
             trainer.optimizer.zero_grad(set_to_none=True)
             loss = trainer.loss(batch)
             loss.backward()
+        self.w.check(Site.LOSS, self.state.step, lambda: float(loss.detach()))
         self.group.average_gradients(trainer.model)
         with timer.phase("optimizer"):
             trainer.optimizer.step()
@@ -215,7 +222,7 @@ class TrainerLoop:
     def keep_alive(self) -> None:
         self.w.heartbeat(self.state.step)
         if self.collector is not None:
-            self.collector.poll()
+            self.collector.poll(point=self.turn)
             self.collector.progress()
 
     def finish(self) -> None:
