@@ -69,9 +69,9 @@ def launcher_probe() -> None:
     from gflowdist.cli import run_cmd
 
     stamp(marks, "import the CLI")
-    import argparse as _argparse
+    from gflowdist.cli import build_parser
 
-    args = _argparse.Namespace(config=str(config_path()), overrides=[], nprocs=4, engine=None, resume=None)
+    args = build_parser().parse_args(["run", str(config_path()), "-n", "4"])  # the CLI's own options
     config, _, _ = run_cmd._load(args)
     stamp(marks, "load the config")
     from gflowdist import jobenv  # what run_cmd.run asks first

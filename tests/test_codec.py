@@ -56,7 +56,7 @@ def torch_sample(name: str, shape: tuple[int, ...]) -> torch.Tensor:
 def test_message_type_values_are_fixed():
     assert {member.name: member.value for member in MessageType} == {
         "TRAJECTORIES": 1, "SAMPLE_REQUEST": 2, "SAMPLE_REPLY": 3, "WEIGHTS": 4, "HEARTBEAT": 5,
-        "METRICS": 6, "CONTROL": 7, "LEDGER": 8, "USER": 9, "PING": 10}
+        "METRICS": 6, "CONTROL": 7, "LEDGER": 8, "USER": 9, "PING": 10, "PRIORITIES": 11}
 
 
 def test_public_constants():
