@@ -1,6 +1,6 @@
 """What tracing (``run.trace``) and recording (``--record``) cost, and whether a recorded HyperGrid run replays.
 
-    python benchmarks/record_replay.py             # 4 setups x 3 runs of 300 steps, then one replay: ~10-15 min loaded
+    python benchmarks/record_replay.py             # 4 setups x 4 runs of 200 steps, then one replay: ~5-15 min
     python benchmarks/record_replay.py --quick     # 60 steps, 1 run each: a smoke run
 
 Every run is ``examples/hypergrid/config.yaml`` on 4 ranks (2 trainers
@@ -15,8 +15,9 @@ process). Setups:
   step's loss and a CRC-32 of each shipped batch, to record/rank-N.msgpack);
 - ``both``: the two together.
 
-The setups' runs are interleaved (baseline, trace, record, both, baseline,
-...) so load drift hits each alike. **traj/s**: trajectories / training wall
+The setups' runs are interleaved, their order rotated each round (baseline,
+trace, record, both; then trace, record, both, baseline; ...) so load drift
+and a run's place in the round hit each alike. **traj/s**: trajectories / training wall
 time (``benchmarks/hypergrid.py``'s definition); **traj/CPU-s**: trajectories
 / CPU seconds of every rank's role loop, which depends far less on other
 processes' load than traj/s: on a shared machine it is the number to compare.
@@ -199,21 +200,22 @@ def table(results: dict[str, list[dict]]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 steps, 1 run per setup")
-    parser.add_argument("--repeats", type=int, help="runs per setup (default 3, quick 1)")
-    parser.add_argument("--steps", type=int, help="training steps per run (default 300, quick 60)")
+    parser.add_argument("--repeats", type=int, help="runs per setup (default 4, quick 1)")
+    parser.add_argument("--steps", type=int, help="training steps per run (default 200, quick 60)")
     parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args()
-    steps = args.steps or (60 if args.quick else 300)
-    repeats = args.repeats or (1 if args.quick else 3)
+    steps = args.steps or (60 if args.quick else 200)
+    repeats = args.repeats or (1 if args.quick else 4)
     hypergrid = _hypergrid()
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="gflowdist-record-bench-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {name: [] for name in SETUPS}
     loads, began = [os.getloadavg()[0]], time.monotonic()
-    for _ in range(repeats):
-        for name, extra in SETUPS.items():
-            result = hypergrid.run_gflowdist(2, steps, out_dir, extra)
+    names = list(SETUPS)
+    for round_ in range(repeats):
+        for name in names[round_ % 4:] + names[:round_ % 4]:  # each setup first in turn: no place favoured
+            result = hypergrid.run_gflowdist(2, steps, out_dir, SETUPS[name])
             result.update(sizes(Path(result["run_dir"])))
             results[name].append(result)
             loads.append(os.getloadavg()[0])

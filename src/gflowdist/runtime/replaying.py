@@ -21,8 +21,10 @@ call finds nothing:
 
 Anything else is a divergence: :class:`~gflowdist.errors.ReplayDivergence`
 names the rank, where it was (step, iteration, trajectory, message) and the event, and
-the job ends. A recorded message that does not come within ``deadline_s``
-(``faults.peer_timeout_s``) is one too: its sender did something else.
+the job ends. A recorded message that does not come is one too: its sender
+did something else. How long to wait for it: :data:`SLOWER` times as long as
+the recorded run took from this rank's previous event to it (the events'
+last field, in milliseconds), at least ``deadline_s`` (``faults.peer_timeout_s``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from gflowdist.runtime.tape import FREE, MALFORMED, Site, Tape
 
 __all__ = ["ReplayTape", "describe_event"]
 
+#: A replay may take this many times as long as the recorded run between two events of a rank.
+SLOWER = 10.0
 #: What a rank's points count, by role (for the divergence message); a BATCH check's point is a trajectory count.
 UNITS = {"trainer": "step", "actor": "iteration", "buffer": "message", "coordinator": "message"}
 
@@ -88,7 +92,8 @@ class ReplayTape(Tape):
         self.deadline_s = deadline_s
         self.interrupted = False  # a real signal stopped the replay where the recording went on
         self._aside: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self._awaited: tuple[int, float] | None = None  # (event number, since when) of a recorded message not here yet
+        self._progress_at = time.monotonic()  # when my previous event was replayed (or the tape opened)
+        self._recorded_at = 0.0  # when the recorded run made that event (seconds since its tape opened)
 
     # -- the calls ------------------------------------------------------------------------
     def take(self, site, channel, point=FREE, *, source=None, wait=False, transparent=None, keep_alive=None):
@@ -159,9 +164,9 @@ class ReplayTape(Tape):
         return event
 
     def _advance(self) -> None:
-        self.events.popleft()
+        self._recorded_at = self.events.popleft()[-1] / 1e3
         self.replayed += 1
-        self._awaited = None
+        self._progress_at = time.monotonic()
 
     def _nothing(self, channel: Channel, transparent: Callable[[Message], bool] | None) -> Message | None:
         """What a call finds when the recording gives it nothing now: a transparent message at most."""
@@ -212,12 +217,11 @@ class ReplayTape(Tape):
                                            f"from rank {msg.sender}")
 
     def _still_awaited(self, event: list[Any]) -> None:
-        now = time.monotonic()
-        if self._awaited is None or self._awaited[0] != self.replayed:
-            self._awaited = (self.replayed, now)
-        elif now - self._awaited[1] > self.deadline_s:
-            raise self._diverged(event[1], f"waited {now - self._awaited[1]:.1f} s for {describe_event(event)}, "
-                                           f"which rank {event[2]} did not send: it diverged first")
+        waited, took = time.monotonic() - self._progress_at, max(event[-1] / 1e3 - self._recorded_at, 0.0)
+        if waited > max(self.deadline_s, SLOWER * took):
+            raise self._diverged(event[1], f"waited {waited:.1f} s for {describe_event(event)} (the recorded run "
+                                           f"took {took:.1f} s to it), which rank {event[2]} did not send: it "
+                                           f"diverged first")
 
     def _diverged(self, point: int, event: str, unit: str | None = None) -> ReplayDivergence:
         unit = unit or UNITS.get(self.role, "point")

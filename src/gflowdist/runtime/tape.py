@@ -14,7 +14,10 @@ at which step a stop is seen. Each such choice goes through this rank's tape
 | ``SUMMARY`` | a buffer's idle turns | that a summary for the coordinator went out now (a timed choice) |
 | ``LOSS``, ``BATCH`` | trainers; trainers and actors | checks, not choices: each step's loss, a digest of each shipped batch |
 
-Every event is ``[site, point, ...]``, ``point`` being where the rank was:
+Every event is ``[site, point, ..., ms]``, ``ms`` the milliseconds since the
+tape opened (a replay waits for a recorded message about ten times as long as the
+recorded run took to come to it, at least ``faults.peer_timeout_s``), and
+``point`` where the rank was:
 a trainer's step (a turn of its loop), an actor's iteration, a buffer's count of messages taken,
 :data:`FREE` in loops that run for as long as messages come (the
 coordinator's, the collector's wait for the final reports).
@@ -31,6 +34,7 @@ footer map ``{"end": true, "events": n}``; no pickle, nothing but plain values.
 from __future__ import annotations
 
 import enum
+import time
 import zlib
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
@@ -45,8 +49,8 @@ from gflowdist.transport.channel import Channel
 __all__ = ["Site", "Tape", "RecordingTape", "FREE", "MALFORMED", "RECORD_FORMAT", "recording_path",
            "read_recording", "batch_digest"]
 
-#: Version of the recording files.
-RECORD_FORMAT = 1
+#: Version of the recording files (2: each event ends with its milliseconds since the tape opened).
+RECORD_FORMAT = 2
 #: The point of an event in a loop that is not counted in steps (as long as messages come).
 FREE = -1
 #: The "type" of a take that raised ProtocolError (a malformed message, counted and skipped).
@@ -142,9 +146,10 @@ class RecordingTape(Tape):
         self._packer = msgpack.Packer(use_bin_type=True)
         self._file.write(self._packer.pack({"format": RECORD_FORMAT, **header}))
         self.events = 0
+        self._opened = time.monotonic()
 
     def _write(self, *event: Any) -> None:
-        self._file.write(self._packer.pack(event))
+        self._file.write(self._packer.pack((*event, int(1e3 * (time.monotonic() - self._opened)))))
         self.events += 1
 
     def take(self, site, channel, point=FREE, *, source=None, wait=False, transparent=None, keep_alive=None):
