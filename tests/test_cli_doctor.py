@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gflowdist.cli import doctor_cmd
-from gflowdist.cli.doctor_cmd import FAILED, MISSING, OK, Check
+from gflowdist.cli import doctor_cmd, doctor_ping
+from gflowdist.cli.doctor_check import FAILED, MISSING, OK, Check, Launched
 from gflowdist.jobenv import locate_mpiexec
 from tests.support.launching import REPO, base_env, kill_session
 
@@ -55,7 +55,7 @@ def test_doctor_passes_on_this_machine() -> None:
     assert str(Path(sys.executable).parent / "mpiexec") in mpiexec_line
     for ping in ("mpi ping", "gloo ping"):
         line = next(line for line in done.stdout.splitlines() if f" {ping} " in line)
-        assert f"median of {doctor_cmd.PING_ROUNDS} x {doctor_cmd.PING_BYTES} B" in line
+        assert f"median of {doctor_ping.PING_ROUNDS} x {doctor_ping.PING_BYTES} B" in line
     assert done.stdout.rstrip().endswith("all essential checks passed")
 
 
@@ -81,7 +81,7 @@ def test_mpiexec_of_another_mpi_is_diagnosed(tmp_path: Path) -> None:
     fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "fake 1.0"; exit 0; fi\n'
                     'shift 2\nexec "$@"\n')  # drops "-n 2" and runs the program once
     fake.chmod(0o755)
-    check = doctor_cmd.mpi_ping_verdict(doctor_cmd.start_mpi_ping(str(fake), (), 60).finish(), 60)
+    check = doctor_ping.mpi_ping_verdict(doctor_ping.start_mpi_ping(str(fake), (), 60).finish(), 60)
     assert check.status == FAILED
     assert "world of 1, not 2" in check.detail
     assert "does not match mpi4py's MPI library" in check.fix
@@ -94,8 +94,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
                f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
                "time.sleep(60)\n")
     start = time.monotonic()
-    [(code, _, killed)] = doctor_cmd.Launched([([sys.executable, "-c", program], base_env())],
-                                               timeout=1.5).finish()
+    [(code, _, killed)] = Launched([([sys.executable, "-c", program], base_env())], timeout=1.5).finish()
     assert killed and code == -signal.SIGKILL
     assert time.monotonic() - start < 30
     grandchild = int(pid_file.read_text())
@@ -166,7 +165,7 @@ def test_only_essential_checks_decide_the_verdict() -> None:
 ])
 def test_ping_output_is_read(output: str, status: str, words: str) -> None:
     code = 0 if status == OK else 1
-    check = doctor_cmd.ping_verdict("mpi ping", code, output, failed_fix="fix it",
+    check = doctor_ping.ping_verdict("mpi ping", code, output, failed_fix="fix it",
                                       wrong_world_fix="another mpiexec")
     assert check.status == status and words in check.detail
     assert check.fix == (None if status == OK else

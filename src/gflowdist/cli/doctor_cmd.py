@@ -23,11 +23,11 @@ devices       no         the devices torch sees and the one ``launch.devices`` (
                          ``--config``, with the overrides) gives this process
                          (:mod:`gflowdist.cli.doctor_devices`)
 CUDA, nccl    no         ``torch.cuda.is_available()``, ``is_nccl_available()``
-mpi ping      yes        ``mpiexec -n 2 python -c ...``: :func:`ping_child` on
-                         :class:`~gflowdist.comm.mpi.MPIComm`
+mpi ping      yes        ``mpiexec -n 2 python -c ...``: :func:`~gflowdist.cli.doctor_ping.ping_child`
+                         on :class:`~gflowdist.comm.mpi.MPIComm`
 gloo ping     yes        two Pythons with an ``env://`` rendezvous on a free
-                         loopback port: :func:`ping_child` on
-                         :class:`~gflowdist.comm.torch_dist.TorchComm`
+                         loopback port: :func:`~gflowdist.cli.doctor_ping.ping_child`
+                         on :class:`~gflowdist.comm.torch_dist.TorchComm`
 ============  =========  ==========================================================
 
 Which ``mpiexec``: the rule ``gflowdist run`` follows too,
@@ -54,39 +54,20 @@ import importlib.util
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gflowdist.cli.arguments import add_override_arguments, split_late_options
-from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port, locate_mpiexec, without_launcher
-from gflowdist.process_tree import kill_group
+from gflowdist.cli.doctor_check import FAILED, MISSING, OK, Check, child_env, last_line, run_processes
+from gflowdist.cli.doctor_ping import gloo_ping_verdict, mpi_ping_verdict, start_gloo_ping, start_mpi_ping
+from gflowdist.jobenv import MPIEXEC_VARIABLE, locate_mpiexec
 
-__all__ = ["add_parser", "run", "Check", "run_checks", "ping_child", "Launched", "mpiexec_check", "mpiexec_version",
-           "start_mpi_ping", "mpi_ping_verdict", "ping_verdict", "OK", "MISSING", "FAILED", "PING_ROUNDS",
-           "PING_BYTES", "MPIEXEC_VARIABLE"]
+__all__ = ["add_parser", "run", "run_checks", "render", "mpiexec_check", "mpiexec_version"]
 
-OK, MISSING, FAILED = "ok", "MISSING", "FAILED"
-#: Timed exchanges per ping (after one warm-up).
-PING_ROUNDS = 20
-#: Bytes per ping message.
-PING_BYTES = 1024
-#: User tag of the ping messages.
-PING_TAG = 7
-#: Prefix of the line in which rank 0 of a ping reports its result (JSON follows).
-PING_MARK = "GFLOWDIST_PING "
 #: Default seconds a ping may take before its processes are killed.
 DEFAULT_TIMEOUT_S = 30.0
 MIN_PYTHON = (3, 10)
-#: Seconds the other processes of a ping get after one of them failed.
-_GRACE_S = 5.0
-#: Exit status reported for a command that could not be started (the shell's).
-_NOT_STARTED = 127
 #: (label, module, distribution, floor, essential); floors are pyproject.toml's.
 PACKAGES = (
     ("torch", "torch", "torch", "2.1", True),
@@ -96,35 +77,6 @@ PACKAGES = (
     ("PyYAML", "yaml", "PyYAML", "6.0", True),
     ("matplotlib", "matplotlib", "matplotlib", "3.6", True),
 )
-_GLOO_FIX = ("if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; "
-             "loopback TCP must be allowed")
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the doctor's answer.
-
-    Attributes:
-        name: what was checked (``"mpiexec"``, ``"mpi ping"``, ...).
-        status: :data:`OK`, :data:`MISSING` (not installed / not found) or :data:`FAILED`
-            (present but broken, too old, or the test did not pass).
-        detail: the version, path or measurement; for a problem, what went wrong.
-        fix: for a problem, the command or setting that fixes it (None when ok).
-        essential: a problem here makes the exit status 1.
-    """
-
-    name: str
-    status: str
-    detail: str
-    fix: str | None = None
-    essential: bool = True
-
-    @property
-    def passed(self) -> bool:
-        return self.status == OK
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
@@ -209,7 +161,7 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
         if mpiexec is not None and can_gloo and "mpi4py" in installed:
             mpi_ping = start_mpi_ping(mpiexec, mpiexec_args, timeout)
         if can_gloo:
-            gloo_ping = _start_gloo_ping(timeout)
+            gloo_ping = start_gloo_ping(timeout)
         checks = [_python_check(), _gflowdist_check()]
         checks += [_package_check(*spec) for spec in PACKAGES]
         have = {c.name for c in checks if c.passed}
@@ -224,7 +176,7 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
         checks.append(mpi_ping_verdict(mpi_ping.finish(), timeout) if mpi_ping is not None else
                       Check("mpi ping", FAILED, "not run: needs mpiexec, mpi4py, torch, numpy "
                                                 "and msgpack (see above)"))
-        checks.append(_gloo_ping_verdict(gloo_ping.finish(), timeout) if gloo_ping is not None
+        checks.append(gloo_ping_verdict(gloo_ping.finish(), timeout) if gloo_ping is not None
                       else Check("gloo ping", FAILED, "not run: needs torch, numpy and msgpack "
                                                       "(see above)"))
     finally:
@@ -277,16 +229,6 @@ def _package_check(label: str, module_name: str, distribution: str, floor: str,
     return Check(label, OK, version, essential=essential)
 
 
-def _child_env(**extra: str) -> dict[str, str]:
-    """This environment less any launcher's variables, one thread per rank, unbuffered."""
-    env = without_launcher(dict(os.environ))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
 _LIBRARY_PROGRAM = ("import mpi4py\n"
                     "mpi4py.rc.initialize = False\n"
                     "mpi4py.rc.finalize = False\n"
@@ -297,14 +239,14 @@ _LIBRARY_PROGRAM = ("import mpi4py\n"
 def _mpi_library_check() -> Check:
     fix = ("pip install mpich (mpi4py needs an MPI library at run time; or point it at your "
            "site's MPI and reinstall mpi4py)")
-    results = _run_processes([([sys.executable, "-c", _LIBRARY_PROGRAM], _child_env())], 20.0)
+    results = run_processes([([sys.executable, "-c", _LIBRARY_PROGRAM], child_env())], 20.0)
     code, output, timed_out = results[0]
     if timed_out:
         return Check("MPI library", FAILED, "loading mpi4py.MPI did not finish in 20 s", fix=fix)
     if code != 0:
-        return Check("MPI library", FAILED, f"loading mpi4py.MPI failed: {_last_line(output)}",
+        return Check("MPI library", FAILED, f"loading mpi4py.MPI failed: {last_line(output)}",
                      fix=fix)
-    return Check("MPI library", OK, " ".join(_last_line(output).split()))
+    return Check("MPI library", OK, " ".join(last_line(output).split()))
 
 
 def mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
@@ -319,9 +261,9 @@ def mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
         return Check("mpiexec", MISSING, f"{path} ({source}) {what}",
                      fix=f"{undo}, or point it at an existing mpiexec; `pip install mpich` puts "
                          f"one next to this Python"), None
-    code, output, timed_out = _run_processes([([path, "--version"], _child_env())], 10.0)[0]
+    code, output, timed_out = run_processes([([path, "--version"], child_env())], 10.0)[0]
     if timed_out or code != 0:
-        why = "timed out after 10 s" if timed_out else f"exited {code}: {_last_line(output)}"
+        why = "timed out after 10 s" if timed_out else f"exited {code}: {last_line(output)}"
         return Check("mpiexec", FAILED, f"{path} ({source}): `mpiexec --version` {why}",
                      fix="pip install mpich, or set GFLOWDIST_MPIEXEC to a working mpiexec"), None
     return Check("mpiexec", OK, f"{path} ({source}): {mpiexec_version(output)}"), path
@@ -372,206 +314,3 @@ def _torch_checks(devices: str | tuple[str, ...] = "auto") -> list[Check]:
                             essential=False))
         checks.append(Check("nccl", MISSING, "not usable without CUDA", essential=False))
     return checks
-
-
-# --- pings --------------------------------------------------------------------------
-
-
-def _ping_command(engine: str) -> list[str]:
-    return [sys.executable, "-c",
-            f"from gflowdist.cli.doctor_cmd import ping_child; ping_child({engine!r})"]
-
-
-def start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> Launched:
-    argv = [mpiexec, "-n", "2", *mpiexec_args, *_ping_command("mpi")]
-    return Launched([(argv, _child_env())], timeout)
-
-
-def mpi_ping_verdict(results: list[_Result], timeout: float) -> Check:
-    code, output, timed_out = results[0]
-    mismatch = ("this mpiexec does not match mpi4py's MPI library (compare the 'MPI library' and "
-                "'mpiexec' lines): use that library's mpiexec; `pip install mpich` gives a matching "
-                f"pair, or set {MPIEXEC_VARIABLE} / launch.mpiexec")
-    reproduce = (f"reproduce with `mpiexec -n 2 {sys.executable} -c \"from mpi4py import MPI; "
-                 f"print(MPI.COMM_WORLD.Get_size())\"` (must print 2 twice); the usual cause: "
-                 + mismatch)
-    if timed_out:
-        return Check("mpi ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
-                                         f"(processes killed)", fix=reproduce)
-    return ping_verdict("mpi ping", code, output, failed_fix=reproduce, wrong_world_fix=mismatch)
-
-
-def _start_gloo_ping(timeout: float) -> Launched:
-    env = _child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                     WORLD_SIZE="2")
-    return Launched([(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
-                      for rank in range(2)], timeout)
-
-
-def _gloo_ping_verdict(results: list[_Result], timeout: float) -> Check:
-    if any(timed_out for _, _, timed_out in results):
-        return Check("gloo ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
-                                          f"(processes killed)", fix=_GLOO_FIX)
-    failed = next(((code, output) for code, output, _ in results if code != 0), None)
-    if failed is not None:
-        return ping_verdict("gloo ping", failed[0], failed[1], failed_fix=_GLOO_FIX)
-    return ping_verdict("gloo ping", 0, results[0][1], failed_fix=_GLOO_FIX)
-
-
-def ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
-                  wrong_world_fix: str | None = None) -> Check:
-    """Read rank 0's :data:`PING_MARK` line (see :func:`ping_child`) from a ping's output."""
-    marked = [line[len(PING_MARK):] for line in output.splitlines() if line.startswith(PING_MARK)]
-    if not marked:
-        return Check(name, FAILED, f"exit status {code}: {_last_line(output)}", fix=failed_fix)
-    try:
-        result = json.loads(marked[0])
-    except json.JSONDecodeError:
-        return Check(name, FAILED, f"unreadable result line: {marked[0][:200]}", fix=failed_fix)
-    if result.get("size") != 2:
-        return Check(name, FAILED, str(result.get("error")), fix=wrong_world_fix or failed_fix)
-    if result.get("error") or code != 0:
-        return Check(name, FAILED, str(result.get("error") or f"exit status {code}: "
-                                                             f"{_last_line(output)}"),
-                     fix=failed_fix)
-    median_ms, min_ms = 1e3 * result["rtt_median_s"], 1e3 * result["rtt_min_s"]
-    return Check(name, OK, f"2 ranks, round trip {median_ms:.3f} ms (median of {result['rounds']} "
-                           f"x {result['bytes']} B; min {min_ms:.3f} ms)")
-
-
-def _last_line(output: str) -> str:
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "(no output)"
-
-
-_Result = tuple[int, str, bool]
-"""(exit status, output, killed at the deadline) of one process."""
-
-
-class Launched:
-    """Processes started now, each in its own session, their output in temporary files.
-
-    :meth:`finish` waits for them until ``timeout`` seconds after the start;
-    when one fails the others get ``_GRACE_S`` (5) more seconds; then every
-    process group still alive is killed. A temporary file, unlike a pipe,
-    never blocks a chatty child.
-    """
-
-    def __init__(self, jobs: list[tuple[list[str], dict[str, str]]], timeout: float):
-        self.deadline = time.monotonic() + timeout
-        self._procs: list[subprocess.Popen | None] = []
-        self._logs = []
-        try:
-            for argv, env in jobs:
-                log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-                self._logs.append(log)
-                try:
-                    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-                except OSError as err:
-                    log.write(f"cannot start {argv[0]}: {err}\n")
-                    proc = None
-                self._procs.append(proc)
-        except BaseException:
-            self.kill()
-            raise
-
-    def _running(self) -> list[subprocess.Popen]:
-        return [p for p in self._procs if p is not None and p.poll() is None]
-
-    def finish(self) -> list[_Result]:
-        """Wait (or kill at the deadline); one result per job, in order."""
-        deadline, timed_out = self.deadline, False
-        try:
-            while self._running():
-                now = time.monotonic()
-                if any(p is None or p.poll() not in (None, 0) for p in self._procs):
-                    deadline = min(deadline, now + _GRACE_S)
-                if now > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.02)
-        finally:
-            self.kill()
-        results = []
-        for proc, log in zip(self._procs, self._logs):
-            log.seek(0)
-            killed = timed_out and proc is not None and proc.returncode == -signal.SIGKILL
-            results.append((_NOT_STARTED if proc is None else proc.returncode, log.read(), killed))
-            log.close()
-        return results
-
-    def kill(self) -> None:
-        """Kill every process group still alive (idempotent)."""
-        for proc in self._running():
-            kill_group(proc.pid)
-            proc.wait()
-
-
-def _run_processes(jobs: list[tuple[list[str], dict[str, str]]], timeout: float) -> list[_Result]:
-    """Start ``jobs`` (``(argv, env)`` each) and wait for them: :class:`Launched` at once."""
-    return Launched(jobs, timeout).finish()
-
-
-def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYTES,
-               timeout: float = 10.0) -> None:
-    """The program each ping rank runs (``engine``: ``"mpi"`` or ``"torch"``).
-
-    Rank 0 sends ``nbytes`` bytes to rank 1 and waits for them to come back,
-    ``rounds + 1`` times (the first is a warm-up), checks the echo is the
-    same bytes, and prints ``PING_MARK + json`` with ``rtt_median_s``,
-    ``rtt_min_s``, ``rounds``, ``bytes`` and ``size`` (the world size it saw).
-    A world of other than 2 ranks prints an ``error`` instead. Every
-    receive has a ``timeout`` (a :class:`~gflowdist.errors.DeadlineError` ends
-    the process with a traceback and a non-zero status).
-    """
-    if engine == "mpi":
-        from mpi4py import MPI
-
-        from gflowdist.comm.mpi import MPIComm
-
-        comm = MPIComm(MPI.COMM_WORLD)
-    else:
-        from datetime import timedelta
-
-        from gflowdist.comm.rendezvous import init_default_group
-        from gflowdist.comm.torch_dist import TorchComm
-
-        init_default_group("gloo", timeout=timedelta(seconds=timeout))
-        comm = TorchComm()
-    try:
-        if comm.size != 2:
-            print(PING_MARK + json.dumps({
-                "size": comm.size,
-                "error": f"the ranks saw a world of {comm.size}, not 2: the launcher and the "
-                         f"library do not belong together"}), flush=True)
-            return
-        payload = bytes(i % 251 for i in range(nbytes))
-        rtts = []
-        for i in range(rounds + 1):
-            if comm.rank == 0:
-                start = time.perf_counter()
-                comm.send(payload, 1, PING_TAG, timeout=timeout)
-                _, echo = comm.recv(1, PING_TAG, timeout=timeout)
-                elapsed = time.perf_counter() - start
-                if bytes(echo.numpy()) != payload:
-                    print(PING_MARK + json.dumps({"size": 2, "error": "the echo differs from the "
-                                                                      "message sent"}), flush=True)
-                    return
-                if i:
-                    rtts.append(elapsed)
-            else:
-                _, got = comm.recv(0, PING_TAG, timeout=timeout)
-                comm.send(got, 0, PING_TAG, timeout=timeout)
-        comm.barrier(timeout=timeout)
-        if comm.rank == 0:
-            rtts.sort()
-            print(PING_MARK + json.dumps({"size": 2, "rounds": rounds, "bytes": nbytes,
-                                          "rtt_median_s": rtts[rounds // 2],
-                                          "rtt_min_s": rtts[0]}), flush=True)
-    finally:
-        comm.free()
-        if engine != "mpi":
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
