@@ -76,7 +76,7 @@ def test_a_member_without_seconds_is_noted_not_guessed() -> None:
 def test_trace_has_a_track_per_rank_paired_flows_and_named_last_arrivers(tmp_path) -> None:
     timers, traces = _three_ranks(trace=True)
     traces[0].message(SENT, "TRAJECTORIES", 2, 1, 0, 1.0, 0.01)
-    traces[2].message(TOOK, "TRAJECTORIES", 0, 1, 0, 1.5, 0.01)
+    traces[2].message(TOOK, "TRAJECTORIES", 0, 1, 0, 0.5, 0.7)  # a blocking take, begun before the send
     traces[0].message(SENT, "TRAJECTORIES", 2, 1, 1, 2.0, 0.01)  # never taken: no arrow
     traces[1].instant("checkpoint gen-0000-step-000000002", "checkpoint")
     trace = chrome_trace({r: t.to_dict() for r, t in traces.items()},
@@ -90,6 +90,9 @@ def test_trace_has_a_track_per_rank_paired_flows_and_named_last_arrivers(tmp_pat
     ends = [e for e in events if e["ph"] == "f"]
     assert len(starts) == len(ends) == 1 and starts[0]["id"] == ends[0]["id"]
     assert (starts[0]["pid"], ends[0]["pid"]) == (0, 2)
+    send, take = (next(e for e in events if e["ph"] == "X" and e["pid"] == p and e["cat"] == "message") for p in (0, 2))
+    assert send["ts"] < starts[0]["ts"] < ends[0]["ts"] < take["ts"] + take["dur"]  # send's start -> take's end
+    assert ends[0]["ts"] == pytest.approx(take["ts"] + take["dur"], abs=0.2)
     collectives = [e for e in events if e.get("cat") == "collective"]
     assert len(collectives) == 9
     first_on_0 = next(e for e in collectives if e["pid"] == 0 and e["args"]["index"] == 0)

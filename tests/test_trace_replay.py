@@ -1,13 +1,17 @@
-"""A 4-rank run (mpiexec -n 4) recorded with its trace, replayed to the bit, compared with an unforced run, and
-replayed with an injected divergence, which is named.
+"""The HyperGrid example on 4 ranks (mpiexec -n 4) recorded with its trace, replayed to the bit, compared with
+an unforced run, and replayed with an injected divergence, which is named.
 
 One recorded run serves every assertion; the four launches run two at a time (the time budget of these tests).
+The divergence: a copy of the recorded run whose config.yaml has another learning rate (the files changed since
+the recording): the trainers' weights differ after the first step, so the second step's batch (trajectories
+16..31) is not the recorded one, and the trainer that finds it names itself before sending it.
 A changed role file's warning is checked without a launch.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -15,11 +19,12 @@ from gflowdist.cli.replay_cmd import _check_recording
 from gflowdist.config import Config
 from gflowdist.rundir import write_config
 from gflowdist.runtime.tape import RecordingTape, recording_path
-from tests.support.jobs import TOY, read_json
+from tests.support.jobs import HYPERGRID, TOY, read_json
 
-STEPS = 8  # the toy trainers ship 8 trajectories a step (toy.yaml's params.n)
-#: under load two jobs share two cores: liveness must not mistake a slow rank for a lost one
-PATIENT = "faults.peer_timeout_s=30"
+STEPS = 10  # 16 trajectories per trainer and step (params.trajectories_per_step); sampling from step 2 on
+RUN = [f"run.steps={STEPS}", "run.log_every=1", "faults.checkpoint_every=4",
+       "faults.peer_timeout_s=30"]  # under load two jobs share two cores: a slow rank is not a lost one
+LR = "  lr: 0.001\n"  # examples/hypergrid/config.yaml's params.lr, as the run directory's config.yaml has it
 
 
 def _metrics(run: Path) -> list[dict]:
@@ -32,24 +37,40 @@ def _check_trace(run: Path) -> None:
     events = trace["traceEvents"]
     tracks = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert sorted(tracks) == [0, 1, 2, 3]
-    assert tracks[0].startswith("rank 0 trainer @") and tracks[2].startswith("rank 2 buffer @")
-    assert tracks[3].startswith("rank 3 coordinator @")
+    assert tracks[0].startswith("rank 0 trainer @") and tracks[1].startswith("rank 1 trainer @")
+    assert tracks[2].startswith("rank 2 buffer @") and tracks[3].startswith("rank 3 coordinator @")
     busy = Counter(e["pid"] for e in events if e["ph"] == "X")
     assert all(busy[rank] > 0 for rank in range(4)), busy
+    phases = {(e["pid"], e["name"]) for e in events if e.get("cat") == "phase"}
+    assert {(0, "rollout"), (1, "loss"), (2, "insert"), (2, "sample")} <= phases, phases
     starts = Counter(e["id"] for e in events if e["ph"] == "s")
     ends = Counter(e["id"] for e in events if e["ph"] == "f")
     assert starts and starts == ends and set(starts.values()) == {1}  # every arrow has one tail and one head
-    arrows = {(e["id"], e["ph"]): e["pid"] for e in events if e["ph"] in "sf"}
-    assert {(arrows[(i, "s")], arrows[(i, "f")]) for i in starts} >= {(0, 2), (2, 0), (1, 2), (0, 3)}
+    arrows = {(e["id"], e["ph"]): e for e in events if e["ph"] in "sf"}
+    assert all(arrows[(i, "s")]["ts"] <= arrows[(i, "f")]["ts"] for i in starts)  # sent before taken
+    ends_of = {(arrows[(i, "s")]["pid"], arrows[(i, "f")]["pid"]) for i in starts}
+    assert ends_of >= {(0, 2), (2, 0), (1, 2), (2, 1), (0, 3), (1, 3)}, ends_of
     gradients = [e for e in events if e.get("cat") == "collective" and e["name"] == "gradients"]
     assert len(gradients) == 2 * STEPS and all(e["args"]["last_arriver"] in (0, 1) for e in gradients)
+    saved = Counter(e["pid"] for e in events if e["ph"] == "i" and e["name"] == "checkpoint")
+    assert saved == {0: 2, 1: 2, 2: 2}, saved  # at steps 4 and 8: both trainers and their buffer
 
 
-def test_a_recorded_run_replays_to_the_bit_and_a_divergence_is_named(job_factory) -> None:
-    recorded = job_factory(f"run.steps={STEPS}", PATIENT, "run.trace=true", "--record")
-    unforced = job_factory(f"run.steps={STEPS}", PATIENT)  # the same config and seed; timing decides
-    assert recorded.wait(180) == 0, recorded.output
-    assert unforced.wait(180) == 0, unforced.output
+def _changed_copy(run: Path, folder: Path) -> Path:
+    """A copy of the recorded run (its recording and config) whose config.yaml has another learning rate."""
+    copy = folder / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("replays", "checkpoints", "trace.json"))
+    config = (copy / "config.yaml").read_text()
+    assert config.count(LR) == 1, config
+    (copy / "config.yaml").write_text(config.replace(LR, "  lr: 0.002\n"))
+    return copy
+
+
+def test_a_recorded_hypergrid_run_replays_to_the_bit_and_a_divergence_is_named(job_factory, tmp_path) -> None:
+    recorded = job_factory(*RUN, "run.trace=true", "--record", config=HYPERGRID)
+    unforced = job_factory(*RUN, config=HYPERGRID)  # the same config and seed; timing decides
+    assert recorded.wait(240) == 0, recorded.output
+    assert unforced.wait(240) == 0, unforced.output
     run = recorded.run_dir()
     _check_trace(run)
     report = read_json(run / "report.json")
@@ -58,20 +79,22 @@ def test_a_recorded_run_replays_to_the_bit_and_a_divergence_is_named(job_factory
     assert any(label.startswith("collective:") for peers in report["waits"]["seconds"].values()
                for labels in peers.values() for label in labels)
 
+    changed = _changed_copy(run, tmp_path)
     replay = job_factory(str(run), command="replay", config=None)
-    diverged = job_factory(str(run), command="replay", config=None, env={"GFLOWDIST_TEST_PERTURB": "1:3"})
-    assert replay.wait(180) == 0, replay.output
+    diverged = job_factory(str(changed), command="replay", config=None)
+    assert replay.wait(240) == 0, replay.output
     assert "gflowdist: replay identical" in replay.output
     replayed = Path(read_json(next((run / "replays").glob("*/replay.json")))["replayed"])
-    assert _metrics(replayed) == _metrics(run) and len(_metrics(run)) >= 4
+    assert _metrics(replayed) == _metrics(run) and len(_metrics(run)) == 2 * STEPS
     assert read_json(replayed / "ledger.json")["per_rank"] == read_json(run / "ledger.json")["per_rank"]
     assert _metrics(unforced.run_dir()) != _metrics(run)  # so the replay's equality proves something
 
-    assert diverged.wait(180) != 0
-    # rank 1's batch of policy version 3 (trajectories 24..31) changed: rank 1 names itself before sending it
-    assert "replay diverged on rank 1 (trainer on" in diverged.output, diverged.output
-    assert "at trajectory 24: BATCH check" in diverged.output
-    assert recorded.no_process_left() and diverged.no_process_left()
+    assert diverged.wait(240) == 4, diverged.output  # exit 4: a replay divergence
+    assert "at trajectory 16: BATCH check: the digest of the shipped trajectories is" in diverged.output, \
+        diverged.output
+    assert any(f"replay diverged on rank {r} (trainer on " in diverged.output for r in (0, 1)), diverged.output
+    assert recorded.no_process_left() and unforced.no_process_left()
+    assert replay.no_process_left() and diverged.no_process_left()
 
 
 def test_a_role_file_changed_since_the_recording_is_named(tmp_path, capsys) -> None:

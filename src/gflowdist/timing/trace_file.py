@@ -9,8 +9,8 @@ trace:
   rank's track; a collective's ``args`` name the member that arrived last and
   this rank's wait on it (:func:`gflowdist.timing.collectives.last_at`);
 - each message whose send and take both are in the trace an arrow from the
-  one to the other (flow events ``ph: s`` / ``ph: f``, matched by sender,
-  receiver, channel and the channel's sequence number);
+  start of the send to the end of the take (flow events ``ph: s`` / ``ph: f``,
+  matched by sender, receiver, channel and the channel's sequence number);
 - checkpoints and faults instant events (``ph: i``).
 
 Time: each rank's clock plus its ``offsets`` entry (seconds) is put on one
@@ -37,6 +37,9 @@ from gflowdist.timing.timers import StepTimer
 from gflowdist.timing.trace import INSTANT, SENT, SPAN, TOOK, TRACE_FORMAT
 
 __all__ = ["chrome_trace", "write_trace"]
+
+#: How far inside its send / take event an arrow's tail / head is put (seconds).
+INSIDE_S = 1e-7
 
 
 def _start_of(event: list) -> float:
@@ -81,11 +84,13 @@ class _Builder:
                                              f"{peer}", "cat": "message", "pid": rank, "tid": 0,
                          "ts": self.ts(start + shift), "dur": _us(seconds),
                          "args": {"peer": peer, "tag": tag, "seq": seq}})
-        middle = self.ts(start + shift + seconds / 2)  # inside the event, so the arrow binds to it
+        # The arrow leaves as the send starts and lands as the take ends (a blocking take may have begun
+        # before the send), each a hair inside its event so a viewer binds it there: never back in time.
+        inside = min(seconds / 2, INSIDE_S)
         if sent:
-            self.sends[(rank, peer, tag, seq)] = (rank, middle, type_name)
+            self.sends[(rank, peer, tag, seq)] = (rank, self.ts(start + shift + inside), type_name)
         else:
-            self.takes[(peer, rank, tag, seq)] = (rank, middle)
+            self.takes[(peer, rank, tag, seq)] = (rank, self.ts(start + shift + seconds - inside))
 
     def _last_arriver(self, rank: int, name: str, args: Mapping[str, Any]) -> dict[str, Any]:
         group, index = tuple(args.get("group", ())), args.get("index")
