@@ -217,9 +217,11 @@ def run_bare(steps: int) -> dict:
 
 # -- gflowdist -----------------------------------------------------------------------------------
 
-def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(trainers + 2),
-            f"layout.trainers={trainers}", "layout.buffers=1", "layout.coordinator=true",
+def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str], *, buffers: int = 1,
+                      coordinator: bool = True) -> list[str]:
+    ranks = trainers + buffers + int(coordinator)
+    return [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(ranks),
+            f"layout.trainers={trainers}", f"layout.buffers={buffers}", f"layout.coordinator={str(coordinator).lower()}",
             f"run.steps={steps}", f"run.log_every={LOG_EVERY}", f"run.out_dir={out_dir}",
             f"params.trajectories_per_step={BATCH}", f"params.l1_window={WINDOW}",
             f"run.name=bench-{trainers}t", *extra]
@@ -234,10 +236,12 @@ def instrumented_env(out_dir: Path, profile: bool) -> tuple[dict[str, str], Path
     return env, folder
 
 
-def run_gflowdist(trainers: int, steps: int, out_dir: Path, extra: list[str], profile: bool = False) -> dict:
-    """One ``gflowdist run``; returns the measurements read back from its run directory."""
+def run_gflowdist(trainers: int, steps: int, out_dir: Path, extra: list[str], profile: bool = False, *,
+                  buffers: int = 1, coordinator: bool = True) -> dict:
+    """One ``gflowdist run`` (``trainers`` + ``buffers`` + the coordinator); the measurements read back from
+    its run directory."""
     env, folder = instrumented_env(out_dir, profile)
-    cmd = gflowdist_command(trainers, steps, out_dir, extra)
+    cmd = gflowdist_command(trainers, steps, out_dir, extra, buffers=buffers, coordinator=coordinator)
     launched = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     ended = time.time()

@@ -38,9 +38,9 @@ QUICK = [8, 4096, 1 << 20]
 TARGETS = {"mpi": (2.0, 0.90), "torch": (1.5, 0.90)}
 
 
-def reps_for(size: int) -> int:
-    """Round trips per size: about 0.2 GB moved, between 20 and 4000."""
-    return max(20, min(4000, int(2e8 // max(size, 1) // 2)))
+def reps_for(size: int, cap: int = 4000) -> int:
+    """Round trips per size: about 0.2 GB moved, between 20 and ``cap`` (4000)."""
+    return max(min(20, cap), min(cap, int(2e8 // max(size, 1) // 2)))
 
 
 def _median(values):
@@ -112,7 +112,7 @@ def summarise(size: int, samples: dict) -> dict:
     return row
 
 
-def mpi_worker(sizes) -> None:
+def mpi_worker(sizes, cap: int) -> None:
     import torch
     from mpi4py import MPI
 
@@ -130,12 +130,12 @@ def mpi_worker(sizes) -> None:
         rounds = rounds_for(rank, peer, buf, lambda b, p: raw.Send([array, MPI.BYTE], p, 0),
                             lambda b, p: raw.Recv([array, MPI.BYTE], p, 0), comm,
                             lambda d, p, tag: send(d, p, "mpi", tag), lambda p, tag: recv(p, "mpi", tag))
-        results.append(summarise(size, alternate(world.Barrier, rounds, reps_for(size))))
+        results.append(summarise(size, alternate(world.Barrier, rounds, reps_for(size, cap))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
 
 
-def torch_worker(sizes) -> None:
+def torch_worker(sizes, cap: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -151,7 +151,7 @@ def torch_worker(sizes) -> None:
         rounds = rounds_for(rank, peer, buf, lambda b, p: dist.send(b, p, tag=7),
                             lambda b, p: dist.recv(b, p, tag=7), comm,
                             lambda d, p, tag: send(d, p, "torch", tag), lambda p, tag: recv(p, "torch", tag))
-        results.append(summarise(size, alternate(dist.barrier, rounds, max(10, reps_for(size) // 4))))
+        results.append(summarise(size, alternate(dist.barrier, rounds, max(min(10, cap), reps_for(size, cap) // 4))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     comm.free()
@@ -175,9 +175,9 @@ def table(name: str, rows, engine: str) -> str:
     return "\n".join(lines)
 
 
-def run(engine: str, sizes) -> list:
-    """Rows of one engine (rank 0's measurements)."""
-    args = ["--sizes", ",".join(map(str, sizes))]
+def run(engine: str, sizes, cap: int = 4000) -> list:
+    """Rows of one engine (rank 0's measurements); at most ``cap`` round trips per size and case."""
+    args = ["--sizes", ",".join(map(str, sizes)), "--reps-cap", str(cap)]
     return run_mpi_workers(__file__, args) if engine == "mpi" else run_torch_workers(__file__, args)
 
 
@@ -186,12 +186,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a few sizes only")
     parser.add_argument("--worker", choices=["mpi", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help="comma list of message sizes in bytes")
+    parser.add_argument("--reps-cap", type=int, default=4000, help="at most this many round trips per size")
     parser.add_argument("--engines", default="mpi,torch", help="comma list of mpi, torch")
     parser.add_argument("--json", help="write every measurement to this file")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK if args.quick else SIZES)
     if args.worker:
-        (mpi_worker if args.worker == "mpi" else torch_worker)(sizes)
+        (mpi_worker if args.worker == "mpi" else torch_worker)(sizes, args.reps_cap)
         return 0
     print(f"ping-pong between 2 ranks on {socket.gethostname()}; load average {os.getloadavg()[0]:.1f}; "
           "RTT = median round trip")
@@ -199,7 +200,7 @@ def main() -> int:
               "torch": "gloo: vs raw torch.distributed send/recv (preallocated)"}
     results = {}
     for engine in args.engines.split(","):
-        results[engine] = run(engine, sizes)
+        results[engine] = run(engine, sizes, args.reps_cap)
         print(table(titles[engine], results[engine], engine), flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     if args.json:

@@ -8,6 +8,7 @@ whose answer is derived here.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,26 @@ def test_startup_durations_are_differences_of_consecutive_stamps():
     bench = load("startup")
     marks = [("a", 10.5, 0.2), ("b", 11.0, 0.5), ("c", 13.0, 2.5)]
     assert bench.durations(10.0, marks) == {"a": [0.5, 0.2], "b": [0.5, 0.3], "c": [2.0, 2.0]}
+
+
+@pytest.mark.slow
+def test_all_quick_prints_one_table_of_every_target(tmp_path):
+    record = tmp_path / "all.json"
+    lines = run_quick("all", "--json", str(record))
+    header = next(i for i, line in enumerate(lines) if line.startswith("figure"))
+    rows = lines[header + 2:lines.index("", header)]
+    saved = json.loads(record.read_text())
+    assert len(rows) == len(saved["rows"]), lines
+    figures = [r[0] for r in saved["rows"]]
+    for start in ("MPIComm round trip", "MPIComm bandwidth", "compat.torchgfn (MPI) round trip",
+                  "average_gradients gloo mlp-10 fresh", "average_gradients gloo deep-100 views", "start-up:",
+                  "HyperGrid traj/s, 2 trainers", "HyperGrid traj/s vs torchgfn"):
+        assert any(f.startswith(start) for f in figures), (start, figures)
+    for figure, baseline, ours, ratio, target, holds in saved["rows"]:
+        if baseline == "skipped":
+            assert holds == "-" and "--quick" in ratio
+            continue
+        value, limit = number(ratio), float(target.split()[1])
+        assert value > 0 and holds == ("yes" if (value <= limit if target.startswith("<=") else value >= limit)
+                                       else "NO"), (figure, ratio, target, holds)
+    assert "load average" in lines[0] and "load average" in lines[-1], lines

@@ -1,0 +1,283 @@
+"""Every performance target in one run: one table, each figure against a baseline measured in the same run.
+
+    python benchmarks/all.py            # about 6-8 minutes on 2 idle cores
+    python benchmarks/all.py --quick    # a smoke run (~30 s): the code of every section, no figure to trust
+    python benchmarks/all.py --json F   # also write every measurement to F
+    python benchmarks/all.py --only transport,startup   # some sections
+
+Sections, each with its baseline in the same minutes (alternated where the
+two can be):
+
+- **transport** (``transport.py``): ping-pong between 2 ranks, gflowdist vs
+  the raw engine into preallocated buffers: ``MPIComm``, the torchgfn compat
+  ``send``/``recv`` of a uint8 tensor (MPI) and ``TorchComm`` (gloo). Round
+  trips up to 4 KiB (ratio of times), bandwidth from 1 MiB (share of raw);
+  the ratio is the median of per-batch ratios, with the ratio of the
+  fastest batches in parentheses (on a loaded machine the closer to idle).
+- **averaging** (``averaging.py``): ``average_gradients`` vs one raw
+  in-place all-reduce of the same bytes, two ~1M-parameter models, gradients
+  already in the bucket (views) and fresh from backward, MPI and gloo.
+- **start-up**: ``gflowdist run examples/hypergrid/config.yaml -n 4
+  run.steps=1`` from launch to the end of the first training step, vs
+  ``mpiexec -n 4 python -c "import torch"``, alternated.
+- **scaling** (``hypergrid.py``): HyperGrid trajectories per second of the
+  training loop vs the bare one-process loop (``examples/hypergrid/bare.py``)
+  on the same problem: 2 trainers and nothing else, the default 4-rank job
+  (2 trainers, buffer, coordinator), and 3 trainers + 1 buffer; runs
+  alternated, medians.
+- **torchgfn** (needs a torchgfn 2.4.1 environment, ``--torchgfn-python``
+  and ``--torchgfn-tutorials``, default ``/work/ext``): torchgfn's own
+  multinode HyperGrid (``train_hypergrid.py --distributed``, 3 trainers + 1
+  buffer, 16 trajectories per trainer per step, 2x64 MLPs) vs gflowdist's 3
+  trainers + 1 buffer; trajectories per second of the training loop (torchgfn:
+  rank 0's ``total_time``), alternated. Skipped, and said so, without it.
+
+``--quick`` runs every section once at its smallest (transport on MPI
+only, 2 message sizes, 100 round trips; averaging on gloo only, one call
+of each case after 5 warm-up calls; one start-up pair without the warm-up;
+20 HyperGrid steps of the bare loop and the 2-trainer layout only; no
+torchgfn): it checks that the table can be made, not what it says.
+
+The machine's load average is printed at the start, per section and at the
+end: on a shared machine read the ratios, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import fmt_size  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "hypergrid" / "config.yaml"
+EXT = Path("/work/ext")
+SECTIONS = ("transport", "averaging", "startup", "scaling", "torchgfn")
+
+
+class Table:
+    """The rows of the one table: figure, baseline, ours, ratio, target, holds."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[str]] = []
+
+    def add(self, figure: str, baseline: str, ours: str, ratio: float | None, target: str,
+            holds: bool | None, ratio_text: str | None = None) -> None:
+        text = ratio_text if ratio_text is not None else ("-" if ratio is None else f"{ratio:.2f}")
+        verdict = "-" if holds is None else ("yes" if holds else "NO")
+        self.rows.append([figure, baseline, ours, text, target, verdict])
+
+    def lines(self) -> list[str]:
+        from gflowdist.timing.text_table import table_lines
+
+        return table_lines(["figure", "baseline (same run)", "gflowdist", "ratio", "target", "holds?"], self.rows)
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min {five:.1f})"
+
+
+# -- transport ------------------------------------------------------------------------------------
+
+def transport(table: Table, quick: bool, record: dict) -> None:
+    import transport as bench
+
+    sizes = [8, 1 << 20] if quick else [8, 1024, 4096, 1 << 20, 16 << 20]
+    names = {"mpi": ("MPIComm", "compat.torchgfn (MPI)"), "torch": ("TorchComm", None)}
+    for engine, (comm_name, compat_name) in list(names.items())[:1 if quick else 2]:
+        rows = bench.run(engine, sizes, 100 if quick else 4000)
+        record[engine] = rows
+        rtt_target, bw_target = bench.TARGETS[engine]
+        # the targets name the compat path on MPI; gloo's compat rows are in transport.py's own tables
+        for key, name in (("comm", comm_name), ("compat", compat_name)):
+            for r in rows if name else []:
+                transport_row(table, name, r, key, rtt_target, bw_target)
+
+
+def transport_row(table: Table, name: str, r: dict, key: str, rtt_target: float, bw_target: float) -> None:
+    """Round trip up to 4 KiB (ratio of times), bandwidth above (share of raw's); the times are medians, the
+    ratio the median of per-batch ratios with the fastest batches' ratio in parentheses."""
+    ratio, fastest = r[key + "_ratio"], r[key + "_min_ratio"]
+    if r["size"] <= 4096:
+        table.add(f"{name} round trip {fmt_size(r['size'])}", f"{r['raw'] * 1e6:.1f} us",
+                  f"{r[key] * 1e6:.1f} us", ratio, f"<= {rtt_target:.2f}", ratio <= rtt_target,
+                  f"{ratio:.2f} ({fastest:.2f})")
+    else:
+        share, best = 1 / ratio, 1 / fastest
+        table.add(f"{name} bandwidth {fmt_size(r['size'])}", f"{2 * r['size'] / r['raw'] / 1e6:.0f} MB/s",
+                  f"{2 * r['size'] / r[key] / 1e6:.0f} MB/s",
+                  share, f">= {bw_target:.2f}", share >= bw_target, f"{share:.2f} ({best:.2f})")
+
+
+# -- gradient averaging (engineer a12's benchmark) -------------------------------------------------
+
+def averaging(table: Table, quick: bool, record: dict) -> None:
+    import averaging as bench
+
+    for engine in ("torch",) if quick else ("mpi", "torch"):
+        results = bench.measure(engine, 1 if quick else 100)
+        record[engine] = results
+        for label, ms, raw_ms, ratio in bench.summary_rows(engine, results):
+            model, case = label.split()[-2:]
+            fastest = results[model][case + "_min"] / results[model]["raw_min"]
+            table.add(f"average_gradients {'gloo' if engine == 'torch' else 'MPI'} {model} {case}",
+                      f"{raw_ms:.2f} ms", f"{ms:.2f} ms", ratio, f"<= {bench.TARGET_RATIO:.2f}",
+                      ratio <= bench.TARGET_RATIO, f"{ratio:.2f} ({fastest:.2f})")
+
+
+# -- start-up --------------------------------------------------------------------------------------
+
+def first_step(out_dir: Path) -> float:
+    """Seconds from launching a 1-step 4-rank HyperGrid job to the end of its first training step."""
+    from hypergrid import child_env, first_step_s, read_run, run_directory, startup_timeline
+
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", "4", "run.steps=1", "run.log_every=1",
+           f"run.out_dir={out_dir}", "run.name=startup"]
+    launched = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    run_dir = run_directory(out.stdout)
+    result = read_run(run_dir, 2, 1)
+    result.update(startup_timeline(run_dir, launched))
+    return first_step_s(result)
+
+
+def import_torch_4() -> float:
+    from startup import mpiexec, timed
+
+    return timed([mpiexec(), "-n", "4", sys.executable, "-c", "import torch"])[0]
+
+
+def startup(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
+    if not quick:
+        first_step(out_dir)  # warm-up: the launcher's role check is remembered from then on, as for a user
+    pairs = [(import_torch_4(), first_step(out_dir)) for _ in range(1 if quick else 3)]
+    record["pairs"] = pairs
+    base, ours = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    ratio = statistics.median(o / b for b, o in pairs)
+    table.add("start-up: launch -> first step (4 ranks)", f"{base:.2f} s", f"{ours:.2f} s", ratio, "<= 1.30",
+              ratio <= 1.30)
+
+
+# -- scaling ---------------------------------------------------------------------------------------
+
+#: name -> (trainers, buffers, coordinator)
+LAYOUTS = {"2 trainers, no buffer (2 ranks)": (2, 0, False),
+           "default job: 2T + buffer + coordinator (4 ranks)": (2, 1, True),
+           "3 trainers + 1 buffer (4 ranks)": (3, 1, False)}
+SCALING_TARGET = 1.7
+
+
+def scaling(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
+    from hypergrid import run_bare, run_gflowdist
+
+    steps = 20 if quick else 400
+    layouts = dict(list(LAYOUTS.items())[:1]) if quick else LAYOUTS
+    runs: dict[str, list[float]] = {"bare": [], **{name: [] for name in layouts}}
+    for _ in range(1 if quick else 2):
+        runs["bare"].append(run_bare(steps)["traj_per_s"])
+        for name, (trainers, buffers, coordinator) in layouts.items():
+            result = run_gflowdist(trainers, steps, out_dir, [], buffers=buffers, coordinator=coordinator)
+            runs[name].append(result["traj_per_s"])
+    record.update(runs)
+    bare = statistics.median(runs["bare"])
+    for name in layouts:
+        rate = statistics.median(runs[name])
+        table.add(f"HyperGrid traj/s, {name}", f"{bare:.0f} (bare loop)", f"{rate:.0f}", rate / bare,
+                  f">= {SCALING_TARGET:.2f}", rate / bare >= SCALING_TARGET)
+
+
+# -- torchgfn ----------------------------------------------------------------------------------------
+
+TORCHGFN_TARGET = 4.0
+
+
+def torchgfn_run(python: str, tutorials: Path, trajectories: int) -> float:
+    """torchgfn 2.4.1's multinode HyperGrid, 3 trainers + 1 buffer: trajectories per second of its training loop."""
+    from harness import clean_env, free_port
+
+    mpiexec = Path(python).parent / "mpiexec"
+    cmd = [str(mpiexec), "-n", "4", python, "tutorials/examples/train_hypergrid.py", "--distributed",
+           "--dist_backend", "gloo", "--num_remote_buffers", "1", "--ndim", "2", "--height", "8",
+           "--batch_size", "48", "--hidden_dim", "64", "--n_hidden", "2", "--n_trajectories", str(trajectories),
+           "--validation_interval", str(10 * trajectories)]
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=str(tutorials.parent))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tutorials.parent)
+    found = re.findall(r"total_time\s+([0-9.]+)s", out.stdout + out.stderr)
+    if out.returncode != 0 or not found:
+        raise RuntimeError(f"torchgfn run failed ({out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+    return trajectories / float(found[-1])
+
+
+def torchgfn(table: Table, quick: bool, record: dict, out_dir: Path, python: str, tutorials: Path) -> None:
+    from hypergrid import run_gflowdist
+
+    if quick or not Path(python).exists() or not (tutorials / "examples" / "train_hypergrid.py").exists():
+        reason = "--quick" if quick else f"no torchgfn 2.4.1 at {python} / {tutorials}"
+        table.add("HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)", "skipped", "-", None,
+                  f">= {TORCHGFN_TARGET:.2f}", None, f"({reason})")
+        return
+    pairs = []
+    for _ in range(2):
+        theirs = torchgfn_run(python, tutorials, 9600)
+        ours = run_gflowdist(3, 400, out_dir, [], buffers=1, coordinator=False)["traj_per_s"]
+        pairs.append((theirs, ours))
+    record["pairs"] = pairs
+    theirs, ours = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    ratio = statistics.median(o / t for t, o in pairs)
+    table.add("HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)", f"{theirs:.0f} (torchgfn)", f"{ours:.0f}", ratio,
+              f">= {TORCHGFN_TARGET:.2f}", ratio >= TORCHGFN_TARGET)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, repetitions and steps; no torchgfn")
+    parser.add_argument("--only", help=f"comma list of sections ({', '.join(SECTIONS)})")
+    parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument("--torchgfn-python", default=str(EXT / "tgvenv" / "bin" / "python"),
+                        help="a Python with torchgfn 2.4.1 and mpi4py (its own venv: torchgfn pins numpy<2)")
+    parser.add_argument("--torchgfn-tutorials", default=str(EXT / "torchgfn" / "tutorials"),
+                        help="torchgfn 2.4.1's tutorials/ directory (from its source, not the wheel)")
+    args = parser.parse_args()
+    sections = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    started = time.monotonic()
+    print(f"benchmarks/all.py on {os.uname().nodename}, {os.cpu_count()} cores; {load()} at the start", flush=True)
+    table, record = Table(), {}
+    with tempfile.TemporaryDirectory(prefix="gflowdist-all-") as tmp:
+        out_dir = Path(tmp)
+        steps = {"transport": lambda r: transport(table, args.quick, r),
+                 "averaging": lambda r: averaging(table, args.quick, r),
+                 "startup": lambda r: startup(table, args.quick, r, out_dir),
+                 "scaling": lambda r: scaling(table, args.quick, r, out_dir),
+                 "torchgfn": lambda r: torchgfn(table, args.quick, r, out_dir, args.torchgfn_python,
+                                                Path(args.torchgfn_tutorials))}
+        for name in sections:
+            t0 = time.monotonic()
+            record[name] = {}
+            steps[name](record[name])
+            print(f"  {name}: {time.monotonic() - t0:.0f} s, {load()}", flush=True)
+    print()
+    print("\n".join(table.lines()))
+    print(f"\n{time.monotonic() - started:.0f} s in all; {load()} at the end")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": table.rows, "measurements": record}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
