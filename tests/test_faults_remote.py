@@ -47,8 +47,8 @@ def test_exception_in_a_remote_trainer_ends_the_job_with_its_traceback(netns_hos
     assert [rows[r]["host"] for r in (0, 1)] == [hs.hosts[0].name] * 2 and rows[0]["role"] == "trainer"
     summary = out.split("gflowdist: the job failed (exit ", 1)
     assert len(summary) == 2, out
-    failed = re.search(r"gflowdist: rank (\d) \(trainer on (\S+)\) failed: RuntimeError: toy trainer failure "
-                       r"on purpose", summary[1])
+    failed = re.search(r"gflowdist: rank (\d) \(trainer on (\S+)\) failed at step \d+: RuntimeError: toy trainer "
+                       r"failure on purpose", summary[1])
     assert failed and int(failed[1]) in (0, 1) and failed[2] == hs.hosts[0].name, summary[1]
     # the traceback reaches the launcher: it goes through the user's rollout in toy_roles.py
     assert "Traceback (most recent call last)" in summary[1] and "toy_roles.py" in summary[1]

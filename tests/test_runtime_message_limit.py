@@ -63,7 +63,8 @@ def _check_ended_on_a_refused_send(job, msg_type: str, dst: int, limit: int, sen
     assert "no heartbeat" not in out and "lost rank" not in out, out
     lines = _failure_lines(out)
     assert lines, out
-    pattern = (rf"gflowdist: rank (\d+) \((\w+) on [^)]+\) failed: EncodeError: refusing to send a (\d+)-byte "
+    pattern = (rf"gflowdist: rank (\d+) \((\w+) on [^)]+\) failed(?: at step \d+)?: EncodeError: refusing to send "
+               rf"a (\d+)-byte "
                rf"{msg_type} message from rank \1 to rank {dst} \(tag \d+\): over the limit "
                rf"faults\.max_message_bytes = {limit} bytes.*Raise faults\.max_message_bytes to at least \3\b")
     found = [re.search(pattern, line) for line in lines]

@@ -21,6 +21,9 @@ def wire(message: protocol.Outgoing):
     (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED, {"name": "gen-0000-step-000000005"}),
     (protocol.saved("gen-0001-step-000000010", {"bytes": 12, "sha256": "ab" * 32}), Command.SAVED,
      {"name": "gen-0001-step-000000010", "file": {"bytes": 12, "sha256": "ab" * 32}}),
+    (protocol.refused("buffer rank 2 refused ...", 40), Command.REFUSED,
+     {"text": "buffer rank 2 refused ...", "seq": 40}),
+    (protocol.lost(4, "lost rank 4 (actor on vm)"), Command.LOST, {"rank": 4, "reason": "lost rank 4 (actor on vm)"}),
     (protocol.stop(), Command.STOP, {}),
     (protocol.stop("signal SIGINT"), Command.STOP, {"reason": "signal SIGINT"}),
 ])

@@ -13,7 +13,9 @@ process. Config errors name the file and the key path.
     ├── PeerLostError      a rank stopped answering or died (rank, role, host)
     ├── LedgerError        trajectories were lost: produced != delivered + dropped
     ├── CheckpointError    a checkpoint cannot be written or read (the file, what is wrong)
-    └── ReplayDivergence   a replayed run stopped doing what the recorded one did (rank, step, event)
+    ├── ReplayDivergence   a replayed run stopped doing what the recorded one did (rank, step, event)
+    ├── BadBatchError      a buffer refused a client's batch (sender, field, expected vs got)
+    └── NonFiniteLossError a trainer's loss is NaN or infinite (rank, step)
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ __all__ = [
     "LedgerError",
     "CheckpointError",
     "ReplayDivergence",
+    "BadBatchError",
+    "NonFiniteLossError",
     "describe_peer",
 ]
 
@@ -136,3 +140,20 @@ class ReplayDivergence(GflowdistError):
     def __init__(self, rank: int, *, role: str | None = None, host: str | None = None, where: str, event: str):
         self.rank, self.role, self.host, self.where, self.event = rank, role, host, where, event
         super().__init__(f"replay diverged on {describe_peer(rank, role, host)} at {where}: {event}")
+
+
+class BadBatchError(GflowdistError):
+    """A buffer refused a client's batch: fields, per-item shapes or dtypes differ from what it stores.
+
+    Raised on the sender (``faults.on_bad_batch: fail``); the message names the
+    buffer, the sender, the field, what the buffer stores and what arrived.
+    ``step`` is the trainer step that produced the batch (None for an actor's).
+    """
+
+    def __init__(self, message: str, *, step: int | None = None):
+        self.step = step
+        super().__init__(message)
+
+
+class NonFiniteLossError(GflowdistError):
+    """A trainer's loss is NaN or infinite (``faults.on_nonfinite_loss: fail``); names the rank and the step."""

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 __all__ = ["MPI_SIZE_VARIABLES", "MPI_JOB_VARIABLES", "TORCH_JOB_VARIABLES", "LAUNCHER_PREFIXES", "LAUNCHER_NAMES",
-           "IN_MPI_VARIABLE", "MPIEXEC_VARIABLE", "FAILURE_FILE_VARIABLE", "RUN_DIR_VARIABLE", "in_mpi_job",
+           "IN_MPI_VARIABLE", "MPIEXEC_VARIABLE", "FAILURE_FILE_VARIABLE", "RUN_DIR_VARIABLE",
+           "RESTART_VARIABLE", "in_mpi_job",
            "in_torch_job",
            "launcher_world_size", "describe_environment", "mpi_world_mismatch", "without_launcher",
            "locate_mpiexec", "find_mpiexec", "free_port"]
@@ -35,7 +36,10 @@ IN_MPI_VARIABLE = "IN_MPI"
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
 #: The launcher (``gflowdist run``) creates the run directory and names it here for its ranks.
 RUN_DIR_VARIABLE = "GFLOWDIST_RUN_DIR"
-LAUNCHER_NAMES = TORCH_JOB_VARIABLES + ("LOCAL_RANK", IN_MPI_VARIABLE, "TORCHELASTIC_RUN_ID", RUN_DIR_VARIABLE)
+#: The launcher's record of a restart (``faults.max_restarts``), as JSON, for the ranks of the restarted job.
+RESTART_VARIABLE = "GFLOWDIST_RESTART"
+LAUNCHER_NAMES = TORCH_JOB_VARIABLES + ("LOCAL_RANK", IN_MPI_VARIABLE, "TORCHELASTIC_RUN_ID", RUN_DIR_VARIABLE,
+                                        RESTART_VARIABLE)
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
 #: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the

@@ -1,7 +1,10 @@
 """Tiny roles for runtime tests: a linear model learning y = x . w from generated data.
 
 Fast (a few ms a step) so end-to-end tests spend their time on the framework.
-Behaviour switches come from ``params`` (fail_after, delay_s, ...), and one from
+Behaviour switches come from ``params`` (fail_after, delay_s, ...); faults:
+``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
+policy version on: batches its buffer refuses), ``nan_rank``/``nan_at``
+[/``nan_until``] (that trainer's loss is NaN at those steps); and one from
 the environment, since a replay runs the recorded params: with
 ``GFLOWDIST_TEST_PERTURB=<rank>:<version>`` that trainer's rollout at that
 policy version changes by a hair (an injected divergence).
@@ -33,6 +36,7 @@ def _delay(params, generator):
 
 class ToyTrainer(Trainer):
     def setup(self):
+        self.steps_seen = 0  # loss() calls: the step, in this run and the runs it resumed
         self.model = torch.nn.Linear(4, 1, bias=False)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.n = int(self.params.get("n", 8))
@@ -44,10 +48,29 @@ class ToyTrainer(Trainer):
         batch = make_batch(self.n, self.generator)
         if os.environ.get("GFLOWDIST_TEST_PERTURB") == f"{self.rank}:{policy_version}":
             batch["y"] = batch["y"] + 1e-6
+        if self._mine("retype") and policy_version >= int(self.params["retype_at"]):
+            batch["y"] = batch["y"].double()  # a batch its buffer cannot store next to the others
         return batch
 
     def loss(self, batch):
-        return ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
+        loss = ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
+        if self._mine("nan") and int(self.params["nan_at"]) <= self.steps_seen < int(self.params.get(
+                "nan_until", int(self.params["nan_at"]) + 1)):
+            loss = loss * float("nan")
+        self.steps_seen += 1
+        return loss
+
+    def _mine(self, fault: str) -> bool:
+        """``params.<fault>_rank`` names this rank (and ``<fault>_at`` is set)."""
+        return self.params.get(f"{fault}_rank") == self.rank and self.params.get(f"{fault}_at") is not None
+
+    def state_dict(self):
+        return {**super().state_dict(), "steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state):
+        state = dict(state)
+        self.steps_seen = int(state.pop("steps_seen", 0))
+        super().load_state_dict(state)
 
     def metrics(self):
         return {"w_error": float((self.model.weight.detach().flatten() - TRUE_W).norm())}

@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["HelpFormatter", "add_config_arguments", "add_override_arguments", "split_late_options", "rank_count", "OVERRIDES_HELP"]
+__all__ = ["HelpFormatter", "add_config_arguments", "add_override_arguments", "split_late_options", "rank_count",
+           "restart_count", "OVERRIDES_HELP"]
 
 OVERRIDES_HELP = ("config overrides KEY.PATH=VALUE, e.g. run.steps=200 layout.buffers=2 "
                   "(the value is YAML; options may come in between)")
@@ -51,15 +52,24 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n\n".join(out)
 
 
-def rank_count(text: str) -> int:
-    """argparse type of ``-n``: an integer >= 1 (``-n 0`` is a mistake, not "use the default")."""
+def _count(text: str, *, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of ranks >= 1, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of ranks >= 1, found {value}")
+        raise argparse.ArgumentTypeError(f"expected a number of {what} >= {low}, found {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected a number of {what} >= {low}, found {value}")
     return value
+
+
+def rank_count(text: str) -> int:
+    """argparse type of ``-n``: an integer >= 1 (``-n 0`` is a mistake, not "use the default")."""
+    return _count(text, low=1, what="ranks")
+
+
+def restart_count(text: str) -> int:
+    """argparse type of ``--max-restarts``: an integer >= 0."""
+    return _count(text, low=0, what="restarts")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, config_help: str, optional: bool = False) -> None:

@@ -51,6 +51,29 @@ class Ended:
             return self.failure.splitlines()[0].removeprefix("gflowdist:").strip()
         return f"exit status {self.code}"
 
+    def judged_by(self, run_dir: Path, *, since: float) -> "Ended":
+        """A non-zero exit that only a rank lost and gone on without explains is a success.
+
+        ``faults.on_actor_loss: continue``: the run finished and its ledger
+        balanced (``ledger.json``, written after ``since``, names the lost
+        ranks), no rank reported a failure, and the launcher's status is the
+        lost rank's (137 for kill -9).
+        """
+        if self.code == 0 or self.failure or self.interrupted:
+            return self
+        path = Path(run_dir) / "ledger.json"
+        try:
+            ledger = json.loads(path.read_text()) if path.stat().st_mtime >= since else {}
+        except (OSError, ValueError):
+            return self
+        if not (ledger.get("balanced") and ledger.get("lost_ranks")):
+            return self
+        lost = ", ".join(f"rank {rank}" for rank in ledger["lost_ranks"])
+        sys.stderr.write(f"gflowdist: finished without {lost} (faults.on_actor_loss = continue); exit status 0, "
+                         f"not {self.code}: that came from the lost rank and from ranks that could not finalize MPI "
+                         f"with it gone\n")
+        return Ended(0)
+
     def signature(self) -> tuple[str | None, str] | None:
         """``(step, "Type: message")`` of a rank's exception; None for anything else (a lost rank)."""
         match = _FAILED.match(self.failure.splitlines()[0]) if self.failure else None
@@ -74,8 +97,12 @@ def why_not_restart(ended: Ended, previous: Ended | None, run_dir: Path) -> str 
 
 
 def keep_going(ended: Ended, *, max_restarts: int, delay_s: float, run_dir: Path,
-               relaunch: Callable[[], Ended], out: TextIO | None = None) -> int:
-    """Relaunch after curable failures, up to ``max_restarts`` times; returns the last attempt's exit status."""
+               relaunch: Callable[[dict], Ended], out: TextIO | None = None) -> int:
+    """Relaunch after curable failures, up to ``max_restarts`` times; returns the last attempt's exit status.
+
+    ``relaunch(record)`` starts the job again with ``--resume``; ``record`` is the restart's entry of
+    ``restarts.json``, for the new job's ranks (``GFLOWDIST_RESTART``).
+    """
     out = out if out is not None else sys.stderr
     previous = None
     for restart in range(1, max_restarts + 1):
@@ -85,11 +112,11 @@ def keep_going(ended: Ended, *, max_restarts: int, delay_s: float, run_dir: Path
         if refusal is not None:
             _say(out, f"not restarting: {refusal}")
             return ended.code
-        _record(run_dir, restart, max_restarts, ended)
+        record = _record(run_dir, restart, max_restarts, ended)
         _say(out, f"restart {restart} of {max_restarts} in {delay_s:g} s, from the newest intact checkpoint of "
                   f"{run_dir}; the attempt before ended: {ended.reason}")
         time.sleep(delay_s)
-        previous, ended = ended, relaunch()
+        previous, ended = ended, relaunch(record)
     if ended.code != 0 and max_restarts and not ended.interrupted:
         _say(out, f"not restarting: no restart left (faults.max_restarts = {max_restarts})")
     return ended.code
@@ -100,14 +127,17 @@ def _say(out: TextIO, line: str) -> None:
     out.flush()
 
 
-def _record(run_dir: Path, restart: int, max_restarts: int, ended: Ended) -> None:
+def _record(run_dir: Path, restart: int, max_restarts: int, ended: Ended) -> dict:
+    """Append this restart to ``restarts.json``; returns its entry."""
     path = Path(run_dir) / RESTARTS_FILE
     try:
         entries = json.loads(path.read_text()) if path.exists() else []
     except (OSError, ValueError):
         entries = []
-    entries.append({"restart": restart, "of": max_restarts, "previous_ended": ended.reason,
-                    "exit_status": ended.code, "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    entry = {"restart": restart, "of": max_restarts, "previous_ended": ended.reason, "exit_status": ended.code,
+             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    entries.append(entry)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(entries, indent=1))
     tmp.replace(path)
+    return entry

@@ -1,4 +1,5 @@
-"""``gflowdist run CONFIG [key.path=value ...] [-n N] [--engine mpi|torch] [--resume RUN_DIR] [--record]``.
+"""``gflowdist run CONFIG [key.path=value ...] [-n N] [--engine mpi|torch] [--resume RUN_DIR] [--record]
+[--max-restarts N]``.
 
 Outside a job, the command re-launches itself on N ranks: under the
 ``mpiexec`` next to this Python (MPICH from PyPI), the one named by
@@ -11,6 +12,7 @@ rank: they finish their step, drain, checkpoint and write the report.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -18,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, split_late_options
+from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, restart_count, split_late_options
+from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
-from gflowdist.jobenv import FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, RUN_DIR_VARIABLE, find_mpiexec, free_port
+from gflowdist.jobenv import (FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, RESTART_VARIABLE, RUN_DIR_VARIABLE, find_mpiexec,
+                              free_port)
 from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
 __all__ = ["add_parser"]
@@ -61,10 +65,14 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N",
                         help="number of ranks (default: launch.nprocs)")
     parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its newest intact checkpoint")
     parser.add_argument("--record", action="store_true",
                         help="record every rank's choices that depend on timing (run.record=true), so that "
                              "gflowdist replay RUN_DIR can run it again to the bit")
+    parser.add_argument("--max-restarts", type=restart_count, metavar="N",
+                        help="restart a failed job up to N times from its newest intact checkpoint "
+                             "(overrides faults.max_restarts)")
 
 
 def _load(args):
@@ -86,6 +94,8 @@ def _load(args):
         overrides.append("run.record=true")
     if args.resume:  # a recording replays a run from its start: a resumed run records nothing
         overrides += ["run.record=false", "run.replay_of=null"]
+    if args.max_restarts is not None:
+        overrides.append(f"faults.max_restarts={args.max_restarts}")
     if config_path is None:
         if args.resume is None:
             raise ConfigError("give a config file (or --resume RUN_DIR)", key="CONFIG")
@@ -116,14 +126,25 @@ def run(args: argparse.Namespace) -> int:
         argv += ["--resume", args.resume]
     if launcher is None and config.launch.engine != "torch":
         return _run_here(config, args.resume)
-    env = _child_env()
+    run_dir = args.resume
     if not args.resume:  # the launcher makes the run directory: no other job can take it
         from gflowdist.rundir import create_run_dir
 
-        env[RUN_DIR_VARIABLE] = str(create_run_dir(config.run.out_dir, config.run.name))
-    if config.launch.engine == "torch":
-        return _spawn_torch(nprocs, argv, env, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
-    return _launch_mpi(nprocs, argv, env, config, launcher)
+        run_dir = str(create_run_dir(config.run.out_dir, config.run.name))
+
+    def launch(argv: list[str], extra: dict) -> Ended:
+        env, began = dict(_child_env(), **extra), time.time()
+        if config.launch.engine == "torch":
+            ended = _spawn_torch(nprocs, argv, env, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
+        else:
+            ended = _launch_mpi(nprocs, argv, env, config, launcher)
+        return ended.judged_by(Path(run_dir), since=began)
+
+    ended = launch(argv, {} if args.resume else {RUN_DIR_VARIABLE: run_dir})
+    resume_argv = ["-m", "gflowdist", "run", config_path, *overrides, "--resume", run_dir]
+    return keep_going(ended, max_restarts=config.faults.max_restarts, delay_s=config.faults.restart_delay_s,
+                      run_dir=Path(run_dir),
+                      relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}))
 
 
 def _check_before_launch(config, nprocs: int, *, from_option: bool):
@@ -145,7 +166,7 @@ def _run_here(config, resume) -> int:
     import gflowdist.runtime.job as job
     from gflowdist.comm.select import release_world_comm
 
-    job.run_job(config, resume_dir=resume)
+    job.run_job(config, resume_dir=resume)  # bounds the end of this process (runtime.process.end_within)
     release_world_comm()  # collective: every rank that returns here got through the same last step
     return 0
 
@@ -185,7 +206,7 @@ def _failure_messages() -> list[str]:
     return messages
 
 
-def _report_failure(code: int, relay: StderrRelay | None = None) -> None:
+def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
     """Print the rank failure to believe (MPI's abort may have eaten the rank's own stderr).
 
     With a stderr relay, that is the first entry whose first line came through
@@ -201,6 +222,7 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> None:
     if code != 0 and message:
         sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
         sys.stderr.flush()
+    return message if code != 0 else None
 
 
 def is_hydra(mpiexec: str) -> bool:
@@ -253,7 +275,7 @@ def _reap_leftovers(tracker: DescendantTracker) -> None:
             pass
 
 
-def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> int:
+def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> Ended:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
     # and host, and then aborts the job.
@@ -266,7 +288,7 @@ def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> in
     return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
 
 
-def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float) -> int:
+def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
@@ -280,7 +302,7 @@ def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: flo
 
 
 def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
-               relay: StderrRelay | None = None) -> int:
+               relay: StderrRelay | None = None) -> Ended:
     """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest.
 
     Whatever happens, no process of the job outlives this call: the launcher is a
@@ -337,5 +359,5 @@ def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
         failed = 128 - failed
     if relay is not None:
         relay.join(0.5)  # the last lines mpiexec wrote
-    _report_failure(failed, relay)
-    return failed
+    message = _report_failure(failed, relay)
+    return Ended(failed, message, interrupted=bool(interrupted))

@@ -353,6 +353,22 @@ class FaultsConfig(_Section):
     max_message_bytes: int = setting(256 * MIB, IntCheck(low=1),
                                      "Largest message a rank accepts (bytes); bigger ones are "
                                      "refused before allocation.")
+    max_restarts: int = setting(0, IntCheck(low=0),
+                                "Times `gflowdist run` restarts a failed job from its newest intact "
+                                "checkpoint when a restart can cure the failure (a lost rank, a cut "
+                                "link, a new exception); 0 = never.")
+    restart_delay_s: float = setting(1.0, FloatCheck(0.0),
+                                     "Seconds `gflowdist run` waits before a restart.")
+    on_nonfinite_loss: str = setting("fail", ChoiceCheck("fail", "skip"),
+                                     "A trainer's NaN or infinite loss: fail the run naming rank and step, "
+                                     "or skip the step (no gradient from this trainer) and go on.")
+    on_bad_batch: str = setting("fail", ChoiceCheck("fail", "drop"),
+                                "A batch its buffer refuses (fields, shapes or dtypes that differ from "
+                                "what the buffer stores): the sender's run fails with the buffer's "
+                                "reason, or the batch is dropped (counted) and the sender goes on.")
+    on_actor_loss: str = setting("fail", ChoiceCheck("fail", "continue"),
+                                 "A lost actor: fail the run, or continue without it (its undelivered "
+                                 "trajectories count as dropped, reason lost_rank).")
 
     def check_together(self) -> None:
         if self.peer_timeout_s <= self.heartbeat_s:

@@ -4,7 +4,8 @@ It reads the CONTROL channel: heartbeats (liveness), metrics (progress line,
 metrics.jsonl), role summaries, and every rank's final report (ledger,
 timers, staleness). A rank silent for longer than ``faults.peer_timeout_s``
 is declared lost with :class:`~gflowdist.errors.PeerLostError` naming its
-rank, role and host.
+rank, role and host; with ``faults.on_actor_loss: continue`` a lost actor is
+gone on without instead (:mod:`gflowdist.runtime.lost_actors`).
 
 A control message it cannot read (garbage, a size over
 ``faults.max_message_bytes``, a sequence gap) raises
@@ -29,6 +30,8 @@ from typing import Callable, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
+from gflowdist.runtime.generations import Reach
+from gflowdist.runtime.lost_actors import LostActors
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
@@ -74,6 +77,9 @@ class Collector:
         self.started = time.monotonic()
         self.run_dir = run_dir
         self.saved: dict[str, dict[int, dict]] = {}  # periodic checkpoint name -> rank -> its file's size, digest
+        self.lost_actors = LostActors(w, out)
+        self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
+        self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
 
     # -- one poll ---------------------------------------------------------------
     def poll(self, budget: int = 64, *, point: int = FREE) -> bool:
@@ -137,26 +143,41 @@ class Collector:
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
             self.w.finished.add(msg.sender)
+        elif msg.type is MessageType.HEARTBEAT:
+            self.lost_actors.heard(msg.sender, body)
+            if self.layout.role_of(msg.sender) is Role.TRAINER and isinstance(body.get("step"), int):
+                self.reach.note(msg.sender, body["step"])
         elif command_of(msg) is Command.SAVED:
             self.note_saved(body["name"], msg.sender, body["file"])
+        elif command_of(msg) is Command.REFUSED:  # I am a trainer too, and my buffer refused my batch
+            self.w.refused(body)
 
     def note_saved(self, name: str, rank: int, file: dict) -> None:
         """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""
-        from gflowdist.runtime.checkpoints import write_manifest
-
         ranks = self.saved.setdefault(name, {})
         if not ranks and self.w.context.role is Role.COORDINATOR and self.w.saver is not None:
             # the coordinator's own part (its state is not on the cut)
             ranks[self.w.rank] = self.w.saver.save(name)
         ranks[rank] = file
-        if len(ranks) == self.w.comm.size and self.run_dir is not None:
-            write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,
-                                                "complete": True}, files=ranks)
-            log.info("checkpoint %s complete", name)
+        if len(ranks) + len(set(self.w.lost) - set(ranks)) == self.w.comm.size and self.run_dir is not None:
+            self.complete(name, ranks)
             del self.saved[name]
+
+    def complete(self, name: str, files: dict[int, dict]) -> None:
+        """Write checkpoint ``name``'s manifest; a lost actor's slot gets its ledger (:mod:`.lost_actors`)."""
+        from gflowdist.runtime.checkpoints import save_rank, write_manifest
+
+        for rank in sorted(set(self.w.lost) - set(files)):
+            files[rank] = save_rank(self.run_dir, name, rank, self.lost_actors.payload(rank))
+        lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
+        write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,
+                                            "complete": True, **({"lost": lost} if lost else {})}, files=files)
+        log.info("checkpoint %s complete", name)
 
     def record_metrics(self, rank: int, body: dict) -> None:
         self.latest[rank] = body
+        if isinstance(body.get("step"), int):
+            self.reach.note(rank, body["step"] + 1)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3),
                                                 **body}) + "\n")
@@ -167,9 +188,17 @@ class Collector:
         limit = self.w.config.faults.peer_timeout_s
         now = time.monotonic()
         for rank, seen in self.last_seen.items():
-            if rank not in self.finals and now - seen > limit:
+            if rank in self.finals or rank in self.w.lost or now - seen <= limit:
+                continue
+            reason = f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {limit:g})"
+            if not self.lost_actors.may_go_on_without(rank):
                 raise PeerLostError(rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank),
-                                    reason=f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {limit:g})")
+                                    reason=reason)
+            self.lost_actors.go_on_without(rank, reason)
+
+    def all_reported(self) -> bool:
+        """Every other rank sent its final report, or is lost and gone on without."""
+        return all(rank in self.finals or rank in self.w.lost for rank in self.others)
 
     # -- progress -----------------------------------------------------------------
     def progress(self, force: bool = False) -> None:
@@ -189,7 +218,8 @@ class Collector:
         step = min(steps)
         elapsed = now - self.started
         per_step = elapsed / max(step, 1)
-        fields = {"step": f"{step}/{total}", "traj/s": f"{traj / max(elapsed, 1e-9):.0f}"}
+        fields = {**({"gen": str(self.w.generation)} if self.w.generation else {}),
+                  "step": f"{step}/{total}", "traj/s": f"{traj / max(elapsed, 1e-9):.0f}"}
         means: dict[str, list[float]] = {}
         for m in self.latest.values():
             for key, value in m.items():
@@ -197,6 +227,7 @@ class Collector:
                     means.setdefault(key, []).append(float(value))
         for key, values in means.items():
             fields[key] = f"{sum(values) / len(values):.4g}"
+        fields.update(self.lost_actors.progress_field())
         fields.update(self.extra_fields())
         fields["eta"] = format_duration(eta_seconds(total - step, 1.0 / per_step if per_step > 0 else 0.0))
         line = "  ".join(f"{k} {v}" for k, v in fields.items())
@@ -213,11 +244,11 @@ class Collector:
 
     # -- the end ------------------------------------------------------------------
     def wait_finals(self, poll_sleep: float = 0.005) -> dict[int, dict]:
-        """Collect every other rank's final report (bounded by the liveness check)."""
+        """Collect every other rank's final report (bounded by the liveness check); lost actors send none."""
         from gflowdist.comm.polling import Backoff
 
         backoff = Backoff(spin_s=0.0, first_sleep_s=poll_sleep, max_sleep_s=0.02)
-        while len(self.finals) < len(self.others):
+        while not self.all_reported():
             if not self.poll():
                 self.progress()
                 backoff.pause()

@@ -13,10 +13,11 @@ balance raises :class:`~gflowdist.errors.LedgerError` after ledger.json says why
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
@@ -32,21 +33,29 @@ class JobResult(dict):
 
 
 def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_size: int, generation: int,
-             last_metrics: Mapping[int, dict], stop_reason: str, tensorboard: bool, out: TextIO) -> JobResult:
-    """Write the run's end (see the module docstring) from every rank's final report; returns the result."""
+             last_metrics: Mapping[int, dict], stop_reason: str, tensorboard: bool, out: TextIO,
+             notes: Sequence[str] = ()) -> JobResult:
+    """Write the run's end (see the module docstring) from every rank's final report; returns the result.
+
+    ``notes``: lines for the report's notes (the generation and why the one before ended); ranks lost and
+    gone on without (their finals carry ``lost``) are noted too, and named in ledger.json and the final line.
+    """
+    lost = {r: f["lost"] for r, f in sorted(finals.items()) if f.get("lost")}
     checkpoints.write_manifest(run_dir, final_name, {
         "world_size": world_size, "generation": generation, "complete": True,
-        "steps": {str(r): f.get("step", 0) for r, f in finals.items()}},
+        "steps": {str(r): f.get("step", 0) for r, f in finals.items()},
+        **({"lost": {str(r): why for r, why in lost.items()}} if lost else {})},
         files={r: f["checkpoint_file"] for r, f in finals.items()})
     traces = {r: f.pop("trace") for r, f in finals.items() if "trace" in f}
     if traces:
         _write_trace(run_dir, traces, finals)
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
-    report = _report(run_dir, finals, ledgers)
+    notes = [*notes, *(f"went on without rank {r}: {why}" for r, why in lost.items())]
+    report = _report(run_dir, finals, ledgers, notes)
     if tensorboard:
         _write_tensorboard(run_dir, out)
-    totals = _check_ledgers(run_dir, ledgers, stop_reason)
+    totals = _check_ledgers(run_dir, ledgers, stop_reason, lost)
     out.write(report.to_text() + "\n")
     out.write(totals["final_line"] + "\n")
     out.flush()
@@ -54,7 +63,7 @@ def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_s
                      checkpoint=final_name, summaries={r: f.get("summary", {}) for r, f in finals.items()})
 
 
-def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger]):
+def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], notes: Sequence[str]):
     """The load-imbalance report of the run, saved in ``run_dir``."""
     from gflowdist.timing import build_report
 
@@ -63,13 +72,15 @@ def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger]):
     if metrics_path.exists():
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     report = build_report(
-        {r: f["timing"] for r, f in finals.items()},
+        {r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},  # a lost rank sent none
         roles={r: f["role"] for r, f in finals.items()},
         hosts={r: f["host"] for r, f in finals.items()},
         ledger={r: {"produced": l.produced, "sent": l.sent, "received": l.received, "admitted": l.admitted,
                     "dropped": dict(l.dropped), "in_flight": l.in_flight} for r, l in ledgers.items()},
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
         metrics=curves_by_step(rows))
+    if notes:
+        report = dataclasses.replace(report, notes=(*notes, *report.notes))
     report.save(run_dir)
     return report
 
@@ -80,7 +91,7 @@ def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict]
 
     trace = chrome_trace(traces, names={r: f"rank {r} {f['role']} @{f['host']}" for r, f in finals.items()},
                          offsets={r: float(f.get("clock_offset", 0.0)) for r, f in finals.items()},
-                         timings={r: f["timing"] for r, f in finals.items()})
+                         timings={r: f["timing"] for r, f in finals.items() if f.get("timing") is not None})
     write_trace(run_dir / "trace.json", trace)
 
 
@@ -97,9 +108,11 @@ def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
     out.write(f"gflowdist: TensorBoard event files in {folder} (tensorboard --logdir {folder})\n")
 
 
-def _check_ledgers(run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str) -> dict[str, Any]:
+def _check_ledgers(run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str,
+                   lost: Mapping[int, str]) -> dict[str, Any]:
     """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises."""
     per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
+    lost_ranks = {str(r): why for r, why in lost.items()}
     try:
         totals = check_ledgers(ledgers)
     except LedgerError as err:
@@ -111,10 +124,28 @@ def _check_ledgers(run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str) 
     line = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
             f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
             f"{totals['dropped']} dropped, ledger balanced"
-            f"{f'; {malformed} malformed messages rejected' if malformed else ''}; run directory {run_dir}")
+            f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
+            f"{_refused(ledgers)}"
+            f"{f'; went on without rank {_ranks(lost)}' if lost else ''}; run directory {run_dir}")
     (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "final_line": line,
-                                                     "per_rank": per_rank}, indent=1))
+                                                     "lost_ranks": lost_ranks, "per_rank": per_rank}, indent=1))
     return {"totals": totals, "final_line": line}
+
+
+def _refused(ledgers: Mapping[int, Ledger]) -> str:
+    """``; 15 batches refused (from rank 1: 15)``: batches buffers could not store, by sender; "" if none."""
+    senders: dict[int, int] = {}
+    for ledger in ledgers.values():
+        for sender, n in ledger.refused.items():
+            senders[sender] = senders.get(sender, 0) + n
+    if not senders:
+        return ""
+    by = ", ".join(f"rank {r}: {n}" for r, n in sorted(senders.items()))
+    return f"; {sum(senders.values())} batches refused (from {by})"
+
+
+def _ranks(lost: Mapping[int, str]) -> str:
+    return ", ".join(str(r) for r in sorted(lost))
 
 
 def curves_by_step(rows: list[dict]) -> list[dict]:

@@ -51,10 +51,11 @@ from gflowdist.runtime import checkpoints, roles
 from gflowdist.runtime.checkpoints import CheckpointSaver
 from gflowdist.runtime.collector import Collector
 from gflowdist.runtime.conclusion import JobResult, conclude
+from gflowdist.runtime.generations import generation_note, restart_record
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_trainer
 from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_trace
-from gflowdist.runtime.process import RankProcess, fail_job, prepare_rank
+from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
 from gflowdist.runtime.resume import restore
 from gflowdist.runtime.state import RunState, TrainerState, state_for
 from gflowdist.runtime.wiring import Wiring
@@ -81,9 +82,12 @@ def run_job(config: Config, *, resume_dir: str | None = None, comm: Communicator
     except KeyboardInterrupt:
         fail_job(world, f"gflowdist: rank {world.rank} interrupted", code=130)
     except BaseException as err:  # noqa: BLE001 - any failure on any rank ends the whole job
-        where = ctx.describe_rank(world.rank)
-        fail_job(world, f"gflowdist: {where} failed: {type(err).__name__}: {err}\n{traceback.format_exc()}", code=1)
+        step = getattr(err, "step", None)  # an error that knows its step (a refused batch's) says it
+        step = process.step() if step is None else step
+        where = ctx.describe_rank(world.rank) + (f" failed at step {step}" if step is not None else " failed")
+        fail_job(world, f"gflowdist: {where}: {type(err).__name__}: {err}\n{traceback.format_exc()}", code=1)
     finally:
+        end_of_process_bounded(world)  # freeing communicators and MPI_Finalize would wait for a lost rank
         ctx.cleanup()
     return None
 
@@ -103,6 +107,8 @@ class Rank:
 def _run(process: RankProcess, config: Config, resume_dir: str | None, out: TextIO) -> JobResult | None:
     rank = _make_rank(process, config, resume_dir)
     world, w = process.world, rank.w
+    if isinstance(rank.state, TrainerState):
+        process.step = lambda: rank.state.step
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=config.faults.startup_timeout_s)
     if config.run.trace:
@@ -184,6 +190,12 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
                           on_weights=coordinator.on_weights if coordinator else None)
     out.write(f"gflowdist: {layout.summary()}\ngflowdist: run directory {run_dir}\n")
     _say_resumed(out, rank.resumed_from, rank.skipped)
+    resumed_at = resumed_step if resumed_step is not None else collector.reach.before
+    collector.generation_note = generation_note(rank.w.generation, restart_record(), rank.resumed_from, resumed_at,
+                                                collector.reach.before)
+    if collector.generation_note:
+        out.write(f"gflowdist: {collector.generation_note}\n")
+        log.info("%s", collector.generation_note)
     return collector
 
 
@@ -227,9 +239,14 @@ def _conclude(process: RankProcess, config: Config, rank: Rank, collector: Colle
     rank.w.tape.finish()  # the final reports were my last recorded choices
     final["ledger"] = rank.w.ledger.to_dict()  # with what the collector refused while it waited
     finals[process.world.rank] = final
+    for lost in sorted(rank.w.lost):  # actors the run went on without: their finals from what is known
+        finals[lost] = collector.lost_actors.final_of(lost, finals)
+        finals[lost]["checkpoint_file"] = checkpoints.save_rank(process.run_dir, final_name, lost,
+                                                                collector.lost_actors.payload(lost))
     collector.progress(force=True)
     collector.finish_line()
     collector.metrics_file.close()
     return conclude(process.run_dir, final_name, finals, world_size=process.world.size,
                     generation=rank.w.generation, last_metrics=collector.latest, stop_reason=rank.w.stop.reason,
-                    tensorboard=config.run.tensorboard, out=out)
+                    tensorboard=config.run.tensorboard, out=out,
+                    notes=[collector.generation_note] if collector.generation_note else [])

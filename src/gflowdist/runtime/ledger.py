@@ -7,15 +7,23 @@ Each rank counts, per trajectory (not per message):
   delivered; zero after the shutdown drain);
 - buffers: ``received`` (per producer), ``admitted`` and ``dropped`` by
   reason (``duplicate``, ``low_score``, ``staleness``,
-  ``rate_limit``); ``evicted`` (admitted items later overwritten for capacity:
-  delivered, then dropped; reported, not part of the balance); and
+  ``rate_limit``, ``bad_batch``); ``evicted`` (admitted items later overwritten for capacity:
+  delivered, then dropped; reported, not part of the balance);
   ``malformed`` messages per sender (rejected before anything in them could be
-  counted as a trajectory; reported, not part of the balance).
+  counted as a trajectory; reported, not part of the balance); and
+  ``refused`` batches per sender (well-formed messages whose batch the
+  storage could not take; their trajectories are in ``dropped["bad_batch"]``).
+- a lost actor (``faults.on_actor_loss: continue``): the collector writes
+  its ledger from its last heartbeat, ``produced`` = what it said it had
+  produced (at least what the buffers received from it), and what no buffer
+  received as ``dropped["lost_rank"]``: dropped before delivery.
 
 At shutdown the collector checks, for the whole job::
 
-    produced == used_locally + received_by_buffers + in_flight
-    received_by_buffers == admitted + sum(dropped)
+    produced == used_locally + received_by_buffers + in_flight + dropped_before_delivery
+    received_by_buffers == admitted + sum(dropped after receipt)
+
+where ``dropped_before_delivery`` is a producer's ``dropped["lost_rank"]``.
 
 A mismatch raises :class:`~gflowdist.errors.LedgerError` naming the producer
 whose counts disagree: it is an error, not a warning.
@@ -29,7 +37,10 @@ from typing import Any, Mapping
 
 from gflowdist.errors import LedgerError
 
-__all__ = ["Ledger", "check_ledgers"]
+__all__ = ["Ledger", "check_ledgers", "BEFORE_DELIVERY"]
+
+#: Drop reasons counted by a producer, before a buffer received anything (the others are a buffer's).
+BEFORE_DELIVERY = ("lost_rank",)
 
 
 @dataclass
@@ -44,6 +55,7 @@ class Ledger:
     dropped: Counter = field(default_factory=Counter)
     received_from: Counter = field(default_factory=Counter)
     malformed: Counter = field(default_factory=Counter)  # sender rank -> malformed messages
+    refused: Counter = field(default_factory=Counter)  # sender rank -> batches the storage could not take
 
     def drop(self, reason: str, n: int) -> None:
         if n:
@@ -54,7 +66,8 @@ class Ledger:
                 "in_flight": self.in_flight, "received": self.received, "admitted": self.admitted,
                 "evicted": self.evicted, "dropped": dict(self.dropped),
                 "received_from": {str(k): v for k, v in self.received_from.items()},
-                "malformed": {str(k): v for k, v in self.malformed.items()}}
+                "malformed": {str(k): v for k, v in self.malformed.items()},
+                "refused": {str(k): v for k, v in self.refused.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Ledger":
@@ -63,7 +76,8 @@ class Ledger:
                    received=data.get("received", 0), admitted=data.get("admitted", 0),
                    evicted=data.get("evicted", 0), dropped=Counter(data.get("dropped", {})),
                    received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}),
-                   malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}))
+                   malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}),
+                   refused=Counter({int(k): v for k, v in data.get("refused", {}).items()}))
 
 
 def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
@@ -74,12 +88,15 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
     problems = []
     for rank, ledger in sorted(ledgers.items()):
         delivered = received_from.get(rank, 0)
-        if ledger.produced != ledger.used_locally + delivered + ledger.in_flight:
+        lost = sum(ledger.dropped.get(reason, 0) for reason in BEFORE_DELIVERY)
+        if ledger.produced != ledger.used_locally + delivered + ledger.in_flight + lost:
             problems.append(f"rank {rank} produced {ledger.produced} but {ledger.used_locally} were used "
-                            f"locally, {delivered} reached a buffer and {ledger.in_flight} are in flight")
-        if ledger.received != ledger.admitted + sum(ledger.dropped.values()):
+                            f"locally, {delivered} reached a buffer, {ledger.in_flight} are in flight"
+                            + (f" and {lost} were lost with it" if lost else ""))
+        dropped = sum(ledger.dropped.values()) - lost
+        if ledger.received != ledger.admitted + dropped:
             problems.append(f"buffer rank {rank} received {ledger.received} but admitted {ledger.admitted} "
-                            f"and dropped {sum(ledger.dropped.values())}")
+                            f"and dropped {dropped}")
     totals = {
         "produced": sum(l.produced for l in ledgers.values()),
         "used_locally": sum(l.used_locally for l in ledgers.values()),
@@ -89,6 +106,7 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
         "in_flight": sum(l.in_flight for l in ledgers.values()),
         "evicted": sum(l.evicted for l in ledgers.values()),
         "malformed_messages": sum(sum(l.malformed.values()) for l in ledgers.values()),
+        "refused_batches": sum(sum(l.refused.values()) for l in ledgers.values()),
     }
     if problems:
         raise LedgerError("the ledger does not balance: " + "; ".join(problems))

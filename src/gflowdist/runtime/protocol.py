@@ -6,7 +6,7 @@ channel, messages between two ranks arrive in the order they were sent.
 | channel | between |
 |---|---|
 | `DATA` | a client (trainer or actor) and its buffer: trajectories, sample requests and replies, priority updates, checkpoint markers, `done` |
-| `CONTROL` | every rank and the collector (the coordinator, else rank 0): heartbeats, metrics, summaries, `saved`, `stop`, final reports |
+| `CONTROL` | every rank and the collector (the coordinator, else rank 0): heartbeats, metrics, summaries, `saved`, `stop`, `lost`, final reports; a buffer and a client whose batch it refused: `refused` |
 | `WEIGHTS` | a trainer and its actors: weights, checkpoint markers, `stop` |
 
 Every message: its constructor here, its
@@ -29,6 +29,8 @@ who sends it to whom, and where it is sent and handled.
 | :func:`summary` | USER | CONTROL | buffer -> collector | :meth:`BufferLoop.idle`, :meth:`BufferLoop.run` / :meth:`Collector.poll` |
 | :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Wiring.checkpoint` / :meth:`Collector.poll` |
 | :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Wiring.send_final` / :meth:`Collector.poll` |
+| :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Wiring.check_control` |
+| :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Wiring.check_control` |
 
 A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;
 :func:`command_of` reads it. A constructor returns ``(MessageType, body)``,
@@ -58,9 +60,8 @@ import torch
 from gflowdist.transport import Message, MessageType
 
 __all__ = ["Tags", "Command", "MessageType", "Outgoing", "trajectories", "sample_request", "sample_reply", "priorities",
-           "done", "checkpoint",
-           "checkpointed", "weights", "stop", "heartbeat", "metrics", "summary", "saved", "final_report",
-           "command_of", "is_command"]
+           "done", "checkpoint", "checkpointed", "weights", "stop", "heartbeat", "metrics", "summary", "saved", "refused",
+           "lost", "final_report", "command_of", "is_command"]
 
 #: What a constructor returns: the message type and the body, as ``Channel.isend`` takes them.
 Outgoing = tuple[MessageType, Any]
@@ -89,6 +90,10 @@ class Command(enum.Enum):
     SAVED = "saved"
     #: coordinator -> trainers and actors (CONTROL, with a ``reason``), trainer -> its actors (WEIGHTS)
     STOP = "stop"
+    #: buffer -> a client (CONTROL): your batch could not be stored (``text`` says why)
+    REFUSED = "refused"
+    #: collector -> the trainer and buffer of a lost actor (CONTROL): go on without ``rank``
+    LOST = "lost"
 
 
 _COMMANDS = {command.value: command for command in Command}
@@ -180,6 +185,16 @@ def summary(values: Mapping[str, Any]) -> Outgoing:
 def saved(name: str, file: Mapping[str, Any]) -> Outgoing:
     """My part of periodic checkpoint ``name`` is on disk; ``file``: its ``bytes`` and ``sha256`` for the manifest."""
     return _command(Command.SAVED, name=name, file=dict(file))
+
+
+def refused(text: str, seq: int) -> Outgoing:
+    """A buffer could not store the receiver's batch ``seq``; ``text`` names both ranks, the field, expected vs got."""
+    return _command(Command.REFUSED, text=text, seq=seq)
+
+
+def lost(rank: int, reason: str) -> Outgoing:
+    """The collector lost actor ``rank`` (``reason``) and the run goes on without it."""
+    return _command(Command.LOST, rank=rank, reason=reason)
 
 
 def final_report(report: Mapping[str, Any]) -> Outgoing:

@@ -93,10 +93,14 @@ def restore(run_dir: Path, world: Communicator, role: BaseRole, state: RunState,
     """Collective: load this rank's part of the checkpoint :func:`choose_checkpoint` picks into these objects."""
     chosen = choose_checkpoint(run_dir, world)
     saved = chosen.payload
-    role.load_state_dict(saved["role"])
+    if saved.get("lost"):  # the run went on without me: my slot holds my counts, no role state
+        log.warning("checkpoint %s has no state of mine (%s): I start from setup(), my counts carried on",
+                    chosen.name, saved["lost"])
+    else:
+        role.load_state_dict(saved["role"])
+        torch.set_rng_state(saved["torch_rng"])
+        generator.set_state(saved["generator"])
     state.load(saved["runtime"])
-    torch.set_rng_state(saved["torch_rng"])
-    generator.set_state(saved["generator"])
     if replay is not None and "replay" in saved:
         replay.load_state_dict(saved["replay"])
     for reason in chosen.skipped:

@@ -15,14 +15,15 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from gflowdist.comm import Communicator
 from gflowdist.config import Config
 from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import PeerLostError
-from gflowdist.layout import Layout
+from gflowdist.layout import Layout, Role
 from gflowdist.runtime import protocol
+from gflowdist.runtime.faults import on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.observing import TraceObserver
 from gflowdist.runtime.protocol import Command, Outgoing, Tags
@@ -67,6 +68,18 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
+#: Set when MPICH's hydra says a rank of the job died (SIGUSR1, caught only under
+#: ``faults.on_actor_loss: continue``) until the collector names it: meanwhile nobody sends to an actor, since
+#: a send to a dead rank stalls all of the sender's MPI traffic (MPICH 5) or fails (gloo).
+PEER_DIED = threading.Event()
+#: Set with :data:`PEER_DIED` and never cleared: this process heard of a death during the run.
+DEATH_HEARD = threading.Event()
+
+#: Ranks any wiring of this process went on without (``faults.on_actor_loss: continue``): the end of
+#: such a process may not wait for them (see :func:`gflowdist.runtime.process.end_within`).
+LOST_IN_THIS_PROCESS: set[int] = set()
+
+
 def collector_rank(layout: Layout) -> int:
     """The rank that hears everyone: the coordinator, else rank 0 (a trainer)."""
     return layout.coordinator if layout.coordinator is not None else 0
@@ -93,6 +106,9 @@ class Wiring:
     finished: set[int] = field(default_factory=set)  # ranks whose final report arrived (on the collector)
     _last_beat: float = field(default=0.0, init=False)
     _collector_seen: float = field(default_factory=time.monotonic, init=False)
+    lost: dict[int, str] = field(default_factory=dict)  # actors the run goes on without (on_actor_loss)
+    #: the trainer step each of my recent batches was made at, by its first trajectory's seq (refusals name it)
+    shipped_at: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def build(cls, context: DistributedContext, config: Config, stop: StopFlag, *, ledger: Ledger | None = None,
@@ -138,11 +154,29 @@ class Wiring:
             return
         self._last_beat = now
         if self.rank != self.collector:
-            self.control.isend(*protocol.heartbeat(step, **extra), self.collector)
+            # what a lost actor's ledger is written from (gflowdist.runtime.lost_actors)
+            counts = {"produced": self.ledger.produced} if self.ledger.produced else {}
+            if self.ledger.received_from:
+                counts["received_from"] = {str(k): v for k, v in self.ledger.received_from.items()}
+            self.control.isend(*protocol.heartbeat(step, **counts, **extra), self.collector)
             return
         for rank in range(self.comm.size):
-            if rank != self.rank and rank not in self.finished:
+            if rank != self.rank and rank not in self.finished and self.may_send_to(rank):
                 self.control.isend(*protocol.heartbeat(step), rank)
+
+    def may_send_to(self, rank: int) -> bool:
+        """False for a rank the run goes on without, and for every actor while a death is not yet named."""
+        if rank in self.lost:
+            return False
+        return not (PEER_DIED.is_set() and self.context.layout.role_of(rank) is Role.ACTOR)
+
+    def await_named_death(self) -> None:
+        """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named."""
+        deadline = time.monotonic() + 2 * self.config.faults.peer_timeout_s
+        while PEER_DIED.is_set() and time.monotonic() < deadline:
+            self.heartbeat(-1)
+            self.check_control()
+            time.sleep(0.01)
 
     def reset_liveness(self) -> None:
         """Start the liveness clocks now (after every rank finished its setup)."""
@@ -150,10 +184,13 @@ class Wiring:
         self._last_beat = 0.0
 
     def check_control(self) -> bool:
-        """Read what the collector sent me (beats, ``stop``); True once the run should stop.
+        """Read what the collector sent me (beats, ``stop``, ``lost``) and my buffer's refusals; True once the
+        run should stop.
 
         Raises :class:`~gflowdist.errors.PeerLostError` naming the collector when
-        it has been silent for longer than ``faults.peer_timeout_s``.
+        it has been silent for longer than ``faults.peer_timeout_s``, and
+        :class:`~gflowdist.errors.BadBatchError` when my buffer refused a batch
+        of mine under ``faults.on_bad_batch: fail``.
         """
         if self.rank == self.collector:
             return bool(self.stop)
@@ -161,17 +198,46 @@ class Wiring:
         msg = self.control.try_recv(self.collector)
         while msg is not None:
             self._collector_seen = now
-            if protocol.is_command(msg, Command.STOP) and not self.tape.replaying:  # replayed: stop_seen()
-                self.stop.set(msg.body.get("reason", "coordinator"))
+            self._obey(msg)
             msg = self.control.try_recv(self.collector)
+        buffer = getattr(self.context.placement, "buffer", None)
+        if buffer is not None and buffer != self.collector:
+            msg = self.control.try_recv(buffer)
+            while msg is not None:
+                self._obey(msg)
+                msg = self.control.try_recv(buffer)
         silent = now - self._collector_seen
-        if silent > self.config.faults.peer_timeout_s:
+        # an actor hears no beats while a death is not yet named (may_send_to): it allows twice the time
+        patience = 2 if PEER_DIED.is_set() else 1
+        if silent > patience * self.config.faults.peer_timeout_s:
             layout = self.context.layout
             raise PeerLostError(self.collector, role=layout.role_of(self.collector).value,
                                 host=layout.host_of(self.collector),
                                 reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
                                        f"{self.config.faults.peer_timeout_s:g})")
         return bool(self.stop)
+
+    def _obey(self, msg) -> None:
+        command = protocol.command_of(msg)
+        if command is Command.STOP and not self.tape.replaying:  # replayed: stop_seen()
+            self.stop.set(msg.body.get("reason", "coordinator"))
+        elif command is Command.LOST:
+            self.go_on_without(int(msg.body["rank"]), str(msg.body["reason"]))
+        elif command is Command.REFUSED:
+            self.refused(msg.body)
+
+    def refused(self, body: Mapping[str, Any]) -> None:
+        """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
+        on_refused(str(body["text"]), mode=self.config.faults.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
+
+    def go_on_without(self, rank: int, reason: str) -> None:
+        """Rank ``rank`` is lost and the run goes on (``faults.on_actor_loss: continue``): send it nothing more."""
+        self.lost[rank] = reason
+        LOST_IN_THIS_PROCESS.add(rank)
+        PEER_DIED.clear()  # named: sending to the other actors is safe again
+        for channel in (self.data, self.control, self.weights):
+            channel.forget(rank)
+        log.warning("going on without rank %d: %s", rank, reason)
 
     def checkpoint(self, name: str) -> dict[str, Any] | None:
         """Save my part of periodic checkpoint ``name``, tell the collector; returns the file's size and digest.

@@ -192,6 +192,14 @@ class Channel:
                                         f"within {wait_s:g} s", peer=dst) from err
                 pending.popleft()
 
+    def forget(self, dst: int) -> int:
+        """Stop waiting for the pending sends to ``dst``, a rank that is gone; returns how many there were.
+
+        They can never complete; :meth:`drain` would wait for them until its
+        deadline. Their buffers stay referenced by the communicator's requests.
+        """
+        return len(self._pending.pop(dst, ()))
+
     # -- receiving --------------------------------------------------------------
     def try_recv(self, src: int | None = None, *, copy: bool = False) -> Message | None:
         """The next message if one has arrived, else None (never blocks)."""

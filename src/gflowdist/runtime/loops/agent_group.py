@@ -33,6 +33,8 @@ class AgentGroup:
         self.timer = timer
         self.shared = sync.mode != "none" and comm is not None and comm.size > 1
         self.members = tuple(comm.world_rank(r) for r in range(comm.size)) if comm is not None else ()
+        #: whether every step's gradients are averaged over the group (mode ``gradients``)
+        self.averages_gradients = self.shared and sync.mode == "gradients"
 
     def align(self, model: torch.nn.Module) -> None:
         """Start every replica from the same weights: those of the group's first trainer."""

@@ -17,7 +17,9 @@ import time
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import ProtocolError
 from gflowdist.replay import RateLimitedError, ReplayBuffer
+from gflowdist.replay.storage import ItemSchemaError
 from gflowdist.runtime import protocol
+from gflowdist.runtime.faults import refusal_text
 from gflowdist.runtime.loops.priorities import apply_priority_update, sample_reply_for
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.roles import BufferManager
@@ -50,8 +52,13 @@ class BufferLoop:
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
         self.taken = 0  # messages taken (malformed ones too): where this loop is
 
+    @property
+    def finished_clients(self) -> set[int]:
+        """My clients that said ``done``, and those the run goes on without (``faults.on_actor_loss``)."""
+        return self.done | (self.clients & set(self.w.lost))
+
     def run(self) -> None:
-        while self.done != self.clients:
+        while self.finished_clients != self.clients:
             try:
                 msg = self.w.take(Site.DATA, self.w.data, self.taken)
             except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
@@ -123,6 +130,11 @@ class BufferLoop:
             return
         batch = msg.body["batch"]
         try:
+            self.replay.storage.check_schema(batch)
+        except ItemSchemaError as err:
+            self.refuse(msg, n, str(err))
+            return
+        try:
             result = self.replay.extend(batch, producer=msg.sender, seq=int(msg.body["seq"]), policy_version=version,
                                         scores=self.manager.score(batch), priorities=msg.body.get("priorities"))
         except RateLimitedError:
@@ -138,6 +150,20 @@ class BufferLoop:
             mask = result.admitted_mask
             self.manager.on_admitted({k: v[mask] for k, v in batch.items()})
 
+    def refuse(self, msg: Message, n: int, reason: str) -> None:
+        """A batch my storage cannot take: dropped and counted against its sender, who is told why.
+
+        The sender's run fails or goes on (``faults.on_bad_batch``,
+        :func:`~gflowdist.runtime.faults.on_refused`); I keep serving everyone.
+        """
+        ctx = self.w.context
+        text = refusal_text(f"buffer {ctx.describe_rank(self.w.rank)}", ctx.describe_rank(msg.sender), n,
+                            int(msg.body["seq"]), reason)
+        self.w.ledger.drop("bad_batch", n)
+        self.w.ledger.refused[msg.sender] += 1
+        log.warning("%s", text)
+        self.w.control.isend(*protocol.refused(text, int(msg.body["seq"])), msg.sender)  # a collector: in poll
+
     def serve_sample(self, msg: Message) -> None:
         """Answer a sample request: a batch and its policy versions (prioritized: weights and keys, beta at
         the requester's version), or nothing while too little is stored."""
@@ -146,7 +172,7 @@ class BufferLoop:
 
     def save_complete_cuts(self) -> None:
         """Save every checkpoint whose markers came from all clients still running; acknowledge it to them."""
-        for name in [n for n, senders in self.marked.items() if senders | self.done >= self.clients]:
+        for name in [n for n, senders in self.marked.items() if senders | self.finished_clients >= self.clients]:
             with self.w.timer.phase("checkpoint"):
                 self.w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
             for client in sorted(self.marked.pop(name)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -14,8 +15,13 @@ from gflowdist.runtime.state import ActorState, TrainerState
 from gflowdist.runtime.tape import Site, batch_digest
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import Message
+from gflowdist.transport.channel import Channel
 
-__all__ = ["trajectory_count", "concat_batches", "ship", "use_locally", "reply_from", "checkpoint_cut", "finish"]
+#: How many recent batches a trainer remembers the step of (a refusal arrives a few batches later at most).
+SHIPPED_KEPT = 256
+
+__all__ = ["trajectory_count", "concat_batches", "ship", "use_locally", "reply_from", "checkpoint_cut", "finish",
+           "drain_live"]
 
 
 def trajectory_count(batch: Mapping[str, torch.Tensor]) -> int:
@@ -52,6 +58,10 @@ def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buf
     priorities = initial_priorities(producer, batch, n)
     w.check(Site.BATCH, state.produced, lambda: batch_digest(batch))  # before it leaves: a diverged rank names itself
     w.ledger.produced += n
+    if isinstance(state, TrainerState):  # a refusal of this batch names the step that made it
+        w.shipped_at[state.produced] = state.step
+        if len(w.shipped_at) > SHIPPED_KEPT:
+            del w.shipped_at[next(iter(w.shipped_at))]
     w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n,
                                         priorities=priorities), buffer)
     w.ledger.sent += n
@@ -103,3 +113,23 @@ def finish(w: Wiring, buffer: int | None) -> None:
     if buffer is not None:
         w.data.send(*protocol.done(), buffer)
     w.data.drain()
+
+
+def drain_live(w: Wiring, channel: Channel, peers: Sequence[int]) -> None:
+    """Wait for my sends on ``channel`` to ``peers``, listening to the collector meanwhile.
+
+    A peer the run goes on without (``faults.on_actor_loss: continue``) is
+    not waited for: its sends can never complete. :class:`DeadlineError`
+    names a live peer whose sends are still pending after the channel's
+    send timeout.
+    """
+    deadline = time.monotonic() + channel.send_timeout
+    waiting = [p for p in peers if p not in w.lost and channel.in_flight(p)]
+    while waiting:
+        if time.monotonic() > deadline:
+            raise DeadlineError(f"{channel.in_flight(waiting[0])} sends to rank {waiting[0]} did not complete "
+                                f"within {channel.send_timeout:g} s", peer=waiting[0])
+        w.heartbeat(-1)
+        w.check_control()
+        time.sleep(0.002)
+        waiting = [p for p in peers if p not in w.lost and channel.in_flight(p)]

@@ -21,13 +21,14 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
     layout = w.context.layout
     stop_sent = False
     backoff = Backoff(spin_s=0.0, first_sleep_s=0.001, max_sleep_s=0.02)
-    while len(collector.finals) < len(collector.others):
+    while not collector.all_reported():
         got = collector.poll()
         if not stop_sent and (w.stop or coordinator.should_stop()):
             w.stop.set("the coordinator decided to stop")  # a signal's reason, if one came first, stays
             reason = w.stop.reason
             for rank in layout.trainers + layout.actors:
-                w.control.isend(*protocol.stop(reason), rank)
+                if w.may_send_to(rank):  # an actor not told here hears stop from its trainer
+                    w.control.isend(*protocol.stop(reason), rank)
             stop_sent = True
         collector.progress()
         if got:

@@ -23,8 +23,9 @@ from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
+from gflowdist.runtime.faults import loss_is_usable
 from gflowdist.runtime.loops.agent_group import AgentGroup
-from gflowdist.runtime.loops.client import (checkpoint_cut, concat_batches, finish, reply_from, ship,
+from gflowdist.runtime.loops.client import (checkpoint_cut, concat_batches, drain_live, finish, reply_from, ship,
                                              trajectory_count, use_locally)
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
@@ -108,6 +109,7 @@ class TrainerLoop:
         #: my loop's turns: where my tape records what I took and saw; my step, but a pure learner's
         #: waits for items are turns too
         self.turn = state.step
+        self.skipped = 0  # steps whose loss was not finite (faults.on_nonfinite_loss: skip)
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
@@ -167,16 +169,31 @@ class TrainerLoop:
         self.keep_alive()
 
     def learn(self, batch: dict) -> torch.Tensor:
-        """loss -> backward -> gradients averaged in my agent group -> optimizer step -> version + 1."""
+        """loss -> backward -> gradients averaged in my agent group -> optimizer step -> version + 1.
+
+        A NaN or infinite loss is caught before ``backward()`` (``faults.on_nonfinite_loss``,
+        :func:`~gflowdist.runtime.faults.loss_is_usable`): ``fail`` raises; ``skip`` gives zero
+        gradients, which still join my group's average so the replicas stay alike, and skips my
+        optimizer step when there is no average to join.
+        """
         trainer, timer = self.trainer, self.w.timer
         with timer.phase("loss"):
             trainer.optimizer.zero_grad(set_to_none=True)
             loss = trainer.loss(batch)
-            loss.backward()
+            usable = loss_is_usable(loss, mode=self.config.faults.on_nonfinite_loss, rank=self.w.rank,
+                                    step=self.state.step)
+            if usable:
+                loss.backward()
+            else:
+                self.skipped += 1
+                for param in trainer.model.parameters():
+                    if param.requires_grad:
+                        param.grad = torch.zeros_like(param)
         self.w.check(Site.LOSS, self.state.step, lambda: float(loss.detach()))
         self.group.average_gradients(trainer.model)
-        with timer.phase("optimizer"):
-            trainer.optimizer.step()
+        if usable or self.group.averages_gradients:
+            with timer.phase("optimizer"):
+                trainer.optimizer.step()
         self.state.version += 1
         self.idle.reset()
         return loss
@@ -193,7 +210,7 @@ class TrainerLoop:
 
     def publish(self, loss: torch.Tensor) -> None:
         """Weights to my actors (every ``sync.weights_to_actors_every`` versions), metrics to the collector."""
-        if self.actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
+        if self.live_actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
             self.send_weights()
         if self.evaluator is not None and self.state.version % self.config.sync.weights_to_coordinator_every == 0:
             weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
@@ -201,7 +218,7 @@ class TrainerLoop:
         step, run = self.state.step, self.config.run
         if step % run.log_every == 0 or step == run.steps - 1:
             metrics = {"step": step, "loss": float(loss.detach()), "trajectories": self.state.produced,
-                       **self.trainer.metrics()}
+                       **({"skipped_steps": self.skipped} if self.skipped else {}), **self.trainer.metrics()}
             if self.collector is not None:
                 self.collector.record_metrics(self.w.rank, metrics)
             else:
@@ -215,7 +232,9 @@ class TrainerLoop:
         if self.requests is not None:
             self.requests.settle()
         name = checkpoint_name(self.w.generation, step)
-        file = checkpoint_cut(self.w, self.buffer, self.actors, name)
+        if self.actors:
+            self.w.await_named_death()  # every live actor must get the marker
+        file = checkpoint_cut(self.w, self.buffer, self.live_actors, name)
         if self.collector is not None and file is not None:  # I am the collector: note my own part
             self.collector.note_saved(name, self.w.rank, file)
 
@@ -229,15 +248,34 @@ class TrainerLoop:
         """Settle my replies, stop my actors (no weights stay on the wire), tell my buffer I am done."""
         if self.requests is not None:
             self.requests.settle()
-        for actor in self.actors:
+        if self.actors:
+            self.w.await_named_death()  # every live actor must get the stop
+        drain_live(self.w, self.w.weights, self.actors)  # room for the stop; a lost actor is not waited for
+        for actor in self.live_actors:
             self.w.weights.isend(*protocol.stop(), actor)
-        self.w.weights.drain()
+        drain_live(self.w, self.w.weights, self.actors)
         finish(self.w, self.buffer)
 
+    @property
+    def live_actors(self) -> list[int]:
+        """My actors less those the run goes on without (``faults.on_actor_loss: continue``)."""
+        return [actor for actor in self.actors if actor not in self.w.lost]
+
+    @property
+    def reachable_actors(self) -> list[int]:
+        """My live actors, none while a rank's death is not yet named (:meth:`Wiring.may_send_to`)."""
+        return [actor for actor in self.live_actors if self.w.may_send_to(actor)]
+
     def send_weights(self) -> None:
-        """My model's weights, stamped with my policy version, to each of my actors."""
-        if not self.actors:
+        """My model's weights, stamped with my policy version, to each of my (live) actors.
+
+        An actor whose earlier weights are all still in flight (``max_in_flight`` of the
+        WEIGHTS channel) gets none this time: only the newest weights matter, and waiting
+        here for a slow or dead actor would stall my training.
+        """
+        ready = [a for a in self.reachable_actors if self.w.weights.in_flight(a) < self.w.weights.max_in_flight]
+        if not ready:
             return
         weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
-        for actor in self.actors:
+        for actor in ready:
             self.w.weights.isend(*protocol.weights(weights, self.state.version), actor)
