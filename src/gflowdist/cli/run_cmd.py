@@ -168,7 +168,20 @@ def _run_here(config, resume) -> int:
 
     job.run_job(config, resume_dir=resume)  # bounds the end of this process (runtime.process.end_within)
     release_world_comm()  # collective: every rank that returns here got through the same last step
+    _finalize_mpi()
     return 0
+
+
+def _finalize_mpi() -> None:
+    """MPI_Finalize now, while the bound on this process's end still holds (an MPI rank only).
+
+    mpi4py would call it at the very end of the interpreter's shutdown, after
+    Python has cancelled faulthandler's timer, and with a lost rank it never
+    returns (``gflowdist.runtime.process.end_within``).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 def _child_env() -> dict:
