@@ -130,9 +130,9 @@ def main() -> int:
     parser.add_argument("--peer-timeout", type=float, default=3.0, help="faults.peer_timeout_s (default 3)")
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
-    out_dir = Path(tempfile.mkdtemp(prefix="gflowdist-restart-"))
     load = os.getloadavg()
-    results = [one_repeat(out_dir / str(k), args.peer_timeout) for k in range(repeats)]
+    with tempfile.TemporaryDirectory(prefix="gflowdist-restart-") as folder:
+        results = [one_repeat(Path(folder) / str(k), args.peer_timeout) for k in range(repeats)]
     print(f"restart after kill -9 of a trainer: toy job, 4 ranks, peer_timeout_s {args.peer_timeout:g}, "
           f"{repeats} repeat(s), load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     width = max(len(k) for k in results[0])
