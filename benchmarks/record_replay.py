@@ -219,6 +219,8 @@ def main() -> int:
             result.update(sizes(Path(result["run_dir"])))
             results[name].append(result)
             loads.append(os.getloadavg()[0])
+            print(f"  round {round_ + 1}/{repeats} {name:8s} {result['traj_per_s']:7.0f} traj/s "
+                  f"(load {loads[-1]:.1f})", file=sys.stderr, flush=True)  # progress: a run takes 20-60 s
     print(f"HyperGrid 2 trainers + buffer + coordinator (-n 4), {steps} steps, {repeats} run(s) per setup "
           f"(median); {hypergrid.load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
           f"{time.monotonic() - began:.0f} s")

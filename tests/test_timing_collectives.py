@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from gflowdist.runtime.wiring import StopFlag
 from gflowdist.timing import StepTimer, build_report
 from gflowdist.timing.collectives import collective_waits
-from gflowdist.timing.trace import SENT, TOOK, TraceRecorder
+from gflowdist.timing.trace import INSTANT, SENT, TOOK, TraceRecorder
 from gflowdist.timing.trace_file import chrome_trace, write_trace
 
 
@@ -99,6 +100,16 @@ def test_trace_has_a_track_per_rank_paired_flows_and_named_last_arrivers(tmp_pat
     assert first_on_0["args"]["last_arriver"] == 2
     assert first_on_0["args"]["waited_on_last_s"] == pytest.approx(0.4)
     assert any(e["ph"] == "i" and e["pid"] == 1 for e in events)
+
+
+def test_a_stop_is_an_instant_on_the_trace_once() -> None:
+    clock = FakeClock()
+    stop, stop.trace = StopFlag(), TraceRecorder(10, clock=clock)
+    clock.now = 2.5
+    stop.set("signal SIGTERM")
+    stop.set("the coordinator decided to stop")  # the first reason stays: no second instant
+    assert [list(e) for e in stop.trace.events] == [[INSTANT, "stop", "stop", 2.5, {"reason": "signal SIGTERM"}]]
+    assert stop.reason == "signal SIGTERM"
 
 
 def test_ring_keeps_the_newest_and_the_trace_keeps_the_common_window() -> None:

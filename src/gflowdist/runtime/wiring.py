@@ -46,16 +46,22 @@ LIMIT_KEY = "faults.max_message_bytes"
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM or by the coordinator's ``stop``; every loop checks it each step."""
+    """Set by SIGINT/SIGTERM or by the coordinator's ``stop``; every loop checks it each step.
+
+    With a ``trace`` (``run.trace``), the moment it is set is an instant event ``stop`` with the reason.
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self.trace: TraceRecorder | None = None
 
     def set(self, reason: str) -> None:
         if not self._event.is_set():
             self.reason = reason
             self._event.set()
+            if self.trace is not None:
+                self.trace.instant("stop", "stop", {"reason": reason})
 
     def __bool__(self) -> bool:
         return self._event.is_set()
@@ -135,6 +141,7 @@ class Wiring:
             observer = TraceObserver(trace)
             for ch in channels.values():
                 ch.observer = observer
+            stop.trace = trace
         return cls(comm=comm, context=context, config=config, **channels, stop=stop,
                    collector=collector_rank(context.layout), ledger=ledger if ledger is not None else Ledger(),
                    generation=generation, saver=saver, timer=StepTimer(trace=trace), tape=tape or Tape())

@@ -9,7 +9,7 @@ object API,
   messages thin and grey), nested events drawn thinner on top;
 - each arrow (flow) from its send to its take;
 - the last arriver of each collective as a black triangle above its bar;
-  instants (a checkpoint, a fault) as a black diamond.
+  instants (a checkpoint, a fault, a stop) as a black diamond.
 
 ``gflowdist report RUN_DIR --timeline PNG [--window START_MS:END_MS]`` calls it.
 """
@@ -86,7 +86,7 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tupl
     ax.set_xlim(0.0, (hi - lo) / 1e3)
     ax.set_ylim(-0.6, len(pids) - 0.4)
     ax.set_xlabel(f"milliseconds from {start:.1f} ms into the trace (triangle: the last arriver of a collective; "
-                  f"arrows: messages from send to take)", fontsize=8)
+                  f"diamond: an instant, e.g. a checkpoint; arrows: messages from send to take)", fontsize=8)
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")
     fig.savefig(tmp, format="png", dpi=dpi)

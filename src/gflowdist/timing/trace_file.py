@@ -11,7 +11,7 @@ trace:
 - each message whose send and take both are in the trace an arrow from the
   start of the send to the end of the take (flow events ``ph: s`` / ``ph: f``,
   matched by sender, receiver, channel and the channel's sequence number);
-- checkpoints and faults instant events (``ph: i``).
+- checkpoints, faults and stops instant events (``ph: i``).
 
 Time: each rank's clock plus its ``offsets`` entry (seconds) is put on one
 line, whose zero is the earliest event. Ranks on one host share a monotonic
