@@ -1,16 +1,26 @@
-"""The fault policies in one process: a non-finite loss, a refused batch, when a restart may cure a failure."""
+"""The fault policies in one process: a non-finite loss, a refused batch (at the buffer and at its sender), when a
+restart may cure a failure."""
 
 from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gflowdist.cli.restarts import Ended, why_not_restart
 from gflowdist.errors import BadBatchError, NonFiniteLossError
+from gflowdist.replay import ReplayBuffer
+from gflowdist.replay.samplers import UniformSampler
+from gflowdist.replay.storage import TensorStorage
+from gflowdist.replay.writers import RoundRobinWriter
+from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import loss_is_usable, on_refused
+from gflowdist.runtime.ledger import Ledger
+from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.transport import Message
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
@@ -55,3 +65,31 @@ def test_a_nonzero_exit_explained_by_a_lost_actor_is_a_success(tmp_path):
     assert Ended(137).judged_by(tmp_path, since=float("inf")).code == 137  # an older run's ledger.json
     (tmp_path / "ledger.json").write_text(json.dumps({"balanced": True, "lost_ranks": {}}))
     assert Ended(137).judged_by(tmp_path, since=0).code == 137
+
+
+def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_and_got_and_serves_the_others():
+    sent = []
+    roles = {0: "trainer", 1: "trainer", 3: "buffer"}
+    context = SimpleNamespace(placement=SimpleNamespace(clients=(0, 1)),
+                              describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)")
+    w = SimpleNamespace(rank=3, ledger=Ledger(), context=context, lost={},
+                        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=None)),
+                        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))))
+    manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
+    replay = ReplayBuffer(TensorStorage(100), UniformSampler(), RoundRobinWriter())
+    loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), replay)
+
+    def offer(sender: int, seq: int, length: int) -> None:
+        kind, body = protocol.trajectories({"states": torch.zeros(4, length, 2)}, seq=seq, version=0, n=4)
+        loop.admit(Message(kind, sender, 0, body))
+
+    offer(0, 0, 16)
+    offer(1, 0, 17)  # per-item shape [17, 2] where the storage holds [16, 2]
+    offer(0, 4, 16)
+    assert w.ledger.admitted == 8 and w.ledger.dropped == {"bad_batch": 4} and w.ledger.refused == {1: 1}
+    assert len(replay) == 8 and w.ledger.received_from == {0: 8, 1: 4}
+    [(_, told, to)] = sent
+    assert to == 1 and told["cmd"] == "refused" and told["seq"] == 0
+    assert told["text"] == ("buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
+                            "(trainer on vm): field 'states': got per-item shape [17, 2] torch.float32, the storage "
+                            "holds [16, 2] torch.float32")
