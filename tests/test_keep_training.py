@@ -16,6 +16,7 @@ One launch of three toy jobs (a few ms a step) side by side:
   ``dropped["lost_rank"]``; the buffer refuses trainer 1's batches naming
   rank, role, field, expected and got, counts them against it and keeps
   serving everyone; the NaN step is skipped naming rank and step; balanced;
+  each of these faults an instant event in trace.json on the rank that saw it;
 - ``same twice``: the bad batch under ``faults.on_bad_batch: fail`` and
   ``max_restarts: 2``: the sender's run fails with the buffer's words, is
   restarted once, fails the same way at the same step and is not restarted
@@ -125,7 +126,18 @@ def _check_went_on(job, run: Path, code: int) -> None:
     assert "rank 0: the loss is nan at step 7: step skipped" in (run / "logs" / "rank-0.log").read_text()
     replayed = finals["0"]["staleness"]
     assert sum(replayed.values()) > 0  # the buffer kept serving trainer 0's sample requests
+    _check_fault_instants(run, refused)
     assert job.no_process_left()
+
+
+def _check_fault_instants(run: Path, refused: int) -> None:
+    """trace.json: each fault an instant event on the track of the rank that saw it."""
+    instants = [e for e in read_json(run / "trace.json")["traceEvents"] if e["ph"] == "i" and e["cat"] == "fault"]
+    seen = {(e["pid"], e["name"]) for e in instants}
+    assert {(4, "rank lost"), (3, "batch refused"), (1, "batch refused"), (0, "non-finite loss")} <= seen, seen
+    assert all(e["args"]["rank"] == 2 for e in instants if e["name"] == "rank lost")
+    assert sum(e["pid"] == 3 and e["name"] == "batch refused" for e in instants) == refused
+    assert [e["args"] for e in instants if e["name"] == "non-finite loss"] == [{"step": 7}]
 
 
 def _check_not_restarted_twice(job, code: int) -> None:

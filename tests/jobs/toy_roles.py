@@ -4,15 +4,11 @@ Fast (a few ms a step) so end-to-end tests spend their time on the framework.
 Behaviour switches come from ``params`` (fail_after, delay_s, ...); faults:
 ``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
 policy version on: batches its buffer refuses), ``nan_rank``/``nan_at``
-[/``nan_until``] (that trainer's loss is NaN at those steps); and one from
-the environment, since a replay runs the recorded params: with
-``GFLOWDIST_TEST_PERTURB=<rank>:<version>`` that trainer's rollout at that
-policy version changes by a hair (an injected divergence).
+[/``nan_until``] (that trainer's loss is NaN at those steps).
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -46,8 +42,6 @@ class ToyTrainer(Trainer):
         if self.params.get("fail_in_trainer") and policy_version >= int(self.params["fail_in_trainer"]):
             raise RuntimeError("toy trainer failure on purpose")
         batch = make_batch(self.n, self.generator)
-        if os.environ.get("GFLOWDIST_TEST_PERTURB") == f"{self.rank}:{policy_version}":
-            batch["y"] = batch["y"] + 1e-6
         if self._mine("retype") and policy_version >= int(self.params["retype_at"]):
             batch["y"] = batch["y"].double()  # a batch its buffer cannot store next to the others
         return batch

@@ -235,11 +235,13 @@ class Wiring:
 
     def refused(self, body: Mapping[str, Any]) -> None:
         """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
+        self.note("batch refused", "fault", seq=body.get("seq"))
         on_refused(str(body["text"]), mode=self.config.faults.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
 
     def go_on_without(self, rank: int, reason: str) -> None:
         """Rank ``rank`` is lost and the run goes on (``faults.on_actor_loss: continue``): send it nothing more."""
         self.lost[rank] = reason
+        self.note("rank lost", "fault", rank=rank, reason=reason)
         LOST_IN_THIS_PROCESS.add(rank)
         PEER_DIED.clear()  # named: sending to the other actors is safe again
         for channel in (self.data, self.control, self.weights):

@@ -161,6 +161,7 @@ class BufferLoop:
                             int(msg.body["seq"]), reason)
         self.w.ledger.drop("bad_batch", n)
         self.w.ledger.refused[msg.sender] += 1
+        self.w.note("batch refused", "fault", sender=msg.sender, trajectories=n)
         log.warning("%s", text)
         self.w.control.isend(*protocol.refused(text, int(msg.body["seq"])), msg.sender)  # a collector: in poll
 

@@ -186,6 +186,7 @@ class TrainerLoop:
                 loss.backward()
             else:
                 self.skipped += 1
+                self.w.note("non-finite loss", "fault", step=self.state.step)
                 for param in trainer.model.parameters():
                     if param.requires_grad:
                         param.grad = torch.zeros_like(param)
