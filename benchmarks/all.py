@@ -126,7 +126,7 @@ def averaging(table: Table, quick: bool, record: dict) -> None:
     import averaging as bench
 
     for engine in ("torch",) if quick else ("mpi", "torch"):
-        results = bench.measure(engine, 1 if quick else 100)
+        results = bench.measure(engine, 1 if quick else 60)
         record[engine] = results
         for label, ms, raw_ms, ratio in bench.summary_rows(engine, results):
             model, case = label.split()[-2:]

@@ -5,13 +5,19 @@ MPICH's blocking ``Probe``/``Recv``/``Wait`` busy-poll at 100% CPU; on a
 through :class:`Backoff` instead: it spins for ``spin_s`` seconds (a reply
 that is already on its way is caught within microseconds, which keeps
 ping-pong latency close to raw MPI), then sleeps for intervals that double
-from ``first_sleep_s`` up to ``max_sleep_s``. A rank that waits 3 s uses about
+from ``first_sleep_s`` up to ``max_sleep_s``. Every turn of the spin yields
+the core (``sched_yield``): alone on its core the waiter keeps polling, but a
+rank that waits gives its core at once to any process that can run there (on
+2 cores with 2 trainers under other load, the trainers' CPU per HyperGrid step
+fell from 5.8-6.8 ms to 4.5-4.6 ms and their throughput rose 1.7-2x, see
+docs/performance.md). A rank that waits 3 s uses about
 ``spin_s`` of CPU plus one cheap check per ``max_sleep_s``, well under 5% of a
 core.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, TypeVar
 
@@ -60,6 +66,7 @@ class Backoff:
         """Wait a little; never sleeps past ``deadline``."""
         now = time.monotonic()
         if now < self._spin_until:
+            os.sched_yield()  # spinning, but any process that wants this core gets it first
             return
         delay = self._sleep
         if deadline is not None:
