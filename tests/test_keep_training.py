@@ -1,6 +1,8 @@
 """Keep training through faults, through the real CLI under mpiexec (issue 17's items 3-5).
 
-One launch of three toy jobs (a few ms a step) side by side:
+One launch of three toy jobs (a few ms a step) side by side; the trainers
+sleep 0.1 s a rollout where a kill is due, and one loop watches both jobs to
+be killed, so a kill cannot come after the job it was meant for ended:
 
 - ``restart``: trainer 1 killed with ``kill -9`` under ``faults.max_restarts: 1``
   and periodic checkpoints: the launcher restarts the same layout from the
@@ -45,37 +47,49 @@ REFUSAL = (r"buffer rank {buffer} \(buffer on \S+\) refused a batch of 8 traject
 
 
 def _keys(run: Path) -> list[tuple[int, int]]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """``(rank, step)`` of every metrics row written whole so far."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip().endswith("}")]
     return [(row["rank"], row["step"]) for row in rows]
 
 
-def _wait_for(what, predicate, job, timeout: float = 120) -> None:
+def _kill_when(triggers: dict, timeout: float = 150) -> None:
+    """``{job: (what, ready(run_dir), rank)}``: ``kill -9`` each job's ``rank`` once its ``ready`` holds.
+
+    The jobs are watched together, so one job's slow start-up cannot let another finish before its kill.
+    """
     deadline = time.monotonic() + timeout
-    while not predicate():
-        if job.proc.poll() is not None:
-            raise AssertionError(f"job ended ({job.proc.returncode}) before {what}:\n{job.output}")
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{job.output}"
+    while triggers:
+        for job, (what, ready, rank) in list(triggers.items()):
+            if job.proc.poll() is not None:
+                raise AssertionError(f"job ended ({job.proc.returncode}) before {what}:\n{job.output}")
+            runs = list(job.out_dir.glob("*/metrics.jsonl"))
+            if runs and ready(runs[0].parent):
+                os.kill(pid_of_rank(runs[0].parent, rank), signal.SIGKILL)
+                del triggers[job]
+        assert time.monotonic() < deadline, f"not every kill after {timeout} s: {[t[0] for t in triggers.values()]}"
         time.sleep(0.1)
 
 
 def test_training_goes_on_through_a_lost_trainer_a_lost_actor_bad_batches_and_a_nan_loss(job_factory):
+    # trainers sleep 0.1 s a rollout where a kill is due (from step 12; the whole run): time for the kill
     restart = job_factory(f"run.steps={STEPS}", "run.log_every=1", "params.delay_s=0.03",
+                          "params.slow_from=12", "params.slow_s=0.1",
                           "faults.checkpoint_every=8", "--max-restarts", "1", *FAST)
     going_on = job_factory(f"run.steps={STEPS}", "layout.actors=1", "-n", "5", "params.delay_s=0.03",
-                           "faults.on_actor_loss=continue", *RETYPE, "faults.on_bad_batch=drop",
-                           "params.nan_rank=0", "params.nan_at=7", "faults.on_nonfinite_loss=skip", *FAST)
+                           "params.slow_s=0.1", "faults.on_actor_loss=continue", *RETYPE,
+                           "faults.on_bad_batch=drop", "params.nan_rank=0", "params.nan_at=7",
+                           "faults.on_nonfinite_loss=skip", *FAST)
     twice = job_factory("run.steps=20", *RETYPE, "faults.checkpoint_every=2", "--max-restarts", "2", *FAST)
-    run_r = restart.wait_for_metrics(1)
-    run_g = going_on.wait_for_metrics(1)
-    _wait_for("a periodic checkpoint", lambda: candidates(run_r), restart)
-    _wait_for("step 12", lambda: (1, 12) in _keys(run_r), restart)
-    os.kill(pid_of_rank(run_r, 1), signal.SIGKILL)  # trainer 1 (trainers 0-1, buffer 2, coordinator 3)
-    _wait_for("10 steps", lambda: len(_keys(run_g)) >= 2, going_on)
-    os.kill(pid_of_rank(run_g, 2), signal.SIGKILL)  # the actor (trainers 0-1, actor 2, buffer 3, coordinator 4)
+    _kill_when({
+        # trainer 1 (trainers 0-1, buffer 2, coordinator 3) at step 12, after a periodic checkpoint
+        restart: ("trainer 1's step 12 and a checkpoint", lambda run: candidates(run) and (1, 12) in _keys(run), 1),
+        # the actor (trainers 0-1, actor 2, buffer 3, coordinator 4) once the trainers are training
+        going_on: ("the first metrics rows", lambda run: len(_keys(run)) >= 2, 2)})
     codes = [job.wait(240) for job in (restart, going_on, twice)]
 
-    _check_restarted(restart, run_r, codes[0])
-    _check_went_on(going_on, run_g, codes[1])
+    _check_restarted(restart, restart.run_dir(), codes[0])
+    _check_went_on(going_on, going_on.run_dir(), codes[1])
     _check_not_restarted_twice(twice, codes[2])
 
 

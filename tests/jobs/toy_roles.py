@@ -1,7 +1,9 @@
 """Tiny roles for runtime tests: a linear model learning y = x . w from generated data.
 
 Fast (a few ms a step) so end-to-end tests spend their time on the framework.
-Behaviour switches come from ``params`` (fail_after, delay_s, ...); faults:
+Behaviour switches come from ``params`` (fail_after, delay_s, ``slow_s``
+[/``slow_from``]: each trainer rollout from that policy version on sleeps
+``slow_s``, a window for a test to kill a rank in); faults:
 ``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
 policy version on: batches its buffer refuses), ``nan_rank``/``nan_at``
 [/``nan_until``] (that trainer's loss is NaN at those steps).
@@ -39,6 +41,8 @@ class ToyTrainer(Trainer):
 
     def rollout(self, policy_version):
         _delay(self.params, self.generator)
+        if self.params.get("slow_s") and policy_version >= int(self.params.get("slow_from", 0)):
+            time.sleep(float(self.params["slow_s"]))
         if self.params.get("fail_in_trainer") and policy_version >= int(self.params["fail_in_trainer"]):
             raise RuntimeError("toy trainer failure on purpose")
         batch = make_batch(self.n, self.generator)
