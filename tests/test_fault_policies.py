@@ -68,13 +68,14 @@ def test_a_nonzero_exit_explained_by_a_lost_actor_is_a_success(tmp_path):
 
 
 def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_and_got_and_serves_the_others():
-    sent = []
+    sent, notes = [], []
     roles = {0: "trainer", 1: "trainer", 3: "buffer"}
     context = SimpleNamespace(placement=SimpleNamespace(clients=(0, 1)),
                               describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)")
     w = SimpleNamespace(rank=3, ledger=Ledger(), context=context, lost={},
                         config=SimpleNamespace(replay=SimpleNamespace(max_staleness=None)),
-                        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))))
+                        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
+                        note=lambda event, category, **args: notes.append((event, category, args)))
     manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
     replay = ReplayBuffer(TensorStorage(100), UniformSampler(), RoundRobinWriter())
     loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), replay)
@@ -88,6 +89,7 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     offer(0, 4, 16)
     assert w.ledger.admitted == 8 and w.ledger.dropped == {"bad_batch": 4} and w.ledger.refused == {1: 1}
     assert len(replay) == 8 and w.ledger.received_from == {0: 8, 1: 4}
+    assert notes == [("batch refused", "fault", {"sender": 1, "trajectories": 4})]  # on the buffer's trace
     [(_, told, to)] = sent
     assert to == 1 and told["cmd"] == "refused" and told["seq"] == 0
     assert told["text"] == ("buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
