@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from gflowdist.cli.restarts import Ended, why_not_restart
-from gflowdist.errors import BadBatchError, NonFiniteLossError
+from gflowdist.config import Config
+from gflowdist.errors import BadBatchError, ConfigError, NonFiniteLossError
 from gflowdist.replay import ReplayBuffer
 from gflowdist.replay.samplers import UniformSampler
 from gflowdist.replay.storage import TensorStorage
 from gflowdist.replay.writers import RoundRobinWriter
 from gflowdist.runtime import protocol
-from gflowdist.runtime.faults import loss_is_usable, on_refused
+from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops.buffer import BufferLoop
 from gflowdist.transport import Message
@@ -95,3 +96,15 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     assert told["text"] == ("buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
                             "(trainer on vm): field 'states': got per-item shape [17, 2] torch.float32, the storage "
                             "holds [16, 2] torch.float32")
+
+
+def test_going_on_without_a_lost_actor_is_refused_on_the_torch_engine_naming_the_key():
+    with pytest.raises(ConfigError, match="is continue, but launch.engine is torch: gloo cannot go on") as err:
+        Config.from_dict({"faults": {"on_actor_loss": "continue"}, "launch": {"engine": "torch"}})
+    assert err.value.key == "faults.on_actor_loss"
+    config = Config.from_dict({"faults": {"on_actor_loss": "continue"}})  # engine auto: decided at start-up
+    with pytest.raises(ConfigError, match="is continue, but this job runs on the torch engine") as err:
+        check_engine_allows(config, "torch")
+    assert err.value.key == "faults.on_actor_loss"
+    check_engine_allows(config, "mpi")
+    check_engine_allows(Config.from_dict({"launch": {"engine": "torch"}}), "torch")  # on_actor_loss: fail

@@ -334,6 +334,11 @@ class SyncConfig(_Section):
                                                 "many steps; 0 = never.")
 
 
+#: Why ``faults.on_actor_loss: continue`` is refused on the torch engine (``{engine}``: how it was chosen).
+ACTOR_LOSS_ON_TORCH = ("is continue, but {engine}: gloo cannot go on without a rank (its first send to "
+                       "the lost actor fails and ends the job); use launch.engine: mpi, or on_actor_loss: fail")
+
+
 @dataclass(frozen=True)
 class FaultsConfig(_Section):
     """Failure detection, checkpoints and message limits."""
@@ -429,6 +434,9 @@ class Config:
             raise ConfigError(f"is {self.sync.weights_to_coordinator_every} but layout.coordinator is false: "
                               "there is no coordinator to send the weights to",
                               key="sync.weights_to_coordinator_every", file=self.file)
+        if self.faults.on_actor_loss == "continue" and self.launch.engine == "torch":
+            raise ConfigError(ACTOR_LOSS_ON_TORCH.format(engine="launch.engine is torch"),
+                              key="faults.on_actor_loss", file=self.file)
         object.__setattr__(self, "params", _frozen_params(self.params))
 
     # --- loading ---------------------------------------------------------

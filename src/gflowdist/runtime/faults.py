@@ -16,6 +16,11 @@ storage holds) refuses it, counts it against the sender (the ledger's
 (:func:`~gflowdist.runtime.protocol.refused`); :func:`on_refused` then raises
 :class:`~gflowdist.errors.BadBatchError` with the buffer's words (``fail``)
 or logs them and goes on (``drop``).
+
+``faults.on_actor_loss: continue`` needs the MPI engine:
+:func:`check_engine_allows` refuses it on a job that runs on torch
+(``launch.engine: auto`` under a torch launcher; the config itself refuses
+``launch.engine: torch``).
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import logging
 
 import torch
 
-from gflowdist.errors import BadBatchError, NonFiniteLossError
+from gflowdist.config import Config
+from gflowdist.config.schema import ACTOR_LOSS_ON_TORCH
+from gflowdist.errors import BadBatchError, ConfigError, NonFiniteLossError
 
-__all__ = ["loss_is_usable", "refusal_text", "on_refused"]
+__all__ = ["loss_is_usable", "refusal_text", "on_refused", "check_engine_allows"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -57,3 +64,10 @@ def on_refused(text: str, *, mode: str, step: int | None = None) -> None:
     if mode == "fail":
         raise BadBatchError(f"{text} (faults.on_bad_batch = fail; 'drop' would count it and go on)", step=step)
     log.warning("%s: dropped (faults.on_bad_batch = drop)", text)
+
+
+def check_engine_allows(config: Config, engine: str) -> None:
+    """Refuse ``faults.on_actor_loss: continue`` when the job runs on ``engine`` ``"torch"`` (see the module docs)."""
+    if config.faults.on_actor_loss == "continue" and engine == "torch":
+        raise ConfigError(ACTOR_LOSS_ON_TORCH.format(engine="this job runs on the torch engine"),
+                          key="faults.on_actor_loss", file=config.file)

@@ -31,6 +31,7 @@ from gflowdist.jobenv import FAILURE_FILE_VARIABLE
 from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
 from gflowdist.runtime.device_setup import setup_device
+from gflowdist.runtime.faults import check_engine_allows
 from gflowdist.runtime.wiring import DEATH_HEARD, LOST_IN_THIS_PROCESS, PEER_DIED, StopFlag, collector_rank
 
 __all__ = ["RankProcess", "prepare_rank", "fail_job", "end_within", "end_of_process_bounded", "FORWARD_BEFORE_ABORT_S", "END_AFTER_LOSS_S",
@@ -70,6 +71,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     """Make this process a rank of the job (collective: every rank calls it; see the module docstring)."""
     placed = setup_device(config.launch.devices)  # before any CUDA work, and before nccl could start
     world = comm if comm is not None else world_comm(config.launch.engine, cuda=placed.cuda_index is not None)
+    check_engine_allows(config, world.engine)
     _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
     stop = StopFlag()
     stop.install_signal_handlers()
