@@ -25,7 +25,9 @@ processes' load than traj/s: on a shared machine it is the number to compare.
 the trainers), where recording's and tracing's work lands, and which other
 ranks' polling does not blur. **cost**: ``1 - setup / baseline`` of the
 medians for rates, ``setup / baseline - 1`` for CPU per step (negative:
-cheaper than the baseline, i.e. noise). Then one recorded run is replayed with ``gflowdist
+cheaper than the baseline, i.e. noise); **paired**: the median over rounds of
+each round's own ``1 - setup / baseline`` traj/s (a round's four runs follow
+each other, so they share most of the machine's load). Then one recorded run is replayed with ``gflowdist
 replay`` and the verdict printed (identical metrics.jsonl and ledger).
 
 On a loaded machine the end-to-end numbers spread by tens of percent, more
@@ -178,6 +180,11 @@ def cost_lines(results: dict[str, list[dict]], steps: int, costs: dict[str, floa
          "record", "trace"], rows, indent="  ")]
 
 
+def paired_cost(runs: list[dict], baseline: list[dict]) -> float:
+    """Median over rounds of ``1 - traj/s / the same round's baseline traj/s`` (runs of a round are neighbours)."""
+    return statistics.median(1 - r["traj_per_s"] / b["traj_per_s"] for r, b in zip(runs, baseline))
+
+
 def table(results: dict[str, list[dict]]) -> list[str]:
     base_rate = statistics.median(r["traj_per_s"] for r in results["baseline"])
     base_cpu = statistics.median(r["traj_per_cpu_s"] for r in results["baseline"])
@@ -188,11 +195,12 @@ def table(results: dict[str, list[dict]]) -> list[str]:
         cpu = statistics.median(r["traj_per_cpu_s"] for r in runs)
         spread = f"({min(r['traj_per_s'] for r in runs):.0f}-{max(r['traj_per_s'] for r in runs):.0f})"
         step_ms = statistics.median(r["cpu_ms_trainer"] for r in runs)
-        rows.append([name, f"{rate:.0f} {spread}", f"{100 * (1 - rate / base_rate):+.1f}%", f"{cpu:.0f}",
+        rows.append([name, f"{rate:.0f} {spread}", f"{100 * (1 - rate / base_rate):+.1f}%",
+                     f"{100 * paired_cost(runs, results['baseline']):+.1f}%", f"{cpu:.0f}",
                      f"{100 * (1 - cpu / base_cpu):+.1f}%", f"{step_ms:.2f}", f"{100 * (step_ms / base_step - 1):+.1f}%",
                      f"{statistics.median(r['record_bytes'] for r in runs) / 1e3:.0f} kB",
                      f"{statistics.median(r['trace_bytes'] for r in runs) / 1e6:.2f} MB"])
-    return table_lines(["setup", "traj/s (min-max)", "cost", "traj/CPU-s", "cost", "trainer CPU ms/step", "cost",
+    return table_lines(["setup", "traj/s (min-max)", "cost", "paired", "traj/CPU-s", "cost", "trainer CPU ms/step", "cost",
                         "record/", "trace.json"],
                        rows, indent="  ")
 
@@ -204,7 +212,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="training steps per run (default 200, quick 60)")
     parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument("--table-from", metavar="JSON", help="print the table of a run's --json file; run nothing")
     args = parser.parse_args()
+    if args.table_from:
+        import json
+
+        print("\n".join(table(json.loads(Path(args.table_from).read_text()))))
+        return 0
     steps = args.steps or (60 if args.quick else 200)
     repeats = args.repeats or (1 if args.quick else 4)
     hypergrid = _hypergrid()

@@ -32,6 +32,19 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "time"} for row in rows]
 
 
+def _nested_on_each_track(events: list[dict]) -> bool:
+    """Whether every duration event lies inside or after the ones it starts in (trace viewers need that)."""
+    for pid in {e["pid"] for e in events if e["ph"] == "X"}:
+        open_ends: list[float] = []
+        for e in sorted((e for e in events if e["ph"] == "X" and e["pid"] == pid), key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1] <= e["ts"]:
+                open_ends.pop()
+            if open_ends and e["ts"] + e["dur"] > open_ends[-1]:
+                return False
+            open_ends.append(e["ts"] + e["dur"])
+    return True
+
+
 def _check_trace(run: Path) -> None:
     trace = read_json(run / "trace.json")
     events = trace["traceEvents"]
@@ -41,6 +54,7 @@ def _check_trace(run: Path) -> None:
     assert tracks[2].startswith("rank 2 buffer @") and tracks[3].startswith("rank 3 coordinator @")
     busy = Counter(e["pid"] for e in events if e["ph"] == "X")
     assert all(busy[rank] > 0 for rank in range(4)), busy
+    assert _nested_on_each_track(events)
     phases = {(e["pid"], e["name"]) for e in events if e.get("cat") == "phase"}
     assert {(0, "rollout"), (1, "loss"), (2, "insert"), (2, "sample")} <= phases, phases
     starts = Counter(e["id"] for e in events if e["ph"] == "s")
