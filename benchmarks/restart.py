@@ -17,6 +17,13 @@ with ``faults.peer_timeout_s`` (default 3), ``heartbeat_s`` 0.2,
   first step of the next generation**, the part a restart adds over a
   fresh start-up.
 
+Then one more ``gflowdist run`` per repeat with an actor (5 ranks: trainers
+0-1, actor 2, buffer 3, coordinator 4) and ``faults.on_actor_loss:
+continue``: ``kill -9`` of the actor once trainer 1 has done 15 steps, the
+seconds to the collector's ``going on without it`` line, and the metrics
+rows (trainer steps) written meanwhile: the trainers do not wait for the
+verdict.
+
 Times are read on this host's clock: the launcher's lines as they arrive,
 the metrics file polled every 20 ms. Medians over the repeats.
 """
@@ -50,15 +57,14 @@ def _rows(metrics: Path) -> list[dict]:
 class Launch:
     """``gflowdist run`` with every output line time-stamped as it arrives."""
 
-    def __init__(self, out_dir: Path, peer_timeout: float):
+    def __init__(self, out_dir: Path, peer_timeout: float, *extra: str):
         from gflowdist.jobenv import without_launcher
 
         self.out_dir = out_dir
         self.lines: list[tuple[float, str]] = []
         cmd = [sys.executable, "-m", "gflowdist", "run", str(TOY), f"run.out_dir={out_dir}", "run.steps=60",
                "run.log_every=1", "params.delay_s=0.05", f"faults.peer_timeout_s={peer_timeout}",
-               "faults.heartbeat_s=0.2", "faults.checkpoint_every=5", "faults.max_restarts=1",
-               "faults.restart_delay_s=0"]
+               "faults.heartbeat_s=0.2", *extra]
         env = dict(without_launcher(dict(os.environ)), PYTHONUNBUFFERED="1")
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -91,8 +97,18 @@ class Launch:
         self.proc.wait()
 
 
+def _kill_after_15_steps(run: Path, rank: int) -> float:
+    """Wait until trainer 1 has done 15 steps, ``kill -9`` rank ``rank``; returns when."""
+    while len([r for r in _rows(run / "metrics.jsonl") if r["rank"] == 1]) < 15:
+        time.sleep(0.02)
+    log = (run / "logs" / f"rank-{rank}.log").read_text()
+    os.kill(int(log.split(" pid ")[1].split()[0]), signal.SIGKILL)
+    return time.time()
+
+
 def one_repeat(out_dir: Path, peer_timeout: float) -> dict[str, float]:
-    launch = Launch(out_dir, peer_timeout)
+    launch = Launch(out_dir, peer_timeout, "faults.checkpoint_every=5", "faults.max_restarts=1",
+                    "faults.restart_delay_s=0")
     deadline = time.time() + 300
     try:
         run = launch.run_dir(deadline)
@@ -100,11 +116,7 @@ def one_repeat(out_dir: Path, peer_timeout: float) -> dict[str, float]:
         while len(_rows(metrics)) < 1:
             time.sleep(0.02)
         first_step = time.time()
-        while len([r for r in _rows(metrics) if r["rank"] == 1]) < 15:
-            time.sleep(0.02)
-        log = (run / "logs" / "rank-1.log").read_text()
-        os.kill(int(log.split(" pid ")[1].split()[0]), signal.SIGKILL)
-        killed = time.time()
+        killed = _kill_after_15_steps(run, 1)
         detected = launch.when("lost rank 1", deadline)
         restart = launch.when("restart 1 of 1", deadline)
         before = {json.dumps(r, sort_keys=True) for r in _rows(metrics)}  # generation 0 has ended
@@ -123,6 +135,25 @@ def one_repeat(out_dir: Path, peer_timeout: float) -> dict[str, float]:
             "kill -> first step of generation 1": resumed - killed}
 
 
+def one_actor_loss(out_dir: Path, peer_timeout: float) -> dict[str, float]:
+    """``faults.on_actor_loss: continue``: kill -9 of the actor (rank 2 of 5); the trainers go on."""
+    launch = Launch(out_dir, peer_timeout, "-n", "5", "layout.actors=1", "faults.on_actor_loss=continue")
+    deadline = time.time() + 300
+    try:
+        run = launch.run_dir(deadline)
+        killed = _kill_after_15_steps(run, 2)
+        steps_at_kill = len(_rows(run / "metrics.jsonl"))
+        detected = launch.when("going on without it", deadline)
+        steps_gap = len(_rows(run / "metrics.jsonl")) - steps_at_kill
+        code = launch.proc.wait(timeout=max(1.0, deadline - time.time()))
+        if code != 0:
+            raise RuntimeError(f"the job exited {code}:\n" + "\n".join(line for _, line in launch.lines))
+    finally:
+        launch.stop()
+    return {"actor: kill -> detection (going on without it)": detected - killed,
+            "actor: trainer steps meanwhile (both, count)": float(steps_gap)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat")
@@ -132,8 +163,10 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="gflowdist-restart-") as folder:
-        results = [one_repeat(Path(folder) / str(k), args.peer_timeout) for k in range(repeats)]
-    print(f"restart after kill -9 of a trainer: toy job, 4 ranks, peer_timeout_s {args.peer_timeout:g}, "
+        results = [{**one_repeat(Path(folder) / f"r{k}", args.peer_timeout),
+                    **one_actor_loss(Path(folder) / f"a{k}", args.peer_timeout)} for k in range(repeats)]
+    print(f"kill -9 of a trainer (4 ranks, max_restarts 1), then of an actor (5 ranks, on_actor_loss "
+          f"continue): toy job, peer_timeout_s {args.peer_timeout:g}, "
           f"{repeats} repeat(s), load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     width = max(len(k) for k in results[0])
     print(f"{'interval':<{width}}  median s   min s   max s")
