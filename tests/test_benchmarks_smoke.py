@@ -127,8 +127,9 @@ def test_all_quick_prints_one_table_of_every_target(tmp_path):
     assert len(rows) == len(saved["rows"]), lines
     figures = [r[0] for r in saved["rows"]]
     for start in ("MPIComm round trip", "MPIComm bandwidth", "compat.torchgfn (MPI) round trip",
-                  "average_gradients gloo mlp-10 fresh", "average_gradients gloo deep-100 views", "start-up:", "start-up CPU s",
-                  "HyperGrid traj/s, 2 trainers", "HyperGrid traj per CPU s", "HyperGrid traj/s vs torchgfn"):
+                  "average_gradients gloo mlp-10 fresh", "average_gradients gloo deep-100 views", "start-up:",
+                  "start-up CPU s", "HyperGrid traj/s, 2 trainers", "HyperGrid traj per CPU s",
+                  "HyperGrid traj/s vs torchgfn"):
         assert any(f.startswith(start) for f in figures), (start, figures)
     for figure, baseline, ours, ratio, target, holds in saved["rows"]:
         if baseline == "skipped":
