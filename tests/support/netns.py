@@ -76,6 +76,8 @@ MANUAL_TAG = PREFIX + "man"
 _RUN_NAME = re.compile(rf"^(?P<tag>{PREFIX}(?P<pid>\d+)[a-z])(?:br|v\d+|h\d+|-files)$")
 _NETNS_DIR = Path("/var/run/netns")
 _ETC_NETNS = Path("/etc/netns")
+#: Seconds a new set's links get to carry a first TCP connection.
+_LINK_UP_S = 10.0
 _LOCK = Path("/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()) / "gflowdist-netns.lock"
 _CAPS = {"CAP_SYS_ADMIN": 21, "CAP_NET_ADMIN": 12}
 _CLONE_NEWNET = 0x40000000
@@ -326,7 +328,7 @@ def create(tag: str, n: int) -> HostSet:
     if not 1 <= n <= 9:
         raise NetnsError(f"a host set has 1 to 9 hosts, not {n}")
     with _locked():
-        cleanup_stale()
+        _cleanup_stale()
         subnet = _free_subnet()
         bridge, bridge_ip = f"{tag}br", str(subnet[1])
         members = tuple(Host(f"{tag}h{i}", str(subnet[i + 2]), f"{tag}v{i}") for i in range(n))
@@ -366,10 +368,27 @@ def _build(hs: HostSet) -> None:
     for i, h in enumerate(hs.hosts):
         peer = hs.hosts[(i + 1) % len(hs.hosts)]
         for target in [None] + ([peer] if peer != h else []):
-            if not hs.can_reach(h, target):
+            if not _reachable_soon(hs, h, target):
                 where = f"the bridge {hs.bridge_ip}" if target is None else f"{target.name} ({target.ip})"
                 raise NetnsError(f"{h.name} cannot open a TCP connection to {where} over {hs.bridge}: "
                                  "is bridged traffic filtered (br_netfilter + iptables FORWARD)?")
+
+
+def _reachable_soon(hs: HostSet, src: Host, dst: Host | None, within_s: float = _LINK_UP_S) -> bool:
+    """Whether ``src`` reaches ``dst`` within ``within_s``, connecting again after each failure.
+
+    A veth's carrier comes up asynchronously after ``ip link set up``: a SYN
+    sent before it is lost, and the kernel sends the next one only a second
+    later, so one connect with a 1 s timeout fails now and then on a busy
+    machine while the link is fine.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        if hs.can_reach(src, dst, timeout=min(1.0, max(0.1, deadline - time.monotonic()))):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def destroy(tag: str) -> None:
@@ -405,7 +424,16 @@ def leftovers(tag: str) -> list[str]:
 
 
 def cleanup_stale() -> list[str]:
-    """Destroy every run set whose creating pid is dead; returns their tags."""
+    """Destroy every run set whose creating pid is dead; returns their tags.
+
+    Holds the lock that :func:`create` holds, so that it never removes a set
+    another process is building.
+    """
+    with _locked():
+        return _cleanup_stale()
+
+
+def _cleanup_stale() -> list[str]:
     tags = set()
     workdirs = [str(p) for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-files")]
     for name in _namespaces() + _links() + _etc_dirs() + workdirs:
