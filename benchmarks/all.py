@@ -1,6 +1,6 @@
 """Every performance target in one run: one table, each figure against a baseline measured in the same run.
 
-    python benchmarks/all.py            # about 6-8 minutes on 2 idle cores
+    python benchmarks/all.py            # about 3 minutes on 2 idle cores (9-10 at load 8-14)
     python benchmarks/all.py --quick    # a smoke run (~30 s): the code of every section, no figure to trust
     python benchmarks/all.py --json F   # also write every measurement to F
     python benchmarks/all.py --only transport,startup   # some sections
