@@ -144,7 +144,6 @@ def e2e_worker(messages: int, rounds: int) -> None:
     body = trajectory_batch(BASE_BATCH * 100, as_torch=True)
     nbytes = encode(MessageType.TRAJECTORIES, body, sender=0, seq=0).nbytes
     buf = np.zeros(nbytes, dtype=np.uint8)
-    ack = np.zeros(1, dtype=np.uint8)
 
     def ours():
         if world.rank == 0:

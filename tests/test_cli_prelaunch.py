@@ -19,7 +19,6 @@ missing) pay for the torch that module imports, in a child Python.
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import subprocess

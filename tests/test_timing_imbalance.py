@@ -137,7 +137,7 @@ def test_report_load_imbalance_returns_and_logs_table(caplog: pytest.LogCaptureF
         {"step_a": [1.0, 2.0, 3.0], "step_b": [0.5, 0.5, 0.5]},
         {"step_a": [1.5, 2.5, 3.5], "step_b": [0.5, 0.5, 0.5]},
     ]
-    with caplog.at_level(logging.INFO, logger="gflowdist.timing.imbalance"):
+    with caplog.at_level(logging.INFO, logger="gflowdist.timing.torchgfn_reports"):
         result = report_load_imbalance(timing, 2)
     a = result.phase("step_a")
     # each iteration: mean = t0 + 0.25, waiting = 0.25
@@ -153,7 +153,7 @@ def test_report_load_imbalance_returns_and_logs_table(caplog: pytest.LogCaptureF
 def test_report_load_imbalance_handles_missing_steps_and_uneven_counts(
         caplog: pytest.LogCaptureFixture) -> None:
     timing = {0: {"a": [1.0, 1.0], "only0": 2.0}, 1: {"a": [3.0]}, "2": {"a": [2.0], "only2": [1]}}
-    with caplog.at_level(logging.WARNING, logger="gflowdist.timing.imbalance"):
+    with caplog.at_level(logging.WARNING, logger="gflowdist.timing.torchgfn_reports"):
         result = report_load_imbalance(timing, 3)
     assert [p.phase for p in result.phases] == ["a", "only0", "only2"]
     a = result.phase("a")

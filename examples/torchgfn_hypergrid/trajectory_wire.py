@@ -98,7 +98,7 @@ def check_batch(env: Env, batch: dict[str, torch.Tensor]) -> int:
     if not all(isinstance(batch[key], torch.Tensor) for key in BATCH_KEYS):
         kinds = {key: type(batch[key]).__name__ for key in BATCH_KEYS}
         raise GflowdistError(f"every field of a torchgfn wire batch is a tensor, got {kinds}")
-    states, actions, lengths = batch["states"], batch["actions"], batch["terminating_idx"]
+    states, lengths = batch["states"], batch["terminating_idx"]
     state_shape, action_shape = tuple(env.state_shape), tuple(env.action_shape)
     n = lengths.shape[0] if lengths.dim() == 1 else -1
     if n < 0 or states.dim() != 2 + len(state_shape) or tuple(states.shape[2:]) != state_shape:

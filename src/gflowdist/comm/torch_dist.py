@@ -41,7 +41,7 @@ from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, R
                                  file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import as_byte_array, read_only_tensor
 from gflowdist.comm.native import register
-from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, close_notices, post_message
+from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
 from gflowdist.errors import DeadlineError, TransportError
 
 __all__ = ["TorchComm"]
@@ -72,39 +72,6 @@ def _free_at_exit() -> None:
 
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
         ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.AVG: dist.ReduceOp.SUM}
-
-
-class _TorchSendHandle(AsyncSendHandle):
-    __slots__ = ("dst", "tag", "nbytes", "_works", "_buffers", "_done", "_error")
-
-    def __init__(self, dst: int, tag: int, nbytes: int, works: list, buffers: list):
-        self.dst, self.tag, self.nbytes = dst, tag, nbytes
-        self._works = works
-        self._buffers = buffers  # owned until complete
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-    def is_complete(self) -> bool:
-        if self._done.is_set() and self._error is not None:
-            raise TransportError(f"send to rank {self.dst} failed: {self._error}", peer=self.dst)
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> None:
-        if not self._done.wait(timeout):
-            raise DeadlineError(f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag}): "
-                                f"not complete within {timeout:g} s", peer=self.dst)
-        self.is_complete()
-
-    def _complete(self) -> None:
-        """Called by the send-completion thread: block until the transport released the buffers."""
-        try:
-            for work in self._works:
-                work.wait()
-        except RuntimeError as exc:  # a failed pair surfaces here; report it to the owner
-            self._error = exc
-        self._works = []
-        self._buffers = []
-        self._done.set()
 
 
 class TorchComm(Communicator):
@@ -141,7 +108,7 @@ class TorchComm(Communicator):
         self._lanes: dict[int, Lane] = {}  # peer -> what it sends us (torch_p2p)
         self._receivers: list[threading.Thread] = []
         self._send_lock = threading.Lock()
-        self._sends: "queue.SimpleQueue[_TorchSendHandle | None]" = queue.SimpleQueue()
+        self._sends: "queue.SimpleQueue[SendHandle | None]" = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
         self._freed = False
         self._serial = next(_SERIALS)
@@ -263,7 +230,7 @@ class TorchComm(Communicator):
             return CompletedSend(dst, tag, payload.numel())
         with self._send_lock:  # the parts of one message stay together
             works, buffers = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
-            handle = _TorchSendHandle(dst, tag, payload.numel(), works, buffers)
+            handle = SendHandle(dst, tag, payload.numel(), works, buffers)
             self._ensure_completer()
             self._sends.put(handle)
         return handle
@@ -445,7 +412,7 @@ class TorchComm(Communicator):
                                     self.rank, peer, exc)
                         continue
                     self._ensure_completer()
-                    self._sends.put(_TorchSendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
+                    self._sends.put(SendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
         if self._completer is not None:
             self._sends.put(None)
         with self._arrived:

@@ -46,11 +46,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from gflowdist.comm.base import AsyncSendHandle
 from gflowdist.comm.buffers import BufferPool
-from gflowdist.errors import ProtocolError, TransportError
+from gflowdist.errors import DeadlineError, ProtocolError, TransportError
 
 __all__ = ["HEADER_TAG", "DATA_TAG", "CHUNK_TAG", "CLOSE_CHANNEL", "INLINE_BYTES", "DATA_BYTES",
-           "HEADER_WINDOW", "PARK_S", "Lane", "post_message", "close_notices"]
+           "HEADER_WINDOW", "PARK_S", "Lane", "SendHandle", "post_message", "close_notices"]
 
 HEADER_TAG = 1 << 20
 CHUNK_TAG = HEADER_TAG + 1
@@ -246,3 +247,38 @@ class Lane:
             return payload
         raise ProtocolError(f"header claims {total} bytes in mode {mode} (chunks of {chunk}, limit {limit})",
                             sender=self.peer)
+
+
+class SendHandle(AsyncSendHandle):
+    """A send in flight: done when the send-completion thread has waited on every gloo work of it."""
+
+    __slots__ = ("dst", "tag", "nbytes", "_works", "_buffers", "_done", "_error")
+
+    def __init__(self, dst: int, tag: int, nbytes: int, works: list, buffers: list):
+        self.dst, self.tag, self.nbytes = dst, tag, nbytes
+        self._works = works
+        self._buffers = buffers  # owned until complete
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def is_complete(self) -> bool:
+        if self._done.is_set() and self._error is not None:
+            raise TransportError(f"send to rank {self.dst} failed: {self._error}", peer=self.dst)
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done.wait(timeout):
+            raise DeadlineError(f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag}): "
+                                f"not complete within {timeout:g} s", peer=self.dst)
+        self.is_complete()
+
+    def _complete(self) -> None:
+        """Called by the send-completion thread: block until the transport released the buffers."""
+        try:
+            for work in self._works:
+                work.wait()
+        except RuntimeError as exc:  # a failed pair surfaces here; report it to the owner
+            self._error = exc
+        self._works = []
+        self._buffers = []
+        self._done.set()

@@ -6,8 +6,9 @@
 - :mod:`~gflowdist.timing.collectives`: who arrived last at each collective, and who waited on it.
 - :mod:`~gflowdist.timing.trace`: a rank's timeline events (a ring) and ``trace.json`` (Chrome trace format).
 - :mod:`~gflowdist.timing.imbalance`: useful vs waiting per phase, stragglers,
-  the who-waited-on-whom matrix, and torchgfn's ``report_load_imbalance`` /
-  ``report_time_info`` returning their tables.
+  the who-waited-on-whom matrix.
+- :mod:`~gflowdist.timing.torchgfn_reports`: torchgfn's ``report_load_imbalance`` /
+  ``report_time_info``, returning their tables.
 - :mod:`~gflowdist.timing.summaries`: staleness, ledger balance, metric summaries.
 - :mod:`~gflowdist.timing.report`: ``build_report`` -> ``Report`` (text, JSON, save).
 - :mod:`~gflowdist.timing.figure`: ``report.png`` (matplotlib, imported only to draw it).
@@ -15,18 +16,7 @@
 
 from __future__ import annotations
 
-from gflowdist.timing.imbalance import (
-    LoadImbalanceResult,
-    PhaseImbalance,
-    StepTime,
-    TimeInfoResult,
-    WaitMatrix,
-    imbalance_by_phase,
-    phase_imbalance,
-    report_load_imbalance,
-    report_time_info,
-    wait_matrix,
-)
+from gflowdist.timing.imbalance import PhaseImbalance, WaitMatrix, imbalance_by_phase, phase_imbalance, wait_matrix
 from gflowdist.timing.report import Report, SavedReport, build_report
 from gflowdist.timing.summaries import (
     LedgerRow,
@@ -38,6 +28,13 @@ from gflowdist.timing.summaries import (
 )
 from gflowdist.timing.rates import Throughput, eta_seconds, format_duration
 from gflowdist.timing.timers import StepTimer
+from gflowdist.timing.torchgfn_reports import (
+    LoadImbalanceResult,
+    StepTime,
+    TimeInfoResult,
+    report_load_imbalance,
+    report_time_info,
+)
 
 __all__ = [
     "StepTimer",
