@@ -136,6 +136,21 @@ def test_ledger_table_and_balance(report: Report) -> None:
     unbalanced = build_report({}, roles={}, ledger={0: {"produced": 10, "admitted": 7}})
     assert unbalanced.ledger is not None and unbalanced.ledger.unaccounted == 3
     assert "UNBALANCED: +3 trajectories unaccounted for" in unbalanced.to_text()
+    assert "used here" not in report.to_text()  # the column only where something was used locally
+
+
+def test_trajectories_used_where_they_were_made_balance() -> None:
+    """Trainers without a buffer learn from their own rollouts: counted as used here, not unaccounted."""
+    ledger = {0: {"produced": 48, "used_locally": 48}, 1: {"produced": 48, "used_locally": 40, "sent": 8},
+              2: {"received": 8, "admitted": 8}}
+    report = build_report({}, roles={0: "trainer", 1: "trainer", 2: "buffer"}, ledger=ledger)
+    assert report.ledger is not None and report.ledger.balanced and report.ledger.total.used_locally == 88
+    text = report.to_text()
+    assert "balance: produced 96 = used here 88 + admitted 8 + dropped 0 + in flight 0 -> balanced" in text
+    header = next(line for line in text.splitlines() if "produced" in line and "used here" in line)
+    assert header.split()[:4] == ["rank", "produced", "sent", "used"]
+    missing = build_report({}, roles={}, ledger={0: {"produced": 48, "used_locally": 40}})
+    assert missing.ledger is not None and missing.ledger.unaccounted == 8
 
 
 @pytest.mark.parametrize("bad, message", [

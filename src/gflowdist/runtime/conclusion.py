@@ -75,8 +75,9 @@ def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], 
         {r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},  # a lost rank sent none
         roles={r: f["role"] for r, f in finals.items()},
         hosts={r: f["host"] for r, f in finals.items()},
-        ledger={r: {"produced": l.produced, "sent": l.sent, "received": l.received, "admitted": l.admitted,
-                    "dropped": dict(l.dropped), "in_flight": l.in_flight} for r, l in ledgers.items()},
+        ledger={r: {"produced": l.produced, "sent": l.sent, "used_locally": l.used_locally, "received": l.received,
+                    "admitted": l.admitted, "dropped": dict(l.dropped), "in_flight": l.in_flight}
+                for r, l in ledgers.items()},
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
         metrics=curves_by_step(rows))
     if notes:

@@ -291,14 +291,16 @@ class Report:
         if self.ledger is None:
             return lines + ["  (no ledger given)"]
         reasons = self.ledger.reasons
+        used_here = self.ledger.total.used_locally > 0  # a column only where trainers learn without a buffer
 
         def row(name: str, e: Any) -> list[str]:
-            return [name, str(e.produced), str(e.sent), str(e.received), str(e.admitted),
+            return [name, str(e.produced), str(e.sent), *([str(e.used_locally)] if used_here else []),
+                    str(e.received), str(e.admitted),
                     *(str(e.dropped.get(reason, 0)) for reason in reasons), str(e.in_flight)]
 
         rows = [row(self._who(r), e) for r, e in self.ledger.rows.items()]
         rows.append(row("total", self.ledger.total))
-        headers = ["rank", "produced", "sent", "received", "admitted",
+        headers = ["rank", "produced", "sent", *(["used here"] if used_here else []), "received", "admitted",
                    *(f"dropped:{reason}" for reason in reasons), "in flight"]
         return lines + table_lines(headers, rows, indent="  ") + [
             f"  {self.ledger.balance_line()}"]
@@ -377,7 +379,7 @@ def build_report(
         roles: ``{rank: role name}``; a timed rank without a role is listed under
             ``"unknown"`` and noted; a rank with a role but no timings is noted.
         hosts: ``{rank: host name}``, optional.
-        ledger: ``{rank: {"produced", "sent", "received", "admitted",
+        ledger: ``{rank: {"produced", "sent", "used_locally", "received", "admitted",
             "dropped": {reason: n}, "in_flight"}}``; absent keys count 0.
         staleness: ``{consumer rank: {staleness value (str or int): count}}``.
         metrics: rows ``{"step": x, "<metric>": value, ...}`` in time order.

@@ -15,12 +15,14 @@ Summary per consumer (``N = sum of counts``, values ``v`` ascending)::
 
 Ledger, per rank (every key optional, 0 when absent; unknown keys are errors)::
 
-    {"produced": int, "sent": int, "received": int, "admitted": int,
+    {"produced": int, "sent": int, "used_locally": int, "received": int, "admitted": int,
      "dropped": {reason: int}, "in_flight": int}
 
-Run-wide balance (the ledger promise: produced = delivered + dropped + in flight)::
+``used_locally`` counts what the producing rank consumed itself (a trainer
+without a buffer learns from its own rollouts). Run-wide balance (the ledger
+promise: produced = used here + delivered + dropped + in flight)::
 
-    unaccounted = sum(produced) - (sum(admitted) + sum(all dropped) + sum(in_flight))
+    unaccounted = sum(produced) - (sum(used_locally) + sum(admitted) + sum(all dropped) + sum(in_flight))
 
 ``0`` means balanced. ``sent - received`` is shown beside it for the transport.
 
@@ -58,7 +60,7 @@ __all__ = [
 ]
 
 #: Keys of a per-rank ledger dict.
-LEDGER_KEYS = ("produced", "sent", "received", "admitted", "dropped", "in_flight")
+LEDGER_KEYS = ("produced", "sent", "used_locally", "received", "admitted", "dropped", "in_flight")
 #: Name fragments that make a metric "lower is better" by default.
 LOWER_IS_BETTER = ("loss", "err", "dist", "kl", "l1", "l2", "time", "stale", "regret")
 #: Row keys used as the x axis of training curves, in order of preference.
@@ -149,14 +151,16 @@ class LedgerRow:
     admitted: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
     in_flight: int = 0
+    #: consumed by the rank that produced them (a trainer without a buffer)
+    used_locally: int = 0
 
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"produced": self.produced, "sent": self.sent, "received": self.received,
-                "admitted": self.admitted, "dropped": dict(self.dropped),
+        return {"produced": self.produced, "sent": self.sent, "used_locally": self.used_locally,
+                "received": self.received, "admitted": self.admitted, "dropped": dict(self.dropped),
                 "in_flight": self.in_flight}
 
     @classmethod
@@ -175,7 +179,7 @@ class LedgerRow:
                                  f"got {type(dropped).__name__}")
         return cls(
             **{k: _count(data.get(k, 0), f"ledger of rank {rank}: {k!r}")
-               for k in ("produced", "sent", "received", "admitted", "in_flight")},
+               for k in ("produced", "sent", "used_locally", "received", "admitted", "in_flight")},
             dropped={str(reason): _count(n, f"ledger of rank {rank}: dropped[{reason!r}]")
                      for reason, n in dropped.items()},
         )
@@ -205,13 +209,14 @@ class LedgerSummary:
             admitted=sum(r.admitted for r in self.rows.values()),
             dropped=dropped,
             in_flight=sum(r.in_flight for r in self.rows.values()),
+            used_locally=sum(r.used_locally for r in self.rows.values()),
         )
 
     @property
     def unaccounted(self) -> int:
-        """``produced - (admitted + dropped + in_flight)`` summed over ranks."""
+        """``produced - (used_locally + admitted + dropped + in_flight)`` summed over ranks."""
         t = self.total
-        return t.produced - (t.admitted + t.dropped_total + t.in_flight)
+        return t.produced - (t.used_locally + t.admitted + t.dropped_total + t.in_flight)
 
     @property
     def balanced(self) -> bool:
@@ -221,7 +226,8 @@ class LedgerSummary:
         t = self.total
         verdict = "balanced" if self.balanced else (
             f"UNBALANCED: {self.unaccounted:+d} trajectories unaccounted for")
-        return (f"balance: produced {t.produced} = admitted {t.admitted} + dropped "
+        used = f"used here {t.used_locally} + " if t.used_locally else ""
+        return (f"balance: produced {t.produced} = {used}admitted {t.admitted} + dropped "
                 f"{t.dropped_total} + in flight {t.in_flight} -> {verdict}; "
                 f"sent {t.sent} - received {t.received} = {t.sent - t.received}")
 
