@@ -71,6 +71,8 @@ def save_figure(report: Report, path: str | Path, *, dpi: int = 110) -> Path:
 
 
 def _draw_time_bars(ax: Any, report: Report) -> None:
+    from matplotlib import colormaps
+
     ranks = sorted({r for phases in report.imbalance.values() for p in phases for r in p.ranks})
     ax.set_title("time per rank: busy (solid) and idle (hatched) per phase")
     if not ranks:
@@ -80,7 +82,9 @@ def _draw_time_bars(ax: Any, report: Report) -> None:
     position = {rank: i for i, rank in enumerate(ranks)}
     bottoms = [0.0] * len(ranks)
     segments = [(role, p) for role, phases in report.imbalance.items() for p in phases]
-    colors = [f"C{i % 10}" for i in range(len(segments))]
+    # distinct colours: matplotlib's 10-colour cycle while it suffices, then tab20's dark ten and its light ten
+    colors = ([f"C{i}" for i in range(len(segments))] if len(segments) <= 10 else
+              [colormaps["tab20"]((2 * i) % 20 + (i // 10) % 2) for i in range(len(segments))])
     for index, ((role, p), color) in enumerate(zip(segments, colors)):
         for part, hatch, alpha in (("busy", None, 1.0), ("idle", "//", 0.35)):
             values = getattr(p, part)

@@ -3,9 +3,16 @@
     per turn: hear the control channel (heartbeats, metrics, summaries, saved parts, final reports)
               -> stop the trainers and actors once a signal or ``should_stop()`` says so
               -> the progress line -> back off while nothing arrives
+
+Timed phases (the report's ``[coordinator]`` rows): ``collect``, each turn that
+heard something (handling it and the progress line); ``idle``, each stretch of
+turns that heard nothing (one entry per stretch, not per poll, so a long run
+keeps few entries).
 """
 
 from __future__ import annotations
+
+import time
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.runtime import protocol
@@ -21,7 +28,9 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
     layout = w.context.layout
     stop_sent = False
     backoff = Backoff(spin_s=0.0, first_sleep_s=0.001, max_sleep_s=0.02)
+    idle_s = 0.0  # the current idle stretch
     while not collector.all_reported():
+        started = time.perf_counter()
         got = collector.poll()
         if not stop_sent and (w.stop or coordinator.should_stop()):
             w.stop.set("the coordinator decided to stop")  # a signal's reason, if one came first, stays
@@ -32,6 +41,13 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
             stop_sent = True
         collector.progress()
         if got:
+            if idle_s:
+                w.timer.record("idle", idle_s)
+                idle_s = 0.0
+            w.timer.record("collect", time.perf_counter() - started)
             backoff.reset()
         else:
             backoff.pause()
+            idle_s += time.perf_counter() - started
+    if idle_s:
+        w.timer.record("idle", idle_s)
