@@ -191,8 +191,8 @@ def test_tcp_url_needs_rank_and_world_size():
 
 def test_torchgfn_mpi_rendezvous_refuses_a_loopback_only_host_name():
     """On several hosts the store is bound to the address published; a loopback one would be unreachable."""
-    from gflowdist.compat.torchgfn_context import _reachable_address
+    from gflowdist.comm.rendezvous import reachable_address
     from gflowdist.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'localhost' resolves only to loopback addresses"):
-        _reachable_address("localhost")
+        reachable_address("localhost")

@@ -15,7 +15,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from gflowdist.cli.replay_cmd import _check_recording
+from gflowdist.cli.replay_cmd import check_recording
 from gflowdist.config import Config
 from gflowdist.rundir import write_config
 from gflowdist.runtime.tape import RecordingTape, recording_path
@@ -117,5 +117,5 @@ def test_a_role_file_changed_since_the_recording_is_named(tmp_path, capsys) -> N
     roles = str(TOY.parent / "toy_roles.py")
     for rank in range(4):
         RecordingTape(recording_path(tmp_path, rank), {"files": {roles: "0" * 64}}).close()
-    _check_recording(tmp_path)
+    check_recording(tmp_path)
     assert f"{roles} changed since the recording (SHA-256)" in capsys.readouterr().err

@@ -35,7 +35,7 @@ from typing import Any
 
 from gflowdist.errors import ConfigError, GflowdistError
 
-__all__ = ["add_parser", "run", "compare_runs", "ReplayVerdict"]
+__all__ = ["add_parser", "run", "check_recording", "compare_runs", "ReplayVerdict"]
 
 REPLAY_FILE = "replay.json"
 #: How the collector announces the run directory (runtime.job).
@@ -78,7 +78,7 @@ class ReplayVerdict:
 
 def run(args: argparse.Namespace) -> int:
     source = Path(args.run_dir).resolve()
-    config = _check_recording(source)
+    config = check_recording(source)
     out = source / "replays"
     overrides = ["run.record=false", f"run.replay_of={json.dumps(str(source))}",
                  f"run.out_dir={json.dumps(str(out))}", "run.name=replay"]
@@ -116,7 +116,7 @@ def _launch(cmd: list[str]) -> tuple[int, Path | None]:
     return proc.wait(), made
 
 
-def _check_recording(source: Path):
+def check_recording(source: Path):
     """The recorded run's config; refuses a directory without a complete recording; warns of changed files."""
     from gflowdist.rundir import recorded_config
     from gflowdist.runtime.observing import role_file_digests

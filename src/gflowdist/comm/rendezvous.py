@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from gflowdist.errors import ConfigError, DeadlineError, TransportError
 
-__all__ = ["init_default_group", "bind_listener"]
+__all__ = ["init_default_group", "bind_listener", "reachable_address"]
 
 log = logging.getLogger("gflowdist.comm")
 
@@ -133,6 +133,22 @@ def bind_listener(host: str, port: int, *, host_key: str = "MASTER_ADDR",
     raise ConfigError(f"{resolved} is not an address of this host ({socket.gethostname()}), which runs rank 0 and "
                       "so serves the rendezvous store there; set it to an address of rank 0's host that the "
                       "other ranks can reach", key=host_key)
+
+
+def reachable_address(hostname: str) -> str:
+    """The first address ``hostname`` resolves to that is not a loopback address (what other hosts can reach)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"rank 0's host name {hostname!r} does not resolve: {exc.strerror}") from exc
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    for address in addresses:
+        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+            return address
+    raise ConfigError(f"rank 0's host name {hostname!r} resolves only to loopback addresses "
+                      f"({', '.join(addresses)}), which the other hosts cannot reach")
 
 
 def _store(where: _Rendezvous, timeout: timedelta):

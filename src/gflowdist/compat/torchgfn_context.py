@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_comm
+from gflowdist.comm.rendezvous import reachable_address
 from gflowdist.comm.select import reset_world_comm
 from gflowdist.compat.torchgfn_groups import engine_of, forget_world, native_handle, torch_initialized, world_for
 from gflowdist.context import DistributedContext as CoreContext
@@ -326,7 +327,7 @@ def _rendezvous_over_mpi() -> str:
     mine = b""
     if mpi_world.rank == 0:
         try:
-            address = "127.0.0.1" if len(set(hosts)) == 1 else _reachable_address(socket.gethostname())
+            address = "127.0.0.1" if len(set(hosts)) == 1 else reachable_address(socket.gethostname())
             with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
                 probe.bind((address, 0))
                 port = probe.getsockname()[1]
@@ -338,22 +339,6 @@ def _rendezvous_over_mpi() -> str:
         raise ConfigError(f"the ranks could not agree on a rendezvous address through MPI: "
                           f"{agreed[len('error:'):]}; set MASTER_ADDR and MASTER_PORT", key="MASTER_ADDR")
     return agreed
-
-
-def _reachable_address(hostname: str) -> str:
-    """The first address ``hostname`` resolves to that is not a loopback address."""
-    import ipaddress
-
-    try:
-        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(f"rank 0's host name {hostname!r} does not resolve: {exc.strerror}") from exc
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
-    for address in addresses:
-        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
-            return address
-    raise ConfigError(f"rank 0's host name {hostname!r} resolves only to loopback addresses "
-                      f"({', '.join(addresses)}), which the other hosts cannot reach")
 
 
 def _init_process_group(dist_backend: str, world_size: int) -> None:
