@@ -56,6 +56,20 @@ def test_replay_takes_only_what_was_recorded_where_it_was_recorded() -> None:
     tape.finish()
 
 
+def test_a_choice_about_one_of_several_ranks_replays_for_that_rank_only(tmp_path) -> None:
+    """WEIGHTS: at one step a trainer decides per actor; only the actor recorded as skipped is skipped."""
+    tape = RecordingTape(tmp_path / "r.msgpack", {"rank": 0})
+    made = [tape.decide(Site.WEIGHTS, 4, skip, who=actor) for actor, skip in ((2, False), (3, True), (4, True))]
+    assert made == [False, True, True]
+    tape.close()
+    _, events, _ = read_recording(tmp_path / "r.msgpack")
+    assert [e[:-1] for e in events] == [[Site.WEIGHTS, 4, 3], [Site.WEIGHTS, 4, 4]]
+    replay = _replay(events, role="trainer")  # the clock now says the opposite of what was recorded
+    assert [replay.decide(Site.WEIGHTS, 4, not skip, who=a) for a, skip in ((2, False), (3, True), (4, True))] \
+        == [False, True, True]
+    replay.finish()
+
+
 def test_replay_names_a_different_message_a_missing_one_and_a_different_loss() -> None:
     ch = _channel()
     ch.isend(MessageType.SAMPLE_REQUEST, {"n": 1}, 0)

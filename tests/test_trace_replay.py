@@ -119,3 +119,20 @@ def test_a_role_file_changed_since_the_recording_is_named(tmp_path, capsys) -> N
         RecordingTape(recording_path(tmp_path, rank), {"files": {roles: "0" * 64}}).close()
     check_recording(tmp_path)
     assert f"{roles} changed since the recording (SHA-256)" in capsys.readouterr().err
+
+
+def test_a_recorded_run_with_actors_replays_to_the_bit(job_factory) -> None:
+    """Actors: which weights each one took before which rollout (INBOX), and which actor a trainer sent no
+    weights to because its earlier ones were still in flight (WEIGHTS), are replayed as recorded."""
+    actors = ["layout.trainers=1", "layout.actors=2", "launch.nprocs=5", "run.steps=40", "run.log_every=5",
+              "faults.peer_timeout_s=30"]
+    recorded = job_factory(*actors, "--record", config=HYPERGRID)
+    assert recorded.wait(240) == 0, recorded.output
+    run = recorded.run_dir()
+    replay = job_factory(str(run), command="replay", config=None)
+    assert replay.wait(240) == 0, replay.output
+    assert "gflowdist: replay identical" in replay.output, replay.output
+    replayed = Path(read_json(next((run / "replays").glob("*/replay.json")))["replayed"])
+    assert _metrics(replayed) == _metrics(run) and _metrics(run)
+    assert read_json(replayed / "ledger.json")["per_rank"] == read_json(run / "ledger.json")["per_rank"]
+    assert recorded.no_process_left() and replay.no_process_left()

@@ -19,8 +19,8 @@ Before it starts: a run directory without a complete recording is refused
 named in a warning, and the replay goes ahead: it stops at the first
 divergence, naming the rank, where it was, and the event.
 
-Exit status: 0 identical; 1 the runs differ, or the replay stopped at a
-divergence (its line names it), or failed; 2 not a recorded run.
+Exit status: 0 identical; 1 the runs differ, or the replay failed; 2 not a
+recorded run; 4 the replay stopped at a divergence (its line names it).
 """
 
 from __future__ import annotations

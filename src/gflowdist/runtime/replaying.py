@@ -15,7 +15,8 @@ call finds nothing:
   message is there: it stays for the call the recording gave it to.
 - a stop is seen before the recorded step and at no other (a real signal
   still stops the replay, which then says it was interrupted).
-- a timed choice (a buffer's summary) is made where the recording made it.
+- a timed choice (a buffer's summary; a trainer's weights not sent to an actor
+  whose earlier weights were still in flight) is made where the recording made it.
 - a check (a step's loss, a digest of shipped trajectories) must give the
   recorded value to the bit.
 
@@ -62,6 +63,8 @@ def describe_event(event: list[Any] | None) -> str:
         return f"STOP{at} ({event[2]})"
     if site in (Site.LOSS, Site.BATCH):
         return f"{site.name} check{at}: {event[2]!r}"
+    if site is Site.WEIGHTS:
+        return f"WEIGHTS{at}: none sent to actor {event[2]} (its earlier weights in flight)"
     return f"{site.name}{at}"
 
 
@@ -125,8 +128,9 @@ class ReplayTape(Tape):
             self.interrupted = True
         return seen, reason
 
-    def decide(self, site, point, value):
-        if self._head(site, point) is None:
+    def decide(self, site, point, value, who=None):
+        event = self._head(site, point)
+        if event is None or (who is not None and event[2] != who):
             return False
         self._advance()
         return True

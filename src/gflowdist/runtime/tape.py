@@ -12,6 +12,7 @@ at which step a stop is seen. Each such choice goes through this rank's tape
 | ``INBOX`` | an actor's loop | which of its trainer's messages (weights, markers, stop) it takes before a rollout |
 | ``STOP`` | trainers, actors | the step before which a stop was seen, and its reason |
 | ``SUMMARY`` | a buffer's idle turns | that a summary for the coordinator went out now (a timed choice) |
+| ``WEIGHTS`` | a trainer's turns | which actor got no weights this time (its earlier weights still in flight) |
 | ``LOSS``, ``BATCH`` | trainers; trainers and actors | checks, not choices: each step's loss, a digest of each shipped batch |
 
 Every event is ``[site, point, ..., ms]``, ``ms`` the milliseconds since the
@@ -49,8 +50,8 @@ from gflowdist.transport.channel import Channel
 __all__ = ["Site", "Tape", "RecordingTape", "FREE", "MALFORMED", "RECORD_FORMAT", "recording_path",
            "read_recording", "batch_digest"]
 
-#: Version of the recording files (2: each event ends with its milliseconds since the tape opened).
-RECORD_FORMAT = 2
+#: Version of the recording files (2: each event ends with its milliseconds since the tape opened; 3: WEIGHTS events).
+RECORD_FORMAT = 3
 #: The point of an event in a loop that is not counted in steps (as long as messages come).
 FREE = -1
 #: The "type" of a take that raised ProtocolError (a malformed message, counted and skipped).
@@ -67,6 +68,7 @@ class Site(enum.IntEnum):
     SUMMARY = 5
     LOSS = 6
     BATCH = 7
+    WEIGHTS = 8
 
     @property
     def numbered(self) -> bool:
@@ -119,8 +121,11 @@ class Tape:
         """Whether to stop before ``point`` (``seen``: a stop was seen now), and why."""
         return seen, reason
 
-    def decide(self, site: Site, point: int, value: bool) -> bool:
-        """A choice made by the clock (``value``): True/False as made now, or as recorded."""
+    def decide(self, site: Site, point: int, value: bool, who: int | None = None) -> bool:
+        """A choice made by the clock (``value``): True/False as made now, or as recorded.
+
+        ``who``: the rank the choice is about, when one point makes several (one per actor).
+        """
         return value
 
     def check(self, site: Site, point: int, value: Any) -> None:
@@ -168,9 +173,9 @@ class RecordingTape(Tape):
             self._write(Site.STOP, point, reason)
         return seen, reason
 
-    def decide(self, site, point, value):
+    def decide(self, site, point, value, who=None):
         if value:
-            self._write(site, point)
+            self._write(site, point) if who is None else self._write(site, point, who)
         return value
 
     def check(self, site, point, value):

@@ -293,9 +293,9 @@ class Wiring:
             self.stop.set(reason)
         return decided
 
-    def decide(self, site: Site, point: int, value: bool) -> bool:
-        """A choice made by the clock (``value``), or as recorded."""
-        return self.tape.decide(site, point, value)
+    def decide(self, site: Site, point: int, value: bool, who: int | None = None) -> bool:
+        """A choice made by the clock (``value``; about rank ``who``, if given), or as recorded."""
+        return self.tape.decide(site, point, value, who)
 
     def check(self, site: Site, point: int, value: Callable[[], Any]) -> None:
         """A value a replay must reproduce to the bit (``value()`` is only computed when recording or replaying)."""

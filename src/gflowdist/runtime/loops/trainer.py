@@ -274,9 +274,11 @@ class TrainerLoop:
         WEIGHTS channel) gets none this time: only the newest weights matter, and waiting
         here for a slow or dead actor would stall my training.
         """
-        ready = [a for a in self.reachable_actors if self.w.weights.in_flight(a) < self.w.weights.max_in_flight]
+        channel = self.w.weights
+        ready = [a for a in self.reachable_actors  # a timed choice: recorded, replayed
+                 if not self.w.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)]
         if not ready:
             return
         weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
         for actor in ready:
-            self.w.weights.isend(*protocol.weights(weights, self.state.version), actor)
+            channel.isend(*protocol.weights(weights, self.state.version), actor)
