@@ -243,11 +243,20 @@ def batch_spec(env: HyperGrid, n: int) -> dict[str, tuple[torch.dtype, tuple[int
             "terminal": (torch.int64, (n, D))}
 
 
+#: What the runtime adds to a learner's batch from a prioritized buffer: importance weights (fresh
+#: trajectories 1) and where each item came from (fresh ones -1).
+REPLAY_FIELDS = {"weights": torch.float32, "keys": torch.int64}
+
+
 def check_batch(batch: dict[str, torch.Tensor], env: HyperGrid) -> int:
-    """Check keys, dtypes and shapes against ``batch_spec`` (not the contents); returns ``n``."""
+    """Check keys, dtypes and shapes against ``batch_spec`` (not the contents); returns ``n``.
+
+    A learner's batch may also hold :data:`REPLAY_FIELDS` (``[n]`` each).
+    """
     lengths = batch.get("lengths")
     n = lengths.shape[0] if isinstance(lengths, torch.Tensor) and lengths.dim() == 1 else -1
     spec = batch_spec(env, n)
+    spec.update({key: (dtype, (n,)) for key, dtype in REPLAY_FIELDS.items() if key in batch})
     if set(batch) != set(spec):
         raise GflowdistError(f"batch keys {sorted(batch)} != {sorted(spec)}")
     for key, (dtype, shape) in spec.items():
@@ -281,11 +290,25 @@ def trajectory_log_probs(model: HyperGridPolicy, env: HyperGrid,
             torch.where(backward_steps, log_pb, 0.0).sum(1))
 
 
+def tb_residuals(model: HyperGridPolicy, env: HyperGrid, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """float32 ``[n]``: ``log_z + log P_F(tau_i) - log R(x_i) - log P_B(tau_i)``, zero when balanced."""
+    log_pf, log_pb = trajectory_log_probs(model, env, batch)
+    return model.log_z + log_pf - batch["log_rewards"] - log_pb
+
+
 def tb_loss(model: HyperGridPolicy, env: HyperGrid,
             batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Trajectory balance: ``mean_i (log_z + log P_F(tau_i) - log R(x_i) - log P_B(tau_i))^2``."""
-    log_pf, log_pb = trajectory_log_probs(model, env, batch)
-    return (model.log_z + log_pf - batch["log_rewards"] - log_pb).pow(2).mean()
+    """Trajectory balance: ``mean_i w_i (log_z + log P_F(tau_i) - log R(x_i) - log P_B(tau_i))^2``.
+
+    ``w_i`` = ``batch["weights"]`` (a prioritized buffer's importance weights), else 1.
+    """
+    return weighted_square_mean(tb_residuals(model, env, batch), batch.get("weights"))
+
+
+def weighted_square_mean(residuals: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``mean_i w_i r_i^2`` (``w_i`` = 1 without weights)."""
+    squared = residuals.pow(2)
+    return (squared if weights is None else weights * squared).mean()
 
 
 def true_distribution(env: HyperGrid) -> torch.Tensor:

@@ -22,7 +22,7 @@ from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hypergrid_gfn import (HyperGrid, HyperGridPolicy, l1_distance, modes_mask,  # noqa: E402
-                           sample_trajectories, state_index, tb_loss)
+                           sample_trajectories, state_index, tb_residuals, weighted_square_mean)
 
 
 def make_env(params) -> HyperGrid:
@@ -51,8 +51,14 @@ class HyperGridTrainer(Trainer):
         self.cursor += self.n
         return batch
 
-    def loss(self, batch):
-        return tb_loss(self.model, self.env, batch)
+    def loss(self, batch):  # trajectory balance; weighted by batch["weights"] from a prioritized buffer
+        residuals = tb_residuals(self.model, self.env, batch)
+        self.residuals = residuals.detach()
+        return weighted_square_mean(residuals, batch.get("weights"))
+
+    def priorities(self, batch):
+        """With ``replay.sampler: prioritized``: each replayed trajectory's |TB residual| in this step's loss."""
+        return self.residuals.abs() if "keys" in batch else None
 
     def metrics(self):
         seen = self.recent[self.recent >= 0]
