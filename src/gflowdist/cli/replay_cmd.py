@@ -84,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
                  f"run.out_dir={json.dumps(str(out))}", "run.name=replay"]
     sys.stdout.write(f"gflowdist: replaying {source} ({config.launch.nprocs} ranks, {config.launch.engine})\n")
     sys.stdout.flush()
-    before = set(out.iterdir()) if out.is_dir() else set()
     code, made = _launch([sys.executable, "-m", "gflowdist", "run", str(source / "config.yaml"), *overrides])
-    if made is None and out.is_dir():  # not announced on this stdout (gloo ranks other than 0 print nothing)
-        made = max(set(out.iterdir()) - before, default=None)
     if code != 0 or made is None:
         sys.stderr.write(f"gflowdist replay: the replay of {source} did not finish (exit {code})\n")
         return code or 1

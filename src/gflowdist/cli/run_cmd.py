@@ -308,9 +308,9 @@ def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: flo
     procs = []
     for rank in range(nprocs):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-        stdout = None if rank == 0 else subprocess.DEVNULL
-        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=stdout,
-                                      start_new_session=True))
+        # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
+        # rank) prints the run's lines, and a rank that prints nothing costs nothing
+        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True))
     return _supervise(procs, report_grace_s=report_grace_s)
 
 
