@@ -65,6 +65,9 @@ def test_apex_epsilons_follow_the_ladder():
     assert apex_epsilons(0, 1, 1).tolist() == pytest.approx([0.4])
     with pytest.raises(ConfigError, match="params.epsilon"):
         apex_epsilons(0, 1, 1, eps=1.5)
+    for first, count in ((6, 4), (-1, 2), (0, 9)):  # rungs outside a ladder of 8
+        with pytest.raises(ValueError, match="do not fit a ladder of 8"):
+            apex_epsilons(first, count, 8)
 
 
 def test_epsilon_greedy_explores_at_its_rate():

@@ -27,7 +27,7 @@ def apex_epsilons(first: int, count: int, total: int, eps: float = 0.4,
         raise ConfigError(f"must be in [0, 1], got {eps!r}", key="params.epsilon")
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
         raise ConfigError(f"must be a finite number >= 0, got {alpha!r}", key="params.epsilon_alpha")
-    if not 0 <= first and first + count <= total:
+    if not (0 <= first and count >= 0 and first + count <= total):
         raise ValueError(f"rungs {first}..{first + count - 1} do not fit a ladder of {total}")
     index = torch.arange(first, first + count, dtype=torch.float64)
     exponent = 1.0 + alpha * index / (total - 1) if total > 1 else torch.ones(count, dtype=torch.float64)
