@@ -104,8 +104,9 @@ def test_a_recorded_hypergrid_run_replays_to_the_bit_and_a_divergence_is_named(j
     assert _metrics(unforced.run_dir()) != _metrics(run)  # so the replay's equality proves something
 
     assert diverged.wait(240) == 4, diverged.output  # exit 4: a replay divergence
-    assert "at trajectory 16: BATCH check: the digest of the shipped trajectories is" in diverged.output, \
+    assert "at trajectory 16 (step 1): BATCH check: the digest of the shipped trajectories is" in diverged.output, \
         diverged.output
+    assert "config.yaml changed since the recording: params.lr: 0.001 recorded, 0.002 now" in diverged.output
     assert any(f"replay diverged on rank {r} (trainer on " in diverged.output for r in (0, 1)), diverged.output
     assert recorded.no_process_left() and unforced.no_process_left()
     assert replay.no_process_left() and diverged.no_process_left()

@@ -116,7 +116,7 @@ def _launch(cmd: list[str]) -> tuple[int, Path | None]:
 def check_recording(source: Path):
     """The recorded run's config; refuses a directory without a complete recording; warns of changed files."""
     from gflowdist.rundir import recorded_config
-    from gflowdist.runtime.observing import role_file_digests
+    from gflowdist.runtime.observing import replayed_settings, role_file_digests
     from gflowdist.runtime.tape import read_recording, recording_path
 
     try:
@@ -138,7 +138,25 @@ def check_recording(source: Path):
         if recorded.get(path) != now.get(path):
             sys.stderr.write(f"gflowdist replay: warning: {path} changed since the recording (SHA-256): the "
                              f"replay may diverge, and then stops at the first difference\n")
+    changed = _changed_settings(headers[0].get("config"),
+                                replayed_settings(config, config.launch.nprocs, config.launch.engine))
+    if changed:
+        sys.stderr.write(f"gflowdist replay: warning: {source / 'config.yaml'} changed since the recording: "
+                         f"{'; '.join(changed)}: the replay may diverge, and then stops at the first difference\n")
     return config
+
+
+def _changed_settings(recorded: Any, now: dict[str, Any]) -> list[str]:
+    """``"section.key: X recorded, Y now"`` for each setting that differs (nothing if the recording has none)."""
+    if not isinstance(recorded, dict):
+        return []
+    changed = []
+    for section in sorted(set(recorded) | set(now)):
+        before, after = recorded.get(section) or {}, now.get(section) or {}
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                changed.append(f"{section}.{key}: {before.get(key)!r} recorded, {after.get(key)!r} now")
+    return changed
 
 
 def compare_runs(recorded: Path, replayed: Path) -> ReplayVerdict:

@@ -98,11 +98,30 @@ def rank_header(config: Config, context: DistributedContext) -> dict[str, Any]:
     return {"rank": context.rank, "role": context.role.value, "host": context.host, "world_size": context.world.size,
             "engine": context.world.engine, "seed": config.run.seed, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "gflowdist": __version__, "python": platform.python_version(),
-            "files": role_file_digests(config)}
+            "files": role_file_digests(config),
+            "config": replayed_settings(config, context.world.size, context.world.engine)}
+
+
+#: ``run`` keys a replay sets itself (where it writes, that it replays): not compared with the recording
+REPLAY_OWN_KEYS = ("record", "replay_of", "out_dir", "name")
+
+
+def replayed_settings(config: Config, world_size: int, engine: str) -> dict[str, Any]:
+    """The config as the run directory's config.yaml has it (:func:`~gflowdist.rundir.resolved_config`), as
+    plain values, less what a replay changes itself (:data:`REPLAY_OWN_KEYS`)."""
+    from gflowdist.rundir import resolved_config
+
+    settings = resolved_config(config, world_size, engine)
+    settings["run"] = {k: v for k, v in settings["run"].items() if k not in REPLAY_OWN_KEYS}
+    return settings
 
 
 def role_file_digests(config: Config) -> dict[str, str]:
-    """SHA-256 of each role file the config names (absolute path -> hex digest); modules are left out."""
+    """SHA-256 of each role file the config names and of the Python files beside it (absolute path -> hex).
+
+    The files beside a role file are the modules a role most often imports (``from hypergrid_gfn
+    import ...``); installed packages are left out.
+    """
     digests = {}
     for role in ("trainer", "actor", "buffer", "coordinator"):
         ref = getattr(config.roles, role)
@@ -113,7 +132,9 @@ def role_file_digests(config: Config) -> dict[str, str]:
         except ConfigError:
             continue
         if path.suffix == ".py" and path.is_file():
-            digests[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            for module in sorted(path.parent.glob("*.py")):
+                if str(module) not in digests and module.is_file():
+                    digests[str(module)] = hashlib.sha256(module.read_bytes()).hexdigest()
     return digests
 
 

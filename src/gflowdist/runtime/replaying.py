@@ -97,6 +97,7 @@ class ReplayTape(Tape):
         self._aside: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._progress_at = time.monotonic()  # when my previous event was replayed (or the tape opened)
         self._recorded_at = 0.0  # when the recorded run made that event (seconds since its tape opened)
+        self._step: int | None = None  # the loop's latest point (step, iteration), named beside a trajectory count
 
     # -- the calls ------------------------------------------------------------------------
     def take(self, site, channel, point=FREE, *, source=None, wait=False, transparent=None, keep_alive=None):
@@ -137,14 +138,17 @@ class ReplayTape(Tape):
 
     def check(self, site, point, value):
         event = self.events[0] if self.events else None
+        unit = "trajectory" if site is Site.BATCH else None  # a BATCH check's point counts trajectories
+        if site is not Site.BATCH:
+            self._step = point
         if event is None or event[0] != site or event[1] != point:
             raise self._diverged(point, f"the replay reached the {site.name} check, where the recording has "
-                                        f"{describe_event(event)}")
+                                        f"{describe_event(event)}", unit=unit)
         if not _same(event[2], value):
             what = "loss" if site is Site.LOSS else "digest of the shipped trajectories"
             raise self._diverged(point, f"{site.name} check: the {what} is {value!r}, the recording's "
                                         f"{event[2]!r} (the computation differs: nondeterministic user code, "
-                                        f"or changed files)", unit="trajectory" if site is Site.BATCH else None)
+                                        f"or changed files)", unit=unit)
         self._advance()
 
     def finish(self) -> None:
@@ -155,6 +159,8 @@ class ReplayTape(Tape):
     # -- helpers --------------------------------------------------------------------------
     def _head(self, site: Site, point: int) -> list[Any] | None:
         """The next event if it is ``site``'s at ``point`` (FREE only at FREE: a loop not counted in steps)."""
+        if point != FREE:
+            self._step = point  # where the loop is (a trainer's step, an actor's iteration, ...)
         if not self.events:
             return None
         event = self.events[0]
@@ -228,6 +234,9 @@ class ReplayTape(Tape):
                                            f"diverged first")
 
     def _diverged(self, point: int, event: str, unit: str | None = None) -> ReplayDivergence:
-        unit = unit or UNITS.get(self.role, "point")
-        where = f"{unit} {point}" if point != FREE else f"recorded event {self.replayed + 1}"
+        """``unit`` "trajectory": ``point`` counts trajectories; the loop's own point (its step) is added."""
+        loop_unit = UNITS.get(self.role, "point")
+        where = f"{unit or loop_unit} {point}" if point != FREE else f"recorded event {self.replayed + 1}"
+        if unit is not None and self._step is not None:
+            where += f" ({loop_unit} {self._step})"
         return ReplayDivergence(self.rank, role=self.role, host=self.host, where=where, event=event)
