@@ -43,10 +43,34 @@ def test_data_messages_carry_their_fields_and_are_no_commands():
     reply = wire(protocol.sample_reply(batch, torch.tensor([1, 2, 3])))
     assert reply.type is MessageType.SAMPLE_REPLY and reply.body["versions"].tolist() == [1, 2, 3]
     assert wire(protocol.sample_reply(None)).body == {"batch": None}
-    assert wire(protocol.sample_request(8, 2)).body == {"n": 8, "version": 2}
+    assert wire(protocol.sample_request(8, 2)).body == {"n": 8, "version": 2, "step": 2}
+    assert wire(protocol.sample_request(8, 2, step=4)).body == {"n": 8, "version": 2, "step": 4}
     assert wire(protocol.heartbeat(5, stored=9)).body == {"step": 5, "stored": 9}
 
 
 @pytest.mark.parametrize("body", [{"cmd": "reboot"}, {"cmd": ["stop"]}, {"cmd": 1}, {}, ["stop"], "stop"])
 def test_an_unknown_or_malformed_command_is_no_command(body):
     assert command_of(wire((MessageType.CONTROL, body))) is None
+
+
+def test_prefetched_sample_requests_name_the_step_that_will_use_them() -> None:
+    """replay.prefetch k: the reply used at step s was asked for k steps earlier, so it asks for beta at s."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from gflowdist.runtime.loops.trainer import ReplayRequests
+    from gflowdist.runtime.state import TrainerState
+
+    asked: list[dict] = []
+    data = SimpleNamespace(isend=lambda kind, body, dst: asked.append(body),
+                           recv=lambda src, timeout=None: wire(protocol.sample_reply(None)))
+    replay = SimpleNamespace(prefetch=2, replayed_per_step=lambda fresh: 4)
+    timer = SimpleNamespace(phase=lambda name: nullcontext(), wait_on=lambda peer, label: nullcontext())
+    w = SimpleNamespace(config=SimpleNamespace(replay=replay, faults=SimpleNamespace(peer_timeout_s=1.0)),
+                        data=data, timer=timer)
+    requests, state = ReplayRequests(w, buffer=3), TrainerState()
+    for version in range(4):
+        state.version = version
+        requests.take(state, 16)
+    # asked at step 0 for steps 1 and 2, then at each step s for s + 2: each reply is used where it was meant
+    assert [(b["version"], b["step"]) for b in asked] == [(0, 1), (0, 2), (1, 3), (2, 4), (3, 5)]

@@ -117,9 +117,10 @@ def trajectories(batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n
     return MessageType.TRAJECTORIES, body
 
 
-def sample_request(n: int, version: int) -> Outgoing:
-    """Ask my buffer for ``n`` replayed trajectories; ``version`` is my policy's now."""
-    return MessageType.SAMPLE_REQUEST, {"n": n, "version": version}
+def sample_request(n: int, version: int, step: int | None = None) -> Outgoing:
+    """Ask my buffer for ``n`` replayed trajectories; ``version`` is my policy's now, ``step`` the learner
+    step at which the reply will be used (a prioritized buffer's beta is taken there; default ``version``)."""
+    return MessageType.SAMPLE_REQUEST, {"n": n, "version": version, "step": version if step is None else step}
 
 
 def sample_reply(batch: Mapping[str, torch.Tensor] | None, versions: torch.Tensor | None = None, *,

@@ -167,8 +167,8 @@ class BufferLoop:
 
     def serve_sample(self, msg: Message) -> None:
         """Answer a sample request: a batch and its policy versions (prioritized: weights and keys, beta at
-        the requester's version), or nothing while too little is stored."""
-        reply = sample_reply_for(self.replay, int(msg.body["n"]), int(msg.body["version"]))
+        the learner step that will use it), or nothing while too little is stored."""
+        reply = sample_reply_for(self.replay, int(msg.body["n"]), int(msg.body.get("step", msg.body["version"])))
         self.w.data.isend(*reply, msg.sender)
 
     def save_complete_cuts(self) -> None:

@@ -4,7 +4,7 @@
    with its trajectories (:func:`initial_priorities`); the buffer admits the
    items with them (``ReplayBuffer.extend(..., priorities=)``).
 2. A prioritized buffer answers a sample request with each item's
-   importance weight and key, beta taken at the requesting learner's step
+   importance weight and key, beta taken at the learner step that will use them
    (:func:`sample_reply_for`); the trainer's batch gets them as
    ``batch["weights"]`` and ``batch["keys"]`` (:func:`replayed_batch`).
 3. After the optimizer step the trainer's

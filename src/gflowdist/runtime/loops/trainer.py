@@ -67,7 +67,7 @@ class ReplayRequests:
         w, replayed = self.w, None
         per_step = w.config.replay.replayed_per_step(fresh)
         if self.outstanding == 0 and self.prefetch == 0:
-            self._ask(per_step, state.version)
+            self._ask(per_step, state.version, state.version)  # used at once
         if self.outstanding:
             with w.timer.phase("wait_replay"), w.timer.wait_on(self.buffer, "replay"):
                 reply = reply_from(w, self.buffer, w.config.faults.peer_timeout_s)
@@ -75,8 +75,8 @@ class ReplayRequests:
             replayed = replayed_batch(reply.body)
             if replayed is not None:
                 state.staleness.update((state.version - reply.body["versions"]).tolist())
-        while self.outstanding < self.prefetch:
-            self._ask(per_step, state.version)
+        while self.outstanding < self.prefetch:  # replies come in order: this one is used after the others
+            self._ask(per_step, state.version, state.version + self.outstanding + 1)
         return replayed
 
     def settle(self) -> None:
@@ -85,8 +85,9 @@ class ReplayRequests:
             reply_from(self.w, self.buffer, self.w.config.faults.peer_timeout_s)
         self.outstanding = 0
 
-    def _ask(self, n: int, version: int) -> None:
-        self.w.data.isend(*protocol.sample_request(n, version), self.buffer)
+    def _ask(self, n: int, version: int, step: int) -> None:
+        """Ask for ``n`` items, to be used at learner step ``step`` (a prioritized buffer's beta is taken there)."""
+        self.w.data.isend(*protocol.sample_request(n, version, step), self.buffer)
         self.outstanding += 1
 
 
