@@ -58,6 +58,18 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_intact_one_is_used(tmp_p
     assert "weights_only=False" not in reason
 
 
+def test_a_partial_checkpoint_is_named_and_the_newest_complete_one_is_used(tmp_path):
+    _checkpoint(tmp_path, OLDER, 5)
+    partial = tmp_path / "checkpoints" / NEWER
+    checkpoints.save_rank(tmp_path, NEWER, 0, _payload(10))  # a save killed before its manifest
+    chosen = choose_checkpoint(tmp_path, LocalComm())
+    assert chosen.name == OLDER and chosen.step == 5
+    assert chosen.skipped == [f"checkpoint {NEWER} not used: {partial}: no MANIFEST.json, a partial checkpoint "
+                              f"(its save never finished)"]
+    assert checkpoints.candidates(tmp_path) == [OLDER]  # the complete ones
+    assert checkpoints.checkpoint_names(tmp_path) == [NEWER, OLDER]
+
+
 def test_a_file_without_a_checksum_that_torch_refuses_is_named_without_torchs_unsafe_advice(tmp_path):
     _checkpoint(tmp_path, NEWER, 10)
     manifest_path = tmp_path / "checkpoints" / NEWER / "MANIFEST.json"

@@ -100,7 +100,7 @@ def _check_restarted(job, run: Path, code: int) -> None:
     restarts = read_json(run / "restarts.json")
     assert len(restarts) == 1 and restarts[0]["previous_ended"].startswith("lost rank 1 (trainer on"), restarts
     note = re.search(r"generation 1 \(restart 1 of 1\); the one before ended: lost rank 1 \(trainer on \S+\): "
-                     r"[^;]*; resumed from gen-0000-step-0+(\d+) at step (\d+), (\d+) steps repeated", out)
+                     r"[^;]*; resumed from gen-0000-step-0+(\d+) at step (\d+), (\d+) steps? repeated", out)
     assert note and note[1] == note[2] and int(note[3]) >= 0, out
     assert re.search(rf"^gen 1  step \d+/{STEPS}", out, re.M), out
     assert "generation 1 (restart 1 of 1)" in (run / "report.txt").read_text()

@@ -10,9 +10,11 @@ One launch pair does the work of several tests (the suite's time is dear):
    each gets a directory of its own;
 2. run A: its four newest checkpoints damaged four ways (a truncated trainer
    file, random bytes in the buffer's file, a garbage manifest, NaNs written
-   into a trainer's weights) and resumed with ``--resume RUN_DIR`` alone from
+   into a trainer's weights), a partial one between them (a save killed
+   before its manifest) and resumed with ``--resume RUN_DIR`` alone from
    an empty folder elsewhere: every damaged checkpoint is named with its file
-   and what is wrong, the run continues from the newest intact one, each
+   and what is wrong, the partial one as partial, the run continues from the
+   newest intact one, each
    ``(rank, step)`` once in metrics.jsonl, the ledger balanced;
 3. run B, at the same time: its checkpoints directory on a full tmpfs, resumed
    from the repository root: the next checkpoint write fails naming the file
@@ -56,7 +58,8 @@ def _taken_names(out_dir: Path, minutes: int = 5) -> set[str]:
 
 
 def _damage(run: Path) -> dict[str, tuple[Path, str]]:
-    """The four newest checkpoints of ``run``, each damaged one way: name -> (file to be named, word)."""
+    """The four newest checkpoints of ``run``, each damaged one way, and a partial one between them:
+    name -> (path to be named, word)."""
     final, step8, step6, step4 = (checkpoint_name(0, s) if s else checkpoint_name(0) for s in (None, 8, 6, 4))
     where = run / "checkpoints"
     victims = {final: (where / final / "rank-00000.pt", truncate), step8: (where / step8 / "rank-00001.pt", random_bytes),
@@ -66,6 +69,10 @@ def _damage(run: Path) -> dict[str, tuple[Path, str]]:
     for name, (path, damage) in victims.items():
         word = damage(path if damage is not garbage_manifest else where / name / "rank-00000.pt")
         out[name] = (path, word)
+    partial = checkpoint_name(0, 7)  # a save killed before its manifest: one rank's file, no MANIFEST.json
+    (where / partial).mkdir()
+    shutil.copy(where / step8 / "rank-00000.pt", where / partial / "rank-00000.pt")
+    out[partial] = (where / partial, "no MANIFEST.json, a partial checkpoint")
     return out
 
 

@@ -76,6 +76,8 @@ def test_resume_continues_steps_ledger_and_buffer(job_factory):
     assert second.wait(120) == 0, second.output
     after = read_json(run / "finals.json")
     assert after["0"]["step"] == 20 and before["0"]["step"] == 10
+    # the step is the checkpoint's (its manifest's), the steps done before it from the run's last progress.json
+    assert "generation 1 (resumed); resumed from gen-0000-final at step 10, 0 steps repeated" in second.output
     assert read_json(run / "ledger.json")["totals"]["produced"] == 20 * 8 * 2
     assert after["2"]["replay"]["admitted"] == 2 * before["2"]["replay"]["admitted"]
     assert after["2"]["replay"]["size"] == 20 * 8 * 2  # trajectories admitted before the checkpoint are kept

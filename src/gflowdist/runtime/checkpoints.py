@@ -24,7 +24,9 @@ size, digest) before ``torch.load(..., weights_only=True)``; any problem is a
 changed after it was written, not a checkpoint). torch's own message is
 never passed on where it advises loading with ``weights_only=False``.
 :func:`candidates` lists the complete checkpoints newest first;
-:mod:`gflowdist.runtime.resume` picks the newest intact one.
+:mod:`gflowdist.runtime.resume` picks the newest intact one. The checks that
+need no torch (names, manifest, size, digest) live in ``gflowdist.rundir``,
+so that ``gflowdist run --resume`` makes them before it launches anything.
 
 Periodic checkpoints are a consistent cut: at step k every trainer settles its
 outstanding sample requests, tells its actors, sends a marker to its buffer
@@ -36,12 +38,10 @@ the collector, which writes the manifest.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from gflowdist.errors import CheckpointError
+from gflowdist.rundir import (MANIFEST, check_file, checkpoint_dir, checkpoint_name, checkpoint_names,
+                              checkpoint_step, os_reason, rank_file, read_manifest, step_of)
 from gflowdist.runtime.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -57,24 +59,10 @@ if TYPE_CHECKING:
     from gflowdist.runtime.state import RunState
 
 __all__ = ["checkpoint_name", "checkpoint_dir", "rank_file", "save_rank", "write_manifest", "read_manifest",
-           "candidates", "latest_complete", "load_rank", "step_of", "trim_metrics", "MANIFEST", "CheckpointSaver"]
+           "checkpoint_names", "candidates", "latest_complete", "load_rank", "step_of", "checkpoint_step",
+           "trim_metrics", "MANIFEST", "CheckpointSaver"]
 
 log = logging.getLogger("gflowdist.runtime")
-
-MANIFEST = "MANIFEST.json"
-_NAME = re.compile(r"^gen-(\d{4})-(?:step-(\d{9})|final)$")
-_CHUNK = 1 << 20
-
-
-def checkpoint_name(generation: int, step: int | None = None) -> str:
-    """``gen-0003-step-000000050`` (periodic) or ``gen-0003-final``."""
-    return f"gen-{generation:04d}-final" if step is None else f"gen-{generation:04d}-step-{step:09d}"
-
-
-def step_of(name: str) -> int | None:
-    """The step of a periodic checkpoint's name (``gen-0003-step-000000050`` -> 50); None for a final one."""
-    head, _, step = name.rpartition("-step-")
-    return int(step) if head and step.isdigit() else None
 
 
 def trim_metrics(path: Path, step: int) -> int:
@@ -98,23 +86,6 @@ def trim_metrics(path: Path, step: int) -> int:
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
     return dropped
-
-
-def checkpoint_dir(run_dir: Path, name: str) -> Path:
-    return Path(run_dir) / "checkpoints" / name
-
-
-def rank_file(rank: int) -> str:
-    """The file name of a rank's part: ``rank-00002.pt``."""
-    return f"rank-{rank:05d}.pt"
-
-
-def os_reason(err: OSError) -> str:
-    """``No space left on device [ENOSPC]``: the OS's words and the errno's name."""
-    code = err.errno
-    if code is None:
-        return str(err)
-    return f"{os.strerror(code)} [{errno.errorcode.get(code, code)}]"
 
 
 class _HashingWriter:
@@ -203,44 +174,9 @@ def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any],
                               f"stays incomplete and is never resumed from", path=str(folder / MANIFEST)) from None
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of the checkpoint in ``folder``; :class:`CheckpointError` naming it if unreadable."""
-    path = Path(folder) / MANIFEST
-    try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: not a manifest (not UTF-8 JSON: {err})", path=str(path)) from None
-    fields = ("world_size", "generation")
-    if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), int) for k in fields):
-        raise CheckpointError(f"{path}: not a manifest (needs integers {' and '.join(fields)})", path=str(path))
-    files = manifest.get("files")
-    if files is not None and not _valid_files(files):
-        raise CheckpointError(f"{path}: not a manifest ('files' must map each file to its bytes and sha256)",
-                              path=str(path))
-    return manifest
-
-
-def _valid_files(files: Any) -> bool:
-    return isinstance(files, dict) and all(
-        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
-        for v in files.values())
-
-
-def _order(name: str) -> tuple[int, int, int] | None:
-    match = _NAME.match(name)
-    if match is None:
-        return None
-    generation, step = match.groups()
-    return int(generation), 1 if step is None else 0, int(step or 0)
-
-
 def candidates(run_dir: Path) -> list[str]:
     """The names of the complete checkpoints (those with a manifest), newest first; not yet checked."""
-    found = [(order, path.parent.name) for path in (Path(run_dir) / "checkpoints").glob(f"*/{MANIFEST}")
-             if (order := _order(path.parent.name)) is not None]
-    return [name for _, name in sorted(found, reverse=True)]
+    return [name for name in checkpoint_names(run_dir) if (checkpoint_dir(run_dir, name) / MANIFEST).exists()]
 
 
 def latest_complete(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
@@ -262,22 +198,7 @@ def load_rank(run_dir: Path, name: str, rank: int, manifest: Mapping[str, Any]) 
     Raises :class:`CheckpointError` naming the file and what is wrong with it.
     """
     path = checkpoint_dir(run_dir, name) / rank_file(rank)
-    expected = (manifest.get("files") or {}).get(path.name)
-    if "files" in manifest and expected is None:
-        raise CheckpointError(f"{path}: not listed in the checkpoint's {MANIFEST}", path=str(path))
-    try:
-        size, digest = _size_and_digest(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing", path=str(path)) from None
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
-    if expected is not None and size != expected["bytes"]:
-        what = "truncated" if size < expected["bytes"] else "too long"
-        raise CheckpointError(f"{path}: {what}: {size} bytes, the manifest says {expected['bytes']}",
-                              path=str(path))
-    if expected is not None and digest != expected["sha256"]:
-        raise CheckpointError(f"{path}: its SHA-256 is not the manifest's: the file changed after it was "
-                              f"written (corrupt)", path=str(path))
+    check_file(path, manifest)
     try:
         payload = torch.load(path, weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file; all mean "unreadable"
@@ -285,16 +206,6 @@ def load_rank(run_dir: Path, name: str, rank: int, manifest: Mapping[str, Any]) 
     if not isinstance(payload, dict) or "runtime" not in payload:
         raise CheckpointError(f"{path}: not a gflowdist checkpoint (no runtime state in it)", path=str(path))
     return payload
-
-
-def _size_and_digest(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 def _torch_reason(err: Exception) -> str:

@@ -101,6 +101,7 @@ class Rank:
     replay: ReplayBuffer | None
     w: Wiring
     resumed_from: str | None
+    resumed_step: int | None  # the step of the checkpoint resumed from (its manifest's)
     skipped: list[str]  # newer checkpoints not resumed from, each naming the file and what is wrong
 
 
@@ -120,6 +121,8 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
         return _run_to_end(process, config, rank, collector, out)
     finally:
         w.tape.close()  # a recording keeps what it holds, also when the run fails
+        if collector is not None:
+            collector.reach.flush()  # how far this generation got, for the next one's "steps repeated"
 
 
 def _run_to_end(process: RankProcess, config: Config, rank: Rank, collector: Collector | None,
@@ -128,7 +131,7 @@ def _run_to_end(process: RankProcess, config: Config, rank: Rank, collector: Col
     w = rank.w
     _run_loop(process.context.role, rank, collector)
     final_name = checkpoints.checkpoint_name(w.generation)
-    checkpoint_file = w.saver.save(final_name)
+    checkpoint_file = w.save_part(final_name)  # and its instant on my trace, before the trace leaves with my report
     final = w.send_final(process.context.role.value, _final_extras(rank, checkpoint_file))
     if collector is None:
         w.tape.finish()  # a replay checks that it made every recorded choice
@@ -166,8 +169,8 @@ def _make_rank(process: RankProcess, config: Config, resume_dir: str | None) -> 
                      generation=restored.generation if restored is not None else 0,
                      tape=open_tape(config, process.run_dir, ctx), trace=open_trace(config))
     if restored is None:
-        return Rank(role, state, replay, w, None, [])
-    return Rank(role, state, replay, w, restored.name, restored.skipped)
+        return Rank(role, state, replay, w, None, None, [])
+    return Rank(role, state, replay, w, restored.name, restored.step, restored.skipped)
 
 
 def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextIO) -> Collector:
@@ -175,12 +178,12 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
     run_dir, layout, world = process.run_dir, process.context.layout, process.world
     write_config(run_dir, config, world.size, world.engine)
     (run_dir / "layout.txt").write_text(layout.describe() + "\n")
-    resumed_step = checkpoints.step_of(rank.resumed_from) if rank.resumed_from is not None else None
-    if resumed_step is not None:
-        dropped = checkpoints.trim_metrics(run_dir / "metrics.jsonl", resumed_step)
+    cut = checkpoints.step_of(rank.resumed_from) if rank.resumed_from is not None else None  # a periodic one's
+    if cut is not None:
+        dropped = checkpoints.trim_metrics(run_dir / "metrics.jsonl", cut)
         if dropped:
             log.info("dropped %d metrics rows of steps >= %d: the interrupted run wrote them after "
-                     "checkpoint %s, and this run repeats those steps", dropped, resumed_step, rank.resumed_from)
+                     "checkpoint %s, and this run repeats those steps", dropped, cut, rank.resumed_from)
     metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
     coordinator = rank.role if isinstance(rank.role, roles.Coordinator) else None
     collector = Collector(rank.w, metrics_file=metrics_file, out=out, run_dir=run_dir,
@@ -190,9 +193,8 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
                           on_weights=coordinator.on_weights if coordinator else None)
     out.write(f"gflowdist: {layout.summary()}\ngflowdist: run directory {run_dir}\n")
     _say_resumed(out, rank.resumed_from, rank.skipped)
-    resumed_at = resumed_step if resumed_step is not None else collector.reach.before
-    collector.generation_note = generation_note(rank.w.generation, restart_record(), rank.resumed_from, resumed_at,
-                                                collector.reach.before)
+    collector.generation_note = generation_note(rank.w.generation, restart_record(), rank.resumed_from,
+                                                rank.resumed_step, collector.reach.before)
     if collector.generation_note:
         out.write(f"gflowdist: {collector.generation_note}\n")
         log.info("%s", collector.generation_note)

@@ -107,7 +107,7 @@ REPLAY_OWN_KEYS = ("record", "replay_of", "out_dir", "name")
 
 
 def replayed_settings(config: Config, world_size: int, engine: str) -> dict[str, Any]:
-    """The config as the run directory's config.yaml has it (:func:`~gflowdist.rundir.resolved_config`), as
+    """The config as the run directory's config.yaml has it (``gflowdist.rundir.resolved_config``), as
     plain values, less what a replay changes itself (:data:`REPLAY_OWN_KEYS`)."""
     from gflowdist.rundir import resolved_config
 

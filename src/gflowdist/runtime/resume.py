@@ -3,11 +3,18 @@
 Every rank checks its own file of a candidate (present, size and SHA-256 as
 the manifest says, loadable with ``weights_only=True``); the ranks exchange
 their verdicts, so all of them take the same checkpoint. A candidate any rank
-finds damaged is skipped, and the reason (the file and what is wrong) is kept
-for the collector to print::
+finds damaged, and a partial one (no manifest: its save never finished), is
+skipped, and the reason (the file and what is wrong) is kept for the
+collector to print::
 
-    gflowdist: checkpoint gen-0000-final not used: .../rank-00000.pt: truncated: 812 bytes, the manifest says 1546
+    gflowdist: checkpoint gen-0000-final not used: .../gen-0000-final: no MANIFEST.json, a partial checkpoint (...)
+    gflowdist: checkpoint gen-0000-step-000000010 not used: .../rank-00000.pt: truncated: 812 bytes, the manifest says 1546
     gflowdist: resuming from checkpoint gen-0000-step-000000005 (the newest complete, intact one)
+
+``gflowdist run --resume`` makes the checks that need no torch before it
+launches the ranks (``gflowdist.rundir.newest_intact``), so a run
+directory without an intact checkpoint is refused there, in one line; these
+checks on the ranks stay for jobs started by another launcher.
 
 No intact checkpoint at all is a :class:`~gflowdist.errors.CheckpointError`
 listing every candidate and why it was refused. :func:`restore` loads the
@@ -48,12 +55,18 @@ class Chosen:
     payload: dict[str, Any]
     skipped: list[str] = field(default_factory=list)  # "checkpoint X not used: <file>: <what is wrong>"
 
+    @property
+    def step(self) -> int | None:
+        """The step the run continues from: the manifest's (``gflowdist.rundir.checkpoint_step``)."""
+        return checkpoints.checkpoint_step(self.name, self.manifest)
+
 
 def choose_checkpoint(run_dir: Path, world) -> Chosen:
     """Collective over ``world``: the newest complete checkpoint of ``run_dir`` intact on every rank."""
-    names = json.loads(world.all_gather_bytes(json.dumps(checkpoints.candidates(run_dir)).encode())[0])
+    names = json.loads(world.all_gather_bytes(json.dumps(checkpoints.checkpoint_names(run_dir)).encode())[0])
     if not names:
-        raise GflowdistError(f"--resume {run_dir}: no complete checkpoint in {Path(run_dir) / 'checkpoints'}")
+        raise CheckpointError(f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}",
+                              path=str(Path(run_dir) / "checkpoints"))
     skipped = []
     for name in names:
         manifest, payload, problem = _check_mine(run_dir, name, world)
@@ -83,6 +96,7 @@ class Restored:
     """What a resumed rank continues from: the checkpoint, its ledger, this run's generation, what was skipped."""
 
     name: str
+    step: int | None  # the step it continues from (the checkpoint's manifest), None if unknown
     ledger: Ledger
     generation: int
     skipped: list[str]
@@ -106,4 +120,5 @@ def restore(run_dir: Path, world: Communicator, role: BaseRole, state: RunState,
     for reason in chosen.skipped:
         log.warning("%s", reason)
     log.info("resumed from checkpoint %s at step %s", chosen.name, getattr(state, "step", 0))
-    return Restored(chosen.name, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1, chosen.skipped)
+    return Restored(chosen.name, chosen.step, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1,
+                    chosen.skipped)
