@@ -103,3 +103,30 @@ def test_a_bad_config_fails_before_torch_is_imported(tmp_path):
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=base_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.stdout.split() == ["no", "torch", "2"], result
+
+
+#: (command line after `gflowdist run good.yaml`, the one line): near misses of an override get the form to write
+NEAR_MISSES = [
+    (["run.steps:5"], "config error: 'run.steps:5' is YAML, not an override: write run.steps=5 (key.path=value)"),
+    (["launch.mpiexec:/opt/mpi/bin/mpiexec"],
+     "config error: 'launch.mpiexec:/opt/mpi/bin/mpiexec' is YAML, not an override: write "
+     "launch.mpiexec=/opt/mpi/bin/mpiexec (key.path=value)"),
+    (["--steps", "5"], "config error: '--steps' is not an option of gflowdist run: write the override run.steps=5"),
+    (["--log-every=7"], "config error: '--log-every=7' is not an option of gflowdist run: write the override "
+                        "run.log_every=7"),
+    (["--bogus", "5"], "error: unrecognized arguments: --bogus (see gflowdist run --help)"),  # no key: no hint
+]
+
+
+@pytest.mark.parametrize("args, line", NEAR_MISSES, ids=[" ".join(args) for args, _ in NEAR_MISSES])
+def test_a_near_miss_of_an_override_says_what_to_write(tmp_path, args, line):
+    (tmp_path / "good.yaml").write_text(GOOD)
+    result = _cli(tmp_path, ["good.yaml", *args])
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"gflowdist run: {line}\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_yaml_style_override_is_refused_with_the_override_it_meant(tmp_path):
+    (tmp_path / "good.yaml").write_text(GOOD)
+    with pytest.raises(ConfigError, match=r"^'run.steps: 5' is YAML, not an override: write run.steps=5 "):
+        Config.from_yaml(str(tmp_path / "good.yaml"), overrides=["run.steps: 5"])

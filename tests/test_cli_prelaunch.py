@@ -19,15 +19,20 @@ missing) pay for the torch that module imports, in a child Python.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from gflowdist.cli.preflight import ALLOCATION_VARIABLES
+from gflowdist.process_tree import is_running
 from tests.support.launching import REPO, base_env
 
 README = (REPO / "README.md").read_text()
@@ -43,6 +48,9 @@ def _replace(text: str, old: str, new: str) -> str:
     assert old in text, old
     return text.replace(old, new)
 
+
+#: No GPU visible to torch (on any machine), and no batch allocation that could spread the ranks over other hosts.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": "", **{name: "" for name in ALLOCATION_VARIABLES}}
 
 #: name -> (files to write besides my_roles.py / config.yaml, command line after `gflowdist`, extra env,
 #:          words the one line must contain)
@@ -90,6 +98,24 @@ CASES = {
                             {}, ["gflowdist layout: config error: config.yaml: roles.trainer: 'my_roles.py' has no "
                                  "attribute 'ArmTrainr' (did you mean 'ArmTrainer'?)"]),
     "layout positional override": ({}, ["layout", "config.yaml", "layout.buffers=3"], {}, ["3 buffers"]),
+    "too many ranks": ({}, ["run", "config.yaml", "-n", "5", "layout.trainers=1"], {},
+                       ["layout error: layout accounts for 1 trainer + 1 buffer + 1 coordinator = 3 ranks but the "
+                        "job has 5 (-n 5): start -n 3, or give one count as 'rest' in config.yaml"]),
+    "colon override": ({}, ["run", "config.yaml", "run.steps:5"], {},
+                       ["'run.steps:5' is YAML, not an override: write run.steps=5 "]),
+    "--set colon override": ({}, ["run", "--set", "run.steps:5", "config.yaml"], {},
+                             ["'run.steps:5' is YAML, not an override: write run.steps=5 "]),
+    "key as an option": ({}, ["run", "config.yaml", "--steps", "5"], {},
+                         ["'--steps' is not an option of gflowdist run: write the override run.steps=5"]),
+    "cuda without a GPU": ({}, ["run", "config.yaml", "launch.devices=cuda"], NO_GPU,
+                           ["config error: config.yaml: launch.devices: asks for cuda, but this host sees no CUDA "
+                            "device (local rank 0: 3 ranks, all on this host): set launch.devices to auto or cpu"]),
+    "cuda:7 without a GPU": ({}, ["run", "config.yaml", "launch.devices=[cuda:7]"], NO_GPU,
+                             ["config.yaml: launch.devices: entry 0 of launch.devices (local rank 0: 3 ranks, all on "
+                              "this host) is cuda:7, but this host sees 0 visible CUDA devices: set launch.devices"]),
+    "cuda without a GPU, torch engine": ({}, ["run", "config.yaml", "launch.devices=cuda", "--engine", "torch"],
+                                         NO_GPU, ["config.yaml: launch.devices: asks for cuda, but this host sees "
+                                                  "no CUDA device"]),
 }
 
 
@@ -171,3 +197,48 @@ def test_a_passing_role_check_is_remembered_until_a_role_file_changes(results):
     changed = _cli(folder, ["-m", "gflowdist", "run", "config.yaml"], **env)
     assert changed.returncode == 2 and "raised RuntimeError: changed since the last check" in changed.stderr, changed
     assert len((folder / "fake-bin" / "launched").read_text().splitlines()) == 2  # the control run and `again`
+
+
+def test_a_job_that_fails_before_any_rank_writes_leaves_no_run_directory(tmp_path):
+    """The launched job fails at once (here: its mpiexec exits 7): the empty run directory goes too."""
+    (tmp_path / "my_roles.py").write_text(ROLES)
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    fake = _fake_mpiexec(tmp_path)
+    fake.write_text(FAKE_MPIEXEC + "exit 7\n")
+    done = _cli(tmp_path, ["-m", "gflowdist", "run", "config.yaml"], GFLOWDIST_MPIEXEC=str(fake))
+    assert done.returncode == 7, done
+    assert (tmp_path / "fake-bin" / "launched").exists()  # it was launched: this is no pre-launch check
+    assert list((tmp_path / "runs").iterdir()) == []  # runs/arms-<timestamp>/ was made, and removed
+
+
+HANGING_MPIEXEC = """#!/bin/sh
+sleep 100 &
+echo $! > "$(dirname "$0")/child.pid"
+wait
+"""
+
+
+def test_a_launcher_that_hangs_on_version_is_stopped_after_10_s_with_what_it_started(tmp_path):
+    (tmp_path / "my_roles.py").write_text(ROLES)
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    fake = _fake_mpiexec(tmp_path)
+    fake.write_text(HANGING_MPIEXEC)
+    child = tmp_path / "fake-bin" / "child.pid"
+    began = time.monotonic()
+    try:
+        done = _cli(tmp_path, ["-m", "gflowdist", "run", "config.yaml", f"launch.mpiexec={fake}"])
+        took = time.monotonic() - began
+        assert done.returncode == 2, done
+        assert done.stderr == (f"gflowdist run: config error: config.yaml: launch.mpiexec: '{fake} --version' did not "
+                               f"answer within 10 s and was stopped: set launch.mpiexec to your site's mpiexec, or "
+                               f"remove it to use the one next to this Python\n"), done.stderr
+        assert took < 20, took
+        pid = int(child.read_text())
+        deadline = time.monotonic() + 5
+        while is_running(pid) and time.monotonic() < deadline:  # killed: gone at once (init reaps it)
+            time.sleep(0.05)
+        assert not is_running(pid), "the probe's child outlived gflowdist"
+        assert not (tmp_path / "runs").exists()
+    finally:
+        if child.exists() and is_running(int(child.read_text())):
+            os.kill(int(child.read_text()), signal.SIGKILL)

@@ -108,3 +108,47 @@ def test_launcher_rank_reads_the_global_rank_each_launcher_announces():
 
     assert launcher_rank({"PMI_RANK": "3"}) == 3 and launcher_rank({"OMPI_COMM_WORLD_RANK": "5"}) == 5
     assert launcher_rank({"RANK": "2", "SLURM_PROCID": "9"}) == 2 and launcher_rank({}) == 0
+
+
+def test_only_a_setting_that_asks_for_cuda_can_fail_without_a_gpu():
+    from gflowdist.devices import needs_cuda
+
+    assert not needs_cuda("auto") and not needs_cuda("cpu") and not needs_cuda(("cpu", "cpu"))
+    assert needs_cuda("cuda") and needs_cuda(("cuda:7",)) and needs_cuda(("cpu", "cuda"))
+    with pytest.raises(ConfigError, match="asks for cuda, but this host sees no CUDA device"):
+        choose_device("cuda", 0, 0, seen_by="this host")
+
+
+def _launch(**launch):
+    from gflowdist.config import Config
+
+    return Config.from_dict({"launch": launch}, file="config.yaml")
+
+
+def test_the_launcher_judges_devices_only_for_ranks_that_run_on_its_host():
+    from gflowdist.cli.preflight import devices_judged_here
+
+    assert devices_judged_here(_launch(devices="cuda"), 3, env={})
+    assert devices_judged_here(_launch(devices=["cpu", "cuda:1"]), 3, env={})
+    assert not devices_judged_here(_launch(devices="auto"), 3, env={})  # auto never fails
+    assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["-f", "hosts.txt"]), 3, env={})
+    assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["--hostfile=h"]), 3, env={})
+    assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["-genv", "CUDA_VISIBLE_DEVICES", "1"]), 3,
+                                   env={})
+    assert not devices_judged_here(_launch(devices="cuda"), 3, env={"SLURM_JOB_ID": "42"})  # mpiexec spreads them
+    assert devices_judged_here(_launch(devices="cuda", engine="torch"), 3, env={"SLURM_JOB_ID": "42"})  # local
+
+
+def test_the_launcher_names_the_first_rank_it_cannot_place_and_the_fix(monkeypatch):
+    from gflowdist.cli.preflight import check_devices
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    check_devices(_launch(devices=["cuda:0", "cuda:1"]), 4, 2)  # local ranks 2 and 3 cycle back: fine
+    with pytest.raises(ConfigError) as info:
+        check_devices(_launch(devices=["cuda:0", "cuda:3"]), 4, 2)
+    assert str(info.value) == ("config.yaml: launch.devices: entry 1 of launch.devices (local rank 1: 4 ranks, all on "
+                               "this host) is cuda:3, but this host sees 2 visible CUDA devices: list only cuda:0 to "
+                               "cuda:1 (or cuda, or auto)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match=r"run where torch sees a GPU \(CUDA_VISIBLE_DEVICES='' is set\)$"):
+        check_devices(_launch(devices="cuda"), 1, 0)

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["LOCAL_RANK_VARIABLES", "RANK_VARIABLES", "DeviceChoice", "local_rank", "launcher_rank", "choose_device"]
+__all__ = ["LOCAL_RANK_VARIABLES", "RANK_VARIABLES", "DeviceChoice", "local_rank", "launcher_rank", "choose_device",
+           "needs_cuda"]
 
 #: (variable, launcher) in the order they are believed.
 LOCAL_RANK_VARIABLES = (
@@ -87,11 +88,21 @@ def launcher_rank(env: Mapping[str, str]) -> int:
     return 0
 
 
-def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where: str = "") -> DeviceChoice:
+def needs_cuda(setting: str | Sequence[str]) -> bool:
+    """Whether ``setting`` can fail where no CUDA device is visible (``auto`` and ``cpu`` never do)."""
+    if isinstance(setting, str):
+        return setting not in ("auto", "cpu")
+    return any(entry != "cpu" for entry in setting)
+
+
+def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where: str = "",
+                  seen_by: str = "this rank") -> DeviceChoice:
     """The device for a rank of local rank ``local`` that sees ``gpus`` CUDA devices (see the module doc).
 
     ``where`` says where the local rank came from (for the reason). A ``cuda``
-    the rank cannot have is a :class:`ConfigError` naming ``launch.devices``.
+    the rank cannot have is a :class:`ConfigError` naming ``launch.devices``;
+    ``seen_by`` is who saw the ``gpus`` it names (the launcher, judging for its
+    ranks before it starts them, says ``"this host"``).
     """
     origin = f" (local rank {local}{': ' + where if where else ''})"
     if isinstance(setting, str):
@@ -99,7 +110,7 @@ def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where:
             return DeviceChoice("cpu", "launch.devices is cpu")
         if setting == "auto" and gpus == 0:
             return DeviceChoice("cpu", "launch.devices is auto and no CUDA device is visible")
-        return _by_local_rank(setting, local, gpus, origin)
+        return _by_local_rank(setting, local, gpus, origin, seen_by)
     if not setting:
         raise ConfigError("is an empty list: give at least one device", key="launch.devices")
     entry = setting[local % len(setting)]
@@ -107,16 +118,16 @@ def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where:
     if entry == "cpu":
         return DeviceChoice("cpu", picked)
     if entry == "cuda":
-        return _by_local_rank(entry, local, gpus, origin)
+        return _by_local_rank(entry, local, gpus, origin, seen_by)
     index = int(entry.split(":")[1])
     if index >= gpus:
-        raise ConfigError(f"{picked} is {entry}, but this rank sees {_gpus(gpus)}", key="launch.devices")
+        raise ConfigError(f"{picked} is {entry}, but {seen_by} sees {_gpus(gpus)}", key="launch.devices")
     return DeviceChoice(entry, picked)
 
 
-def _by_local_rank(setting: str, local: int, gpus: int, origin: str) -> DeviceChoice:
+def _by_local_rank(setting: str, local: int, gpus: int, origin: str, seen_by: str) -> DeviceChoice:
     if gpus == 0:
-        raise ConfigError(f"asks for {setting}, but this rank sees no CUDA device{origin}", key="launch.devices")
+        raise ConfigError(f"asks for {setting}, but {seen_by} sees no CUDA device{origin}", key="launch.devices")
     index = local % gpus
     shared = f"; shared with local rank {index}" if local >= gpus else ""
     return DeviceChoice(f"cuda:{index}", f"local rank mod {_gpus(gpus)}{origin}{shared}")

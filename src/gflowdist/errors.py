@@ -64,7 +64,16 @@ class ConfigError(GflowdistError, ValueError):
 
 
 class LayoutError(GflowdistError, ValueError):
-    """The requested rank layout cannot be built; the message explains the arithmetic."""
+    """The requested rank layout cannot be built; the message explains the arithmetic.
+
+    ``fact`` is what does not add up, ``fix`` (may be None) what to change; the
+    message is ``"<fact>; <fix>"``. A caller that knows better words for the fix
+    (``gflowdist run``: ``start -n 3``) words its own from ``fact``.
+    """
+
+    def __init__(self, fact: str, *, fix: str | None = None):
+        self.fact, self.fix = fact, fix
+        super().__init__(fact if fix is None else f"{fact}; {fix}")
 
 
 class TransportError(GflowdistError):

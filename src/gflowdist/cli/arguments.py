@@ -13,7 +13,9 @@ override is refused with the form to write instead::
 
     run.steps 5      ->  write run.steps=5 (key.path=value, no spaces)
     run.steps: 5     ->  write run.steps=5
+    run.steps:5      ->  write run.steps=5
     --run.steps=5    ->  overrides take no dashes: write run.steps=5
+    --steps 5        ->  not an option: write the override run.steps=5 (a key of exactly one section)
 
 Everything here is argument handling; :meth:`gflowdist.config.Config.apply_overrides`
 checks the keys and values.
@@ -137,12 +139,32 @@ def _unwrap_set(tokens: list[str]) -> list[str]:
 
 def _refuse_dashed(token: str, following: str | None, parser: argparse.ArgumentParser) -> None:
     name, equals, value = token.lstrip("-").partition("=")
+    if not equals and following is not None and "=" not in following and not following.startswith("-"):
+        value = following
     if "." in name and name.split(".", 1)[0] in _SECTIONS:
-        if not equals and following is not None and "=" not in following and not following.startswith("-"):
-            value = following
         shown = f"{name}={value or 'VALUE'}"
         raise ConfigError(f"'{token}' is not an option: overrides take no dashes, write {shown}")
+    home = _section_of(name)
+    if home is not None:
+        raise ConfigError(f"'{token}' is not an option of {parser.prog}: write the override "
+                          f"{home}={value or 'VALUE'}")
     parser.error(f"unrecognized arguments: {token}")
+
+
+def _section_of(name: str) -> str | None:
+    """``"section.key"`` when ``name`` (``log-every`` = ``log_every``) is a key of exactly one section."""
+    from gflowdist.config.loading import known_keys
+    from gflowdist.config.sections import SECTIONS
+
+    key = name.replace("-", "_")
+    homes = [section for section, cls in SECTIONS.items() if key in known_keys(cls)]
+    return f"{homes[0]}.{key}" if len(homes) == 1 else None
+
+
+def _override_for(token: str) -> str | None:
+    from gflowdist.config.loading import override_for
+
+    return override_for(token)
 
 
 def _check_forms(tokens: list[str]) -> None:
@@ -156,6 +178,9 @@ def _check_forms(tokens: list[str]) -> None:
             continue
         if token.endswith(":"):
             raise ConfigError(f"'{token} {value}' is YAML, not an override: write {token[:-1]}={value}")
+        meant = _override_for(token)
+        if meant is not None:
+            raise ConfigError(f"'{token}' is YAML, not an override: write {meant} (key.path=value)")
         if value != "VALUE":  # a lone token: Config.apply_overrides says the same, without a value
             raise ConfigError(f"'{token}' is not an override: write {token}={value} "
                               "(key.path=value, no spaces)")

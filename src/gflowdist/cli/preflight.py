@@ -12,12 +12,20 @@ directory), found in this order, cheapest first:
    the file exists, parses and defines the class (did-you-mean), or a
    package's top-level module exists (:func:`gflowdist.config.check_class_ref`);
 4. ``gflowdist run`` only, when it starts ``mpiexec`` itself: the launcher
-   exists and answers ``--version``;
+   exists and answers ``--version`` within :data:`LAUNCHER_PROBE_TIMEOUT_S`;
 5. the role modules import and each class subclasses its role and implements
    what the role needs: in a child Python (:mod:`gflowdist.cli.role_check`),
    so the torch a role module imports, and anything else it does at import
    time, stays out of the launcher. With one rank, the process that will run
-   the job imports them itself.
+   the job imports them itself;
+6. ``gflowdist run`` only: a ``launch.devices`` that asks for CUDA (``cuda``,
+   or a list naming one) gets it on every rank the launch starts on this
+   host. The child of step 5 counts the CUDA devices torch sees (run even when
+   its role verdict is remembered: a GPU count is no file);
+   :func:`gflowdist.devices.choose_device` decides for each local rank. Where
+   the ranks may run elsewhere (a hostfile or host list in
+   ``launch.mpiexec_args``, a batch allocation that mpiexec spreads them over)
+   the ranks decide for themselves.
 
 Steps 1-4 import neither torch nor the user's code.
 """
@@ -32,11 +40,25 @@ import sys
 
 from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.jobenv import MPIEXEC_VARIABLE
-from gflowdist.process_tree import kill_group
+from gflowdist.process_tree import DescendantTracker, kill_group
 
-__all__ = ["check_layout_fits", "check_extras", "check_roles_named", "resolve_roles", "check_roles_import", "check_launcher", "LauncherFacts"]
+__all__ = ["check_layout_fits", "check_extras", "check_roles_named", "resolve_roles", "check_roles_import",
+           "check_launcher", "LauncherFacts", "devices_judged_here", "check_devices", "LAUNCHER_PROBE_TIMEOUT_S",
+           "ALLOCATION_VARIABLES"]
 
 _ROLES = ("trainer", "actor", "buffer", "coordinator")
+
+#: How long the launcher gets to answer ``--version`` (a real mpiexec answers in milliseconds).
+LAUNCHER_PROBE_TIMEOUT_S = 10.0
+
+#: mpiexec / mpirun options (before any ``=``) that place ranks on other hosts than this one.
+_HOST_OPTIONS = frozenset({"-f", "-hostfile", "--hostfile", "--default-hostfile", "-machinefile", "--machinefile",
+                           "-hosts", "--hosts", "-host", "--host", "-H", "-hostlist"})
+
+#: Batch allocations an mpiexec started inside spreads its ranks over (Slurm, PBS, LSF, SGE, Cobalt,
+#: hydra's own host file variable).
+ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "COBALT_NODEFILE",
+                         "HYDRA_HOST_FILE")
 
 
 def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
@@ -45,7 +67,8 @@ def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
     Without ``hosts``, a ``node-local`` placement is checked only as far as the
     counts go (the ranks know their hosts and check the rest); returns None then.
     """
-    from gflowdist.layout import describe_fit, plan_layout, resolve_counts
+    from gflowdist.config import REST
+    from gflowdist.layout import describe_fit, fitting_world_sizes, plan_layout, resolve_counts
 
     where = config.file or "the config"
     try:
@@ -55,9 +78,14 @@ def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
         return plan_layout(world_size, config.layout, hosts)
     except LayoutError as err:
         fit = describe_fit(config.layout)
-        fix = (f"start {fit}, or change" if fit.startswith("-n") else f"{fit}: change") + \
-            f" the layout counts in {where}"
-        raise LayoutError(f"{err} ({source}): {fix}") from None
+        sizes = fitting_world_sizes(config.layout)
+        if not fit.startswith("-n"):
+            fix = f"{fit}: change the layout counts in {where}"
+        elif REST not in config.layout.counts().values() and max(sizes) < world_size:
+            fix = f"start {fit}, or give one count as 'rest' in {where}"  # more ranks than fixed counts
+        else:
+            fix = f"start {fit}, or change the layout counts in {where}"
+        raise LayoutError(f"{err.fact} ({source}): {fix}") from None  # our words for the fix, not the library's
 
 
 def check_extras(config) -> None:
@@ -102,28 +130,31 @@ def _configured(config) -> dict[str, str]:
     return {role: ref for role in _ROLES if (ref := getattr(config.roles, role)) is not None}
 
 
-def check_roles_import(config, resolved: dict[str, str], *, in_child: bool = True) -> None:
+def check_roles_import(config, resolved: dict[str, str], *, in_child: bool = True,
+                       count_cuda: bool = False) -> int | None:
     """Step 5: import every configured role class and check it (in a child Python by default).
 
     ``resolved`` is what :func:`resolve_roles` returned. A child's passing
     verdict is remembered until a file it loaded changes (:mod:`gflowdist.cli.role_cache`).
+    With ``count_cuda``, returns how many CUDA devices torch sees there (the
+    child runs then even with a remembered verdict); else None.
     """
     from gflowdist.cli import role_cache
 
     roles = _configured(config)
     key = role_cache.cache_key(resolved)
-    if not roles or (in_child and role_cache.remembered(key)):
-        return
+    if not count_cuda and (not roles or (in_child and role_cache.remembered(key))):
+        return None
     if not in_child:
-        from gflowdist.cli.role_check import check_role_class
+        from gflowdist.cli.role_check import check_role_class, cuda_device_count
 
         for role, ref in roles.items():
             check_role_class(role, ref, config.file)
-        return
-    from gflowdist.cli.role_check import VERDICT_MARK
+        return cuda_device_count() if count_cuda else None
+    from gflowdist.cli.role_check import COUNT_CUDA, VERDICT_MARK
 
     command = [sys.executable, "-m", "gflowdist.cli.role_check", config.file or "",
-               *(f"{role}={ref}" for role, ref in roles.items())]
+               *([COUNT_CUDA] if count_cuda else []), *(f"{role}={ref}" for role, ref in roles.items())]
     timeout = config.faults.startup_timeout_s
     out, err, code = _run_child(command, timeout)
     verdicts = [line[len(VERDICT_MARK):] for line in out.splitlines() if line.startswith(VERDICT_MARK)]
@@ -135,17 +166,63 @@ def check_roles_import(config, resolved: dict[str, str], *, in_child: bool = Tru
     verdict = json.loads(verdicts[-1])
     if "error" in verdict:
         raise ConfigError(verdict["error"])
-    role_cache.remember(key, verdict.get("files", {}))
+    if roles:
+        role_cache.remember(key, verdict.get("files", {}))
+    return verdict.get("cuda_devices", 0) if count_cuda else None
+
+
+def devices_judged_here(config, nprocs: int, env=None) -> bool:
+    """Whether ``gflowdist run`` checks ``launch.devices`` before starting ``nprocs`` ranks (step 6).
+
+    Only a setting that can fail (:func:`gflowdist.devices.needs_cuda`), and
+    only when every rank will run on this host and inherit its
+    ``CUDA_VISIBLE_DEVICES``: the torch engine's workers and one rank always
+    do; mpiexec's, unless ``launch.mpiexec_args`` name hosts or set
+    ``CUDA_VISIBLE_DEVICES``, or a batch allocation is visible.
+    """
+    from gflowdist.devices import needs_cuda
+
+    if not needs_cuda(config.launch.devices):
+        return False
+    if config.launch.engine == "torch" or nprocs == 1:
+        return True
+    env = os.environ if env is None else env
+    args = list(config.launch.mpiexec_args)
+    if any(arg.split("=", 1)[0] in _HOST_OPTIONS or "CUDA_VISIBLE_DEVICES" in arg for arg in args):
+        return False
+    return not any(env.get(name) for name in ALLOCATION_VARIABLES)
+
+
+def check_devices(config, nprocs: int, gpus: int) -> None:
+    """Step 6: every one of the ``nprocs`` ranks started on this host, which sees ``gpus`` CUDA
+    devices, gets the device ``launch.devices`` asks for (local rank i = rank i)."""
+    from gflowdist.devices import choose_device
+
+    for local in range(nprocs):
+        try:
+            choose_device(config.launch.devices, local, gpus, seen_by="this host",
+                          where=f"{nprocs} ranks, all on this host")
+        except ConfigError as err:
+            if gpus:
+                fix = f"list only cuda:0 to cuda:{gpus - 1} (or cuda, or auto)"
+            else:
+                fix = "set launch.devices to auto or cpu, or run where torch sees a GPU"
+            mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if mask is not None:
+                fix += f" (CUDA_VISIBLE_DEVICES={mask!r} is set)"
+            raise ConfigError(f"{err.detail}: {fix}", key="launch.devices", file=config.file) from None
 
 
 def _run_child(command: list[str], timeout: float) -> tuple[str, str, int | None]:
-    """Run ``command`` in its own session; on timeout kill its whole group. ``code`` None = timed out."""
+    """Run ``command`` in its own session; on timeout kill its whole group (and any descendant that left
+    it), so nothing it started outlives the call. ``code`` None = timed out; OSError if it cannot start."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         return out, err, proc.returncode
     except subprocess.TimeoutExpired:
+        DescendantTracker(proc.pid).kill()  # those in sessions of their own, while they are still its
         kill_group(proc.pid)
         out, err = proc.communicate()
         return out, err, None
@@ -181,13 +258,14 @@ def check_launcher(config, find_mpiexec) -> LauncherFacts:
         problem = "is not executable" if os.path.exists(path) else "does not exist"
         raise ConfigError(f"'{path}' {problem}: {fix}", key=key, file=file)
     try:
-        done = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=30,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ConfigError(f"'{path} --version' failed ({err}): {fix}", key=key, file=file) from None
-    text = (done.stdout + done.stderr).strip()
-    if done.returncode != 0:
+        out, err, code = _run_child([resolved, "--version"], LAUNCHER_PROBE_TIMEOUT_S)
+    except OSError as error:
+        raise ConfigError(f"'{path} --version' failed ({error}): {fix}", key=key, file=file) from None
+    if code is None:
+        raise ConfigError(f"'{path} --version' did not answer within {LAUNCHER_PROBE_TIMEOUT_S:g} s and was stopped: "
+                          f"{fix}", key=key, file=file)
+    text = (out + err).strip()
+    if code != 0:
         first = (text.splitlines() or [""])[0]
-        raise ConfigError(f"'{path} --version' exited with status {done.returncode} ({first}): {fix}",
-                          key=key, file=file)
+        raise ConfigError(f"'{path} --version' exited with status {code} ({first}): {fix}", key=key, file=file)
     return LauncherFacts(resolved, text)

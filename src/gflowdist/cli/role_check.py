@@ -5,11 +5,13 @@ they launch anything (see :mod:`gflowdist.cli.preflight`): importing a role
 module imports torch and whatever else the module does at import time
 (a CUDA context, MPI), which the launcher process should not carry.
 
-Command line: ``CONFIG_FILE ROLE=REF ...``. The child prints one line
+Command line: ``CONFIG_FILE [--count-cuda] ROLE=REF ...``. The child prints one line
 starting with :data:`VERDICT_MARK` followed by JSON, ``{"ok": true, "files":
 {...}}`` (every module file the imports loaded, for
 :mod:`gflowdist.cli.role_cache`) or ``{"error": "<the ConfigError's text>"}``;
-anything the user's modules print while being imported comes before it.
+anything the user's modules print while being imported comes before it. With
+``--count-cuda`` a passing verdict also holds ``"cuda_devices"``: how many CUDA
+devices torch sees here (for ``launch.devices``, :func:`gflowdist.cli.preflight.check_devices`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ import sys
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["check_role_class", "missing_methods", "REQUIRED_METHODS", "VERDICT_MARK", "main"]
+__all__ = ["check_role_class", "missing_methods", "cuda_device_count", "REQUIRED_METHODS", "VERDICT_MARK",
+           "COUNT_CUDA", "main"]
 
 VERDICT_MARK = "gflowdist role check: "
+
+#: The flag asking the child to count the CUDA devices it sees, as a rank would (:func:`cuda_device_count`).
+COUNT_CUDA = "--count-cuda"
 
 #: What a role class must implement itself (abstract in its base class, gflowdist.runtime.roles).
 REQUIRED_METHODS = {"trainer": ("rollout", "loss"), "actor": ("rollout",), "buffer": (), "coordinator": ()}
@@ -63,11 +69,22 @@ def check_role_class(role: str, ref: str, file: str | None) -> type:
     return cls
 
 
+def cuda_device_count() -> int:
+    """The CUDA devices torch sees in this process, counted as a rank counts them
+    (:func:`gflowdist.runtime.device_setup.setup_device`)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def main(argv: list[str]) -> int:
     """Check every ``ROLE=REF`` of ``argv[1:]`` against config file ``argv[0]``; print the verdict."""
     file = argv[0] or None
+    count_cuda = COUNT_CUDA in argv[1:]
     try:
         for pair in argv[1:]:
+            if pair == COUNT_CUDA:
+                continue
             role, _, ref = pair.partition("=")
             check_role_class(role, ref, file)
     except ConfigError as err:
@@ -76,6 +93,8 @@ def main(argv: list[str]) -> int:
         from gflowdist.cli.role_cache import loaded_files
 
         verdict = {"ok": True, "files": loaded_files()}
+        if count_cuda:
+            verdict["cuda_devices"] = cuda_device_count()
     sys.stdout.flush()
     print(VERDICT_MARK + json.dumps(verdict), flush=True)
     return 0

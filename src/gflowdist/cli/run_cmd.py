@@ -140,11 +140,25 @@ def run(args: argparse.Namespace) -> int:
             ended = _launch_mpi(nprocs, argv, env, config, launcher)
         return ended.judged_by(Path(run_dir), since=began)
 
-    ended = launch(argv, {} if args.resume else {RUN_DIR_VARIABLE: run_dir})
-    resume_argv = ["-m", "gflowdist", "run", config_path, *overrides, "--resume", run_dir]
-    return keep_going(ended, max_restarts=config.faults.max_restarts, delay_s=config.faults.restart_delay_s,
-                      run_dir=Path(run_dir),
-                      relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}))
+    code = 1
+    try:
+        ended = launch(argv, {} if args.resume else {RUN_DIR_VARIABLE: run_dir})
+        resume_argv = ["-m", "gflowdist", "run", config_path, *overrides, "--resume", run_dir]
+        code = keep_going(ended, max_restarts=config.faults.max_restarts, delay_s=config.faults.restart_delay_s,
+                          run_dir=Path(run_dir),
+                          relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}))
+        return code
+    finally:
+        if code != 0 and not args.resume:
+            _remove_if_empty(run_dir)
+
+
+def _remove_if_empty(run_dir: str) -> None:
+    """Remove the run directory this launch made when the job failed before any rank wrote into it."""
+    try:
+        os.rmdir(run_dir)  # only an empty directory: whatever a rank wrote stays
+    except OSError:
+        pass
 
 
 def _check_before_launch(config, nprocs: int, *, from_option: bool):
@@ -158,7 +172,10 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
     resolved = preflight.resolve_roles(config)
     uses_mpiexec = nprocs > 1 and config.launch.engine != "torch"
     launcher = preflight.check_launcher(config, find_mpiexec) if uses_mpiexec else None
-    preflight.check_roles_import(config, resolved, in_child=nprocs > 1)
+    judge_devices = preflight.devices_judged_here(config, nprocs)
+    gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=judge_devices)
+    if judge_devices:
+        preflight.check_devices(config, nprocs, gpus)
     return launcher
 
 
@@ -236,15 +253,6 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
         sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
         sys.stderr.flush()
     return message if code != 0 else None
-
-
-def is_hydra(mpiexec: str) -> bool:
-    """True for MPICH's hydra launcher (it takes -disable-auto-cleanup)."""
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "HYDRA" in (out.stdout + out.stderr).upper()
 
 
 def _failure_reported(relay: StderrRelay | None) -> bool:

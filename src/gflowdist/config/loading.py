@@ -34,6 +34,7 @@ __all__ = [
     "read_yaml_file",
     "section_from_mapping",
     "parse_override",
+    "override_for",
     "set_in_tree",
     "known_keys",
 ]
@@ -113,11 +114,26 @@ def section_from_mapping(cls: type, data: Any, key: str) -> Any:
     return cls(**dict(data))
 
 
+_KEY_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*")
+
+
+def override_for(text: str) -> str | None:
+    """The override a YAML-style ``key.path:value`` (or ``key.path: value``) meant, e.g. ``run.steps=5``;
+    None when ``text`` is not one (no colon, or no key path before it)."""
+    key, colon, value = text.partition(":")
+    if not colon or not _KEY_PATH.fullmatch(key.strip()) or not value.strip():
+        return None
+    return f"{key.strip()}={value.strip()}"
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"layout.buffers=2"`` -> ``(["layout", "buffers"], 2)``; the value is parsed as YAML."""
     if not isinstance(text, str):
         raise ConfigError(f"an override must look like 'section.key=value', found {found(text)}")
     if "=" not in text:
+        meant = override_for(text)
+        if meant is not None:
+            raise ConfigError(f"'{text}' is YAML, not an override: write {meant} (key.path=value)")
         raise ConfigError(f"'{text}' is not an override: write {text}=VALUE (key.path=value, no spaces)")
     dotted, _, raw = text.partition("=")
     path = dotted.strip().split(".")

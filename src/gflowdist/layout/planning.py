@@ -123,8 +123,7 @@ def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
             raise LayoutError(f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} "
                               f"but the job has {world_size}")
         raise LayoutError(f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} "
-                          f"but the job has {world_size}; give one count as 'rest' or start "
-                          f"{needed} ranks")
+                          f"but the job has {world_size}", fix=f"give one count as 'rest' or start {needed} ranks")
     counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators))
     _check_counts(world_size, counts, layout_cfg.agent_groups, rest[0] if rest else None)
     return counts
