@@ -25,7 +25,9 @@ two can be):
   training loop vs the bare one-process loop (``examples/hypergrid/bare.py``)
   on the same problem: 2 trainers and nothing else, the default 4-rank job
   (2 trainers, buffer, coordinator), and 3 trainers + 1 buffer; runs
-  alternated, medians; also trajectories per CPU second of every rank's loop.
+  alternated, medians; also trajectories per CPU second of every rank's loop,
+  and two bare loops run at once (no gflowdist, no communication): what the
+  cores give two copies of the work, the ceiling the 2-trainer row is held to.
 - **torchgfn** (needs a torchgfn 2.4.1 environment, ``--torchgfn-python``
   and ``--torchgfn-tutorials``, default ``/work/ext``): torchgfn's own
   multinode HyperGrid (``train_hypergrid.py --distributed``, 3 trainers + 1
@@ -202,19 +204,26 @@ SCALING_TARGET = 1.7
 
 
 def scaling(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
-    from hypergrid import run_bare, run_gflowdist
+    from hypergrid import run_bare, run_bare_pair, run_gflowdist
 
     steps = 20 if quick else 400
     layouts = dict(list(LAYOUTS.items())[:1]) if quick else LAYOUTS
     runs: dict[str, list[tuple[float, float]]] = {"bare": [], **{name: [] for name in layouts}}
+    pairs: list[float] = []
     for _ in range(1 if quick else 2):
         bare = run_bare(steps)
         runs["bare"].append((bare["traj_per_s"], bare["traj_per_cpu_s"]))
+        if not quick:
+            pairs.append(run_bare_pair(steps))
         for name, (trainers, buffers, coordinator) in layouts.items():
             result = run_gflowdist(trainers, steps, out_dir, [], buffers=buffers, coordinator=coordinator)
             runs[name].append((result["traj_per_s"], result["traj_per_cpu_s"]))
-    record.update(runs)  # (traj/s, traj per CPU second of the loops)
+    record.update(runs, bare_pair=pairs)  # (traj/s, traj per CPU second of the loops); two bare loops at once
     rate, per_cpu = ({name: statistics.median(r[i] for r in values) for name, values in runs.items()} for i in (0, 1))
+    if pairs:  # what the cores give two independent copies of the work: the ceiling of two trainers
+        pair = statistics.median(pairs)
+        table.add("HyperGrid traj/s, two bare loops at once (the cores' ceiling, no gflowdist)",
+                  f"{rate['bare']:.0f} (bare loop)", f"{pair:.0f}", pair / rate["bare"], "-", None)
     for name in layouts:
         table.add(f"HyperGrid traj/s, {name}", f"{rate['bare']:.0f} (bare loop)", f"{rate[name]:.0f}",
                   rate[name] / rate["bare"], f">= {SCALING_TARGET:.2f}", rate[name] / rate["bare"] >= SCALING_TARGET)

@@ -215,6 +215,25 @@ def run_bare(steps: int) -> dict:
     return result
 
 
+def run_bare_pair(steps: int) -> float:
+    """Two bare loops at once, each its own process: their trajectories/s together (what two cores give
+    two independent copies of the work, with no communication: the ceiling for two trainers)."""
+    cmd = [sys.executable, __file__, "--bare-worker", "--steps", str(steps)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+             for _ in range(2)]
+    try:
+        outs = [proc.communicate(timeout=600) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (stdout, stderr) in zip(procs, outs):
+        if proc.returncode != 0:
+            raise RuntimeError(f"bare worker failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return sum(parse_result(stdout)["traj_per_s"] for stdout, _ in outs)
+
+
 # -- gflowdist -----------------------------------------------------------------------------------
 
 def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str], *, buffers: int = 1,
