@@ -230,6 +230,11 @@ def test_timeline_of_a_real_run_and_without_a_trace(capsys, run_dir: Path, copy_
     code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target), "--window", "0:80")
     assert code == 0 and "Load imbalance" in out and str(target) in err
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    target.unlink()
+    code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target), "--window", "99999:100100")
+    assert code == 2 and out == "" and not target.exists(), err  # refused before anything is printed
+    assert len(err.strip().splitlines()) == 1 and "the window 99999:100100 ms is outside the trace, which spans 0.0 " \
+        "to " in err and err.rstrip().endswith(" ms"), err
     (copy_of_run / "trace.json").unlink()
     code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target))
     assert code == 1 and out == "" and "trace.json not found: run with run.trace=true" in err

@@ -56,11 +56,16 @@ def test_report_puts_collective_waits_in_matrix_stragglers_and_json() -> None:
                           roles={0: "trainer", 1: "trainer", 2: "trainer"}, hosts={2: "node-b"})
     assert report.waits.by_label[0][2]["collective:gradients"] == pytest.approx(0.9)
     assert report.waits.waited_on(2) == pytest.approx(0.9 + 0.6)
+    # one wait per collective the peer arrived last at (rank 2 at two of the three, rank 0 at one), not 1 per group
+    counts = {w: {p: labels["collective:gradients"] for p, labels in peers.items()}
+              for w, peers in report.waits.counts.items()}
+    assert counts == {0: {2: 2}, 1: {2: 2, 0: 1}, 2: {0: 1}}
     text = report.to_text()
     assert "collective gradients of ranks 0-2: rank 2 on node-b arrived last at 2 of 3" in text
     data = json.loads(report.to_json())
     (entry,) = data["collectives"]
     assert entry["straggler"] == 2 and entry["last"] == {"2": 2, "0": 1}
+    assert data["waits"]["counts"]["1"] == {"2": {"collective:gradients": 2}, "0": {"collective:gradients": 1}}
     again = type(report).from_json(report.to_json())
     assert again.to_text() == text
 
@@ -125,3 +130,22 @@ def test_ring_keeps_the_newest_and_the_trace_keeps_the_common_window() -> None:
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert sorted(e["name"] for e in spans if e["pid"] == 1) == ["q2", "q3", "q4"]
     assert min(e["ts"] for e in spans) == 0.0 and trace["otherData"]["dropped"] == {"0": 2, "1": 0}
+
+
+def test_events_that_touch_on_the_clock_touch_in_the_file() -> None:
+    """The coordinator's idle stretch ends where the turn it records in (``collect``) begins: in trace.json the
+    first ends exactly where the second starts (ts + dur, as a viewer adds them), not a rounding step later."""
+    clock = FakeClock()
+    trace = TraceRecorder(10, clock=clock)
+    timer = StepTimer(clock=clock, trace=trace)
+    clock.now = 1000.0
+    with timer.phase("start"):  # the trace's origin
+        pass
+    began = 1041.8230726 + 0.0238177  # a turn began: the idle stretch of 0.0238177 s before it ended there
+    clock.now = began + 0.0125
+    timer.record("idle", 0.0238177, end=began)
+    timer.record("collect", clock.now - began, end=clock.now)
+    events = {e["name"]: e for e in chrome_trace({0: trace.to_dict()}, names={})["traceEvents"] if e["ph"] == "X"}
+    idle, collect = events["idle"], events["collect"]
+    assert idle["ts"] + idle["dur"] == collect["ts"] == pytest.approx(41846890.3)
+    assert collect["ts"] + collect["dur"] == pytest.approx(41859390.3)

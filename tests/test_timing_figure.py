@@ -8,6 +8,7 @@ import pytest
 
 from gflowdist.timing import StepTimer, build_report
 from gflowdist.timing.figure import figure_unavailable_reason, save_figure
+from gflowdist.timing.trace_figure import WindowError, draw_timeline, trace_span_ms
 
 pytest.importorskip("matplotlib")
 
@@ -38,3 +39,25 @@ def test_save_writes_png_with_all_panels(tmp_path: Path) -> None:
 def test_figure_of_an_empty_report(tmp_path: Path) -> None:
     out = save_figure(build_report({}, roles={}), tmp_path / "empty.png")
     assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def _small_trace() -> dict:
+    """Two tracks: a phase on rank 0 from 1 to 3 ms, a message on rank 1 from 10 to 11 ms, an instant at 20 ms."""
+    meta = [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r} trainer @h"}} for r in (0, 1)]
+    return {"traceEvents": meta + [
+        {"ph": "X", "name": "rollout", "cat": "phase", "pid": 0, "tid": 0, "ts": 1000.0, "dur": 2000.0, "args": {}},
+        {"ph": "X", "name": "take X <- 0", "cat": "message", "pid": 1, "tid": 0, "ts": 10000.0, "dur": 1000.0,
+         "args": {}},
+        {"ph": "i", "s": "t", "name": "checkpoint", "cat": "checkpoint", "pid": 1, "tid": 0, "ts": 20000.0,
+         "args": {}}]}
+
+
+def test_timeline_of_a_stretch_without_phases_and_a_window_outside_the_trace(tmp_path: Path) -> None:
+    trace = _small_trace()
+    assert trace_span_ms(trace) == (1.0, 20.0)
+    # only a message and an instant in the window: no legend entries (matplotlib refuses ncol=0), still a picture
+    out = draw_timeline(trace, tmp_path / "gap.png", window_ms=(9.0, 25.0))
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(WindowError, match=r"window 99999:100100 ms is outside the trace, which spans 1\.0 to 20\.0 ms"):
+        draw_timeline(trace, tmp_path / "outside.png", window_ms=(99999.0, 100100.0))
+    assert not (tmp_path / "outside.png").exists()

@@ -10,6 +10,8 @@ import pytest
 
 from gflowdist.errors import GflowdistError
 from gflowdist.timing import StepTimer, Throughput, eta_seconds, format_duration
+from gflowdist.timing.trace import SENT, SPAN, TOOK, TraceRecorder
+from gflowdist.timing.trace_file import chrome_trace
 
 
 class FakeClock:
@@ -98,6 +100,98 @@ def test_phase_rejects_bad_names(name: object) -> None:
 def test_wait_on_rejects_bad_peers(peer: object) -> None:
     with pytest.raises(GflowdistError, match="peer rank"):
         StepTimer().wait_on(peer, "sample")  # type: ignore[arg-type]
+
+
+def _traced(clock: FakeClock) -> tuple[StepTimer, TraceRecorder]:
+    trace = TraceRecorder(100, clock=clock)
+    return StepTimer(clock=clock, trace=trace), trace
+
+
+def _spans(trace: TraceRecorder, name: str) -> list[tuple[float, float]]:
+    return [(e[3], e[3] + e[4]) for e in trace.events if e[0] == SPAN and e[1] == name]
+
+
+def _nested(trace: TraceRecorder) -> bool:
+    """Whether the track's duration events nest or follow each other in trace.json (as trace viewers need)."""
+    events = [e for e in chrome_trace({0: trace.to_dict()}, names={})["traceEvents"] if e["ph"] == "X"]
+    open_ends: list[float] = []
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        while open_ends and open_ends[-1] <= e["ts"]:
+            open_ends.pop()
+        if open_ends and e["ts"] + e["dur"] > open_ends[-1]:
+            return False
+        open_ends.append(e["ts"] + e["dur"])
+    return True
+
+
+def _ends_in_order(trace: TraceRecorder) -> bool:
+    ends = [e[3] + (0 if e[0] == 1 else e[4]) if e[0] in (0, 1) else e[5] + e[6] for e in trace.events]
+    return ends == sorted(ends)
+
+
+def test_record_puts_the_time_on_the_trace_ending_now_or_at_end(clock: FakeClock) -> None:
+    timer, trace = _traced(clock)
+    clock.advance(2.0)
+    timer.record("idle", 0.5)
+    timer.record("collect", 0.25, end=101.0)  # measured elsewhere: it ended before the idle above
+    assert timer.phases == {"idle": [0.5], "collect": [0.25]}
+    assert [tuple(e) for e in trace.events] == [(SPAN, "collect", "phase", 100.75, 0.25, None),
+                                                (SPAN, "idle", "phase", 101.5, 0.5, None)]  # in the order they ended
+    with pytest.raises(GflowdistError, match="end of phase 'x'"):
+        timer.record("x", 0.5, end=float("nan"))
+    assert "x" not in timer.phases
+    StepTimer(clock=clock).record("idle", 0.5)  # no trace: nothing else to do
+
+
+def test_an_idle_stretch_summed_over_polls_is_laid_out_around_a_message_sent_in_it(clock: FakeClock) -> None:
+    """The buffer's idle: pauses [100.5, 100.75] and [101.375, 101.875], a summary sent between them (100.75 to
+    101.25), an untraced poll (101.25 to 101.375). One event [101.875 - 0.75, 101.875] would cut through the
+    send: the 0.75 s are laid out in the free time before the end, around the send, after the insert."""
+    timer, trace = _traced(clock)
+    with timer.phase("insert"):
+        clock.advance(0.5)
+    clock.advance(0.25)
+    trace.message(SENT, "USER", 3, 2, 0, clock.now, 0.5)
+    clock.advance(0.5 + 0.125 + 0.5)
+    timer.record("idle", 0.75)
+    assert timer.phases["idle"] == [0.75]
+    assert _spans(trace, "idle") == [(100.625, 100.75), (101.25, 101.875)]
+    assert all(e[5] == {"stretch_s": 0.75} for e in trace.events if e[0] == SPAN and e[1] == "idle")
+    assert _nested(trace) and _ends_in_order(trace)
+
+
+def test_a_time_recorded_before_the_turn_that_ended_it_nests_with_that_turn(clock: FakeClock) -> None:
+    """The coordinator: an idle stretch of turns until 100.5, then a turn (100.5 to 101.0) that took a message; its
+    idle is recorded at the end of that turn, ending where the turn began, then the turn itself."""
+    timer, trace = _traced(clock)
+    clock.advance(0.75)
+    trace.message(TOOK, "METRICS", 0, 2, 5, 100.75, 0.125)
+    clock.advance(0.25)
+    timer.record("idle", 0.5, end=100.5)
+    timer.record("collect", 0.5, end=101.0)
+    assert _spans(trace, "idle") == [(100.0, 100.5)] and _spans(trace, "collect") == [(100.5, 101.0)]
+    assert _nested(trace) and _ends_in_order(trace)
+
+
+def test_a_time_recorded_inside_an_open_phase_stays_inside_it(clock: FakeClock) -> None:
+    timer, trace = _traced(clock)
+    with timer.phase("step"):
+        clock.advance(0.25)
+        timer.record("wait", 1.0)  # longer than the phase has lasted: only its last 0.25 s fit inside
+        clock.advance(0.25)
+    assert timer.phases == {"wait": [1.0], "step": [0.5]}
+    assert _spans(trace, "wait") == [(100.0, 100.25)] and _nested(trace)
+
+
+def test_a_full_ring_keeps_the_newest_when_a_time_is_recorded_late(clock: FakeClock) -> None:
+    trace = TraceRecorder(2, clock=clock)
+    timer = StepTimer(clock=clock, trace=trace)
+    for _ in range(2):
+        with timer.phase("p"):
+            clock.advance(1.0)
+    timer.record("old", 0.5, end=100.25)  # older than every event kept: it is the one let go
+    timer.record("mid", 0.25, end=101.5)
+    assert [e[1] for e in trace.events] == ["mid", "p"] and trace.dropped == 2 and _ends_in_order(trace)
 
 
 def _filled(clock: FakeClock) -> StepTimer:

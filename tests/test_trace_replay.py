@@ -13,12 +13,17 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 from gflowdist.cli.replay_cmd import check_recording
 from gflowdist.config import Config
 from gflowdist.rundir import write_config
 from gflowdist.runtime.tape import RecordingTape, recording_path
+from gflowdist.runtime.wiring import Wiring
+from gflowdist.timing import StepTimer
+from gflowdist.timing.trace import INSTANT, TraceRecorder
 from tests.support.jobs import HYPERGRID, TOY, read_json
 
 STEPS = 10  # 16 trajectories per trainer and step (params.trajectories_per_step); sampling from step 2 on
@@ -57,6 +62,7 @@ def _check_trace(run: Path) -> None:
     assert _nested_on_each_track(events)
     phases = {(e["pid"], e["name"]) for e in events if e.get("cat") == "phase"}
     assert {(0, "rollout"), (1, "loss"), (2, "insert"), (2, "sample")} <= phases, phases
+    assert {(2, "idle"), (3, "idle"), (3, "collect")} <= phases, phases  # times recorded with StepTimer.record
     starts = Counter(e["id"] for e in events if e["ph"] == "s")
     ends = Counter(e["id"] for e in events if e["ph"] == "f")
     assert starts and starts == ends and set(starts.values()) == {1}  # every arrow has one tail and one head
@@ -66,8 +72,25 @@ def _check_trace(run: Path) -> None:
     assert ends_of >= {(0, 2), (2, 0), (1, 2), (2, 1), (0, 3), (1, 3)}, ends_of
     gradients = [e for e in events if e.get("cat") == "collective" and e["name"] == "gradients"]
     assert len(gradients) == 2 * STEPS and all(e["args"]["last_arriver"] in (0, 1) for e in gradients)
-    saved = Counter(e["pid"] for e in events if e["ph"] == "i" and e["name"] == "checkpoint")
-    assert saved == {0: 2, 1: 2, 2: 2}, saved  # at steps 4 and 8: both trainers and their buffer
+    saved = Counter((e["pid"], e["args"]["name"]) for e in events if e["ph"] == "i" and e["name"] == "checkpoint")
+    names = ("gen-0000-step-000000004", "gen-0000-step-000000008", "gen-0000-final")
+    # every rank saves a part of each: the trainers and the buffer at the cut, the coordinator when the first
+    # part is noted, all four the final one after their loops
+    assert saved == {(rank, name): 1 for rank in range(4) for name in names}, saved
+
+
+def test_a_checkpoint_instant_comes_once_the_part_is_saved() -> None:
+    trace = TraceRecorder(10)
+
+    class Saver:
+        def save(self, name: str) -> dict:
+            assert not trace.events, "the instant came before the part was saved"
+            return {"bytes": 1, "sha256": "0" * 64}
+
+    w = SimpleNamespace(saver=Saver(), timer=StepTimer(trace=trace))
+    w.note = partial(Wiring.note, w)
+    assert Wiring.save_part(w, "gen-0000-final") == {"bytes": 1, "sha256": "0" * 64}
+    assert [(e[0], e[1], e[4]) for e in trace.events] == [(INSTANT, "checkpoint", {"name": "gen-0000-final"})]
 
 
 def _changed_copy(run: Path, folder: Path) -> Path:

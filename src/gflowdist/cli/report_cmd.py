@@ -26,12 +26,14 @@ event files into ``RUN_DIR/tensorboard/`` (as ``run.tensorboard: true`` does at
 the end of a run; :mod:`gflowdist.timing.tensorboard`), replacing earlier ones.
 ``--timeline PNG`` draws a stretch of the run's ``trace.json`` (``run.trace``)
 to ``PNG`` (:mod:`gflowdist.timing.trace_figure`): ``--window START_MS:END_MS``
-of the trace's time line, by default 150 ms from its middle.
+of the trace's time line, by default 150 ms from its middle; a window outside
+the trace's time span is refused (exit 2) with one line naming that span.
 
 Exit status: 0 when the report was printed and the ledger balanced; 1 when the
 ledger did not balance, or the PNG or the event files could not be written
 (matplotlib or tensorboard missing, the file not writable); 2 when the run directory, ``report.json`` or
-``ledger.json`` is missing or malformed (one line on stderr naming the file).
+``ledger.json`` is missing or malformed (one line on stderr naming the file), or with ``--timeline`` when
+``trace.json`` is malformed or ``--window`` lies outside the trace (one line naming its time span in ms).
 """
 
 from __future__ import annotations
@@ -207,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"gflowdist report: {missing}", file=sys.stderr)
         return EXIT_FAILURE
+    try:
+        trace = _timeline_trace(args, record)
+    except RunDirError as err:
+        print(f"gflowdist report: error: {_one_line(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
     verdict, last = ledger_verdict(record.ledger), final_line(record)
     if args.json:
         print(json.dumps({"run_dir": str(record.run_dir), "report": record.report.to_dict(),
@@ -217,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         print(verdict)
         print(last)
     try:
-        _write_extras(args, record)
+        _write_extras(args, record, trace)
     except (OSError, GflowdistError) as err:
         print(f"gflowdist report: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_FAILURE
@@ -244,8 +251,28 @@ def _missing_tool(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _write_extras(args: argparse.Namespace, record: RunRecord) -> None:
-    """The figure (``--png``) and the event files (``--tensorboard``), each announced on stderr."""
+def _timeline_trace(args: argparse.Namespace, record: RunRecord) -> dict[str, Any] | None:
+    """With ``--timeline``: ``trace.json``, checked (its shape; ``--window`` within its time span), before anything
+    is printed; raises :class:`RunDirError` (exit 2) naming the file or the trace's span."""
+    if args.timeline is None:
+        return None
+    from gflowdist.timing.trace_figure import WindowError, check_window
+
+    path = record.run_dir / "trace.json"
+    trace = _read_json(path)
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise RunDirError(f"{path}: malformed: expected a JSON object with a 'traceEvents' list")
+    if args.window is not None:
+        try:
+            check_window(trace, args.window)
+        except WindowError as err:
+            raise RunDirError(f"--window: {path}: {err}") from None
+    return trace
+
+
+def _write_extras(args: argparse.Namespace, record: RunRecord, trace: dict[str, Any] | None = None) -> None:
+    """The figure (``--png``), the timeline (``--timeline``, of ``trace``) and the event files (``--tensorboard``),
+    each announced on stderr."""
     if args.png is not None:
         from gflowdist.timing.figure import save_figure
 
@@ -257,7 +284,8 @@ def _write_extras(args: argparse.Namespace, record: RunRecord) -> None:
     if args.timeline is not None:
         from gflowdist.timing.trace_figure import draw_timeline
 
-        trace = _read_json(record.run_dir / "trace.json")
+        if trace is None:
+            trace = _timeline_trace(args, record)
         try:
             written = draw_timeline(trace, args.timeline, window_ms=args.window)
         except OSError as err:

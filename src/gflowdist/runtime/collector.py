@@ -157,7 +157,7 @@ class Collector:
         ranks = self.saved.setdefault(name, {})
         if not ranks and self.w.context.role is Role.COORDINATOR and self.w.saver is not None:
             # the coordinator's own part (its state is not on the cut)
-            ranks[self.w.rank] = self.w.saver.save(name)
+            ranks[self.w.rank] = self.w.save_part(name)
         ranks[rank] = file
         if len(ranks) + len(set(self.w.lost) - set(ranks)) == self.w.comm.size and self.run_dir is not None:
             self.complete(name, ranks)

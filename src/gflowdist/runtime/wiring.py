@@ -256,9 +256,15 @@ class Wiring:
         """
         if self.saver is None:
             return None
-        self.note("checkpoint", "checkpoint", name=name)
-        file = self.saver.save(name)
+        file = self.save_part(name)
         self.report(protocol.saved(name, file))
+        return file
+
+    def save_part(self, name: str) -> dict[str, Any]:
+        """Save my part of checkpoint ``name`` (periodic or final) with my saver; once it is saved, an instant
+        ``checkpoint`` (``args.name``) on my trace. Returns the file's size and digest."""
+        file = self.saver.save(name)
+        self.note("checkpoint", "checkpoint", name=name)
         return file
 
     def heartbeat_while_waiting(self) -> None:

@@ -113,7 +113,12 @@ def _attribute(name: str, group: tuple[int, ...], times: Mapping[int, list[float
 
 def add_to_matrix(collectives: list[CollectiveWaits], by_label: dict[int, dict[int, dict[str, float]]],
                   counts: dict[int, dict[int, dict[str, int]]]) -> None:
-    """Add each collective's waits to a wait matrix's cells, label ``collective:<name>``, in place."""
+    """Add each collective's waits to a wait matrix's cells, label ``collective:<name>``, in place.
+
+    A cell's count is the number of waits, as for ``wait_on``: the collectives
+    of the group at which ``peer`` arrived last (the waiter waited on it at
+    each of them, if only for 0 s), not 1 per group.
+    """
     for c in collectives:
         label = LABEL_PREFIX + c.name
         for waiter, peers in c.waited.items():
@@ -121,7 +126,7 @@ def add_to_matrix(collectives: list[CollectiveWaits], by_label: dict[int, dict[i
                 cell = by_label.setdefault(waiter, {}).setdefault(peer, {})
                 cell[label] = cell.get(label, 0.0) + seconds
                 n = counts.setdefault(waiter, {}).setdefault(peer, {})
-                n[label] = n.get(label, 0) + 1
+                n[label] = n.get(label, 0) + c.last[peer]
 
 
 def collective_lines(collectives: list[CollectiveWaits], hosts: Mapping[int, str]) -> list[str]:

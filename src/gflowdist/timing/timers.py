@@ -36,7 +36,10 @@ together: the report (:mod:`gflowdist.timing.collectives`) names the member
 that arrived last and how long each other one waited on it.
 
 With a ``trace`` (:class:`gflowdist.timing.trace.TraceRecorder`) every phase
-and collective is also a duration event of the rank's timeline.
+and collective is also a duration event of the rank's timeline, and so is
+every :meth:`StepTimer.record`: an event of the seconds recorded, ending when
+they ended (``end``, by default the call), laid out around the track's other
+events where one event would cut through them (:meth:`TraceRecorder.stretch`).
 
 Costs: one clock call at entry and one at exit (``time.perf_counter`` unless a
 ``clock`` is injected), one list append or dict update (a second append into
@@ -88,18 +91,28 @@ class _TimedBlock:
 
 
 class _TracedBlock(_TimedBlock):
-    """A :class:`_TimedBlock` that also puts the block on the trace's timeline (a duration event)."""
+    """A :class:`_TimedBlock` that also puts the block on the trace's timeline (a duration event).
 
-    __slots__ = ("_trace", "_name", "_cat", "_args")
+    While it runs its start is on ``opened`` (the timer's open blocks): a time
+    recorded inside it (:meth:`StepTimer.record`) must not begin before it.
+    """
+
+    __slots__ = ("_trace", "_name", "_cat", "_args", "_opened")
 
     def __init__(self, clock: Clock, done: Callable[[float], None], trace: TraceRecorder, name: str, cat: str,
-                 args: dict[str, Any] | None = None):
+                 opened: list[float], args: dict[str, Any] | None = None):
         super().__init__(clock, done)
-        self._trace, self._name, self._cat, self._args = trace, name, cat, args
+        self._trace, self._name, self._cat, self._args, self._opened = trace, name, cat, args, opened
+
+    def __enter__(self) -> _TracedBlock:
+        self._start = self._clock()
+        self._opened.append(self._start)
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         seconds = self._clock() - self._start
+        self._opened.pop()
         self._done(seconds)
         self._trace.span(self._name, self._cat, self._start, seconds, self._args)
 
@@ -144,7 +157,7 @@ class StepTimer:
         ``group`` the members' world ranks, ascending.
     """
 
-    __slots__ = ("_clock", "phases", "waits", "wait_counts", "collectives", "trace")
+    __slots__ = ("_clock", "phases", "waits", "wait_counts", "collectives", "trace", "_opened")
 
     def __init__(self, *, clock: Clock = time.perf_counter, trace: TraceRecorder | None = None):
         if not callable(clock):
@@ -155,6 +168,7 @@ class StepTimer:
         self.wait_counts: dict[int, dict[str, int]] = {}
         self.collectives: dict[tuple[str, tuple[int, ...]], list[float]] = {}
         self.trace = trace
+        self._opened: list[float] = []  # starts of the traced blocks open now, outermost first
 
     # --- recording ----------------------------------------------------------------------
 
@@ -166,7 +180,7 @@ class StepTimer:
         done = partial(self._append, _check_name(name, "phase name"))
         if self.trace is None:
             return _TimedBlock(self._clock, done)
-        return _TracedBlock(self._clock, done, self.trace, name, "phase")
+        return _TracedBlock(self._clock, done, self.trace, name, "phase", self._opened)
 
     def wait_on(self, peer_rank: int, label: str = "wait") -> _TimedBlock:
         """``with timer.wait_on(peer, label):`` adds the block's seconds to ``waits[peer][label]``.
@@ -190,13 +204,33 @@ class StepTimer:
         if self.trace is None:
             return _TimedBlock(self._clock, done)
         index = len(self.collectives.get(key, ()))  # which of the group's collectives of this name
-        return _TracedBlock(self._clock, done, self.trace, name, "collective",
+        return _TracedBlock(self._clock, done, self.trace, name, "collective", self._opened,
                             {"group": list(key[1]), "index": index})
 
-    def record(self, name: str, seconds: float) -> None:
-        """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere)."""
-        self._append(_check_name(name, "phase name"),
-                     _check_seconds(seconds, f"time of phase {name!r}"))
+    def record(self, name: str, seconds: float, *, end: float | None = None) -> None:
+        """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere).
+
+        With a trace, the seconds are also a duration event ``name`` ending at
+        ``end`` (the timer's clock when the time ended; default, and at the
+        latest: now), from ``end - seconds``. Where
+        that would cut through an event already on the track (it began before
+        and ends inside, e.g. a message sent during an idle stretch whose
+        seconds are a sum over many polls) or through a traced block still open
+        around this call, the seconds are laid out, going back from ``end``, in
+        the track's free time: several events ``name`` of the same total
+        (:meth:`TraceRecorder.stretch <gflowdist.timing.trace.TraceRecorder.stretch>`).
+        """
+        name = _check_name(name, "phase name")
+        value = _check_seconds(seconds, f"time of phase {name!r}")
+        if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float))
+                                or not math.isfinite(end)):
+            raise GflowdistError(f"end of phase {name!r} must be a finite clock reading, got {end!r}")
+        self._append(name, value)
+        if self.trace is not None:
+            now = self._clock()
+            at = now if end is None else min(float(end), now)  # the ring is in the order events ended
+            floor = next((start for start in reversed(self._opened) if start < at), float("-inf"))
+            self.trace.stretch(name, "phase", at, value, floor)
 
     def record_wait(self, peer_rank: int, label: str, seconds: float) -> None:
         """Add ``seconds`` blocked on ``peer_rank`` under ``label`` and count one wait."""

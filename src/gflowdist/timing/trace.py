@@ -9,9 +9,11 @@ talks to other ranks: at the end of a run the runtime gathers every rank's
 ``trace.json``.
 
 Bounded: the recorder keeps the newest ``capacity`` events (a ring; the
-oldest go first) and counts the ones it let go. Timestamps are the rank's
-``time.perf_counter()`` (the StepTimer's clock), in seconds; the file writer
-moves them onto one time line.
+oldest go first) and counts the ones it let go. The ring is kept in the order
+the events ended (an event is added when it ends; a time measured elsewhere
+and recorded later, :meth:`TraceRecorder.stretch`, is put in its place).
+Timestamps are the rank's ``time.perf_counter()`` (the StepTimer's clock), in
+seconds; the file writer moves them onto one time line.
 
 Costs per event: one tuple appended to a ``collections.deque`` (plus, for a
 message, one clock read before and after the transport call); no locks, no I/O.
@@ -20,13 +22,14 @@ message, one clock read before and after the transport call); no locks, no I/O.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from gflowdist.errors import GflowdistError
 
-__all__ = ["TraceRecorder", "TRACE_FORMAT", "SPAN", "INSTANT", "SENT", "TOOK"]
+__all__ = ["TraceRecorder", "TRACE_FORMAT", "SPAN", "INSTANT", "SENT", "TOOK", "span_seconds"]
 
 #: Version of :meth:`TraceRecorder.to_dict`'s layout.
 TRACE_FORMAT = 1
@@ -40,6 +43,9 @@ INSTANT = 1
 SENT = 2
 #: ``[TOOK, message type, peer, tag, seq, start, seconds]``: a message this rank took from ``peer``
 TOOK = 3
+
+#: The ``floor`` of :meth:`TraceRecorder.stretch` when no block is open around it.
+NEVER = float("-inf")
 
 
 class TraceRecorder:
@@ -71,6 +77,81 @@ class TraceRecorder:
         self.events.append((SPAN, name, category, start, seconds, args))
         self.recorded += 1
 
+    def stretch(self, name: str, category: str, end: float, seconds: float, floor: float = NEVER,
+                args: Mapping[str, Any] | None = None) -> int:
+        """``seconds`` of ``name`` measured elsewhere and recorded when they ended, at ``end``; returns the
+        number of duration events added.
+
+        One event from ``end - seconds`` to ``end`` when that nests with the
+        events already on the track (it lies inside, around or beside each of
+        them) and starts after ``floor`` (the start of a block still open
+        around this call, which will end after it). Otherwise, e.g. a rank's
+        ``idle`` time summed over many polls whose stretch also holds a message
+        it sent, the seconds are laid out going back from ``end`` in the track's
+        free time, around every event there and not before ``floor``: several
+        events of ``name``, each with ``args["stretch_s"]`` = ``seconds``, the
+        same total (less what would fall before ``floor``).
+        """
+        start = end - seconds
+        if seconds <= 0.0 or self._nests(start, end, floor):
+            self._add_ended((SPAN, name, category, start, span_seconds(start, end), args), end)
+            return 1
+        pieces = self._free_time(end, seconds, floor)
+        args = {**(args or {}), "stretch_s": seconds}
+        for first, last in reversed(pieces):
+            self._add_ended((SPAN, name, category, first, span_seconds(first, last), args), last)
+        return len(pieces)
+
+    def _nests(self, start: float, end: float, floor: float) -> bool:
+        """Whether the event ``[start, end]`` nests with every event on the track and starts at or after ``floor``."""
+        if start < floor < end:
+            return False
+        for event in reversed(self.events):  # by end, newest first
+            first, last = _extent(event)
+            if last <= start:
+                return True  # this and every older event ended before it begins
+            if first < start < last < end or start < first < end < last:
+                return False  # cut through at its start or at its end
+        return True
+
+    def _free_time(self, end: float, seconds: float, floor: float) -> list[tuple[float, float]]:
+        """``(start, end)`` pieces totalling ``seconds`` in the time before ``end`` that no event on the track
+        covers, latest first, none before ``floor``."""
+        pieces: list[tuple[float, float]] = []
+        cursor, left = end, seconds
+        for event in reversed(self.events):
+            if cursor <= floor:
+                break
+            first, last = _extent(event)
+            if event[0] == INSTANT or first >= cursor:
+                continue  # no duration, or inside time already passed over
+            if last <= cursor - left:
+                break  # the rest fits before this event (and every older one)
+            if last < cursor:
+                pieces.append((max(last, floor), cursor))
+                left -= cursor - pieces[-1][0]
+            cursor = min(cursor, first)
+        if left > 0.0 and cursor > floor:
+            pieces.append((max(cursor - left, floor), cursor))
+        return [(a, b) for a, b in pieces if b > a]
+
+    def _add_ended(self, event: tuple, end: float) -> None:
+        """Append ``event``, which ended at ``end``, keeping the ring in the order events ended."""
+        self.recorded += 1
+        events = self.events
+        if not events or _extent(events[-1])[1] <= end:
+            events.append(event)
+            return
+        at = len(events)
+        while at > 0 and _extent(events[at - 1])[1] > end:
+            at -= 1
+        if len(events) == self.capacity:  # full: the oldest goes (which may be this one)
+            if at == 0:
+                return
+            events.popleft()
+            at -= 1
+        events.insert(at, event)
+
     def instant(self, name: str, category: str, args: Mapping[str, Any] | None = None) -> None:
         """Something that happened now (a checkpoint saved, a fault noticed)."""
         self.events.append((INSTANT, name, category, self.clock(), args))
@@ -91,3 +172,29 @@ class TraceRecorder:
         """Plain, msgpack- and JSON-able data: ``{"format", "capacity", "recorded", "events": [[...], ...]}``."""
         return {"format": TRACE_FORMAT, "capacity": self.capacity, "recorded": self.recorded,
                 "events": [list(e) for e in self.events]}
+
+
+def span_seconds(start: float, end: float) -> float:
+    """``end - start``, made such that ``start + seconds == end`` in floating point (differs by an ulp at most).
+
+    The trace file computes an event's end as ``start + seconds``: an event
+    recorded to end where another begins (or ends) then does exactly that,
+    not a rounding error later, and the two still nest.
+    """
+    seconds = end - start
+    for _ in range(4):
+        total = start + seconds
+        if total == end:
+            break
+        seconds = math.nextafter(seconds, -math.inf if total > end else math.inf)
+    return seconds
+
+
+def _extent(event: tuple) -> tuple[float, float]:
+    """``(start, end)`` of an event of the ring (an instant: its time, twice)."""
+    kind = event[0]
+    if kind == SPAN:
+        return event[3], event[3] + event[4]
+    if kind == INSTANT:
+        return event[3], event[3]
+    return event[5], event[5] + event[6]

@@ -12,6 +12,8 @@ object API,
   instants (a checkpoint, a fault, a stop) as a black diamond.
 
 ``gflowdist report RUN_DIR --timeline PNG [--window START_MS:END_MS]`` calls it.
+A window that misses the trace's time span (:func:`trace_span_ms`) is an
+error (:class:`WindowError`, naming the span), not an empty picture.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["draw_timeline", "default_window"]
+from gflowdist.errors import GflowdistError
+
+__all__ = ["draw_timeline", "default_window", "trace_span_ms", "check_window", "WindowError"]
+
+
+class WindowError(GflowdistError):
+    """The window to draw holds no moment of the trace; the message names the trace's time span."""
 
 #: Colours of events by name, in order of first appearance (matplotlib's cycle without its grey: messages are grey).
 _COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "navy", "maroon", "darkgreen", "gold")
@@ -32,6 +40,24 @@ def default_window(trace: Mapping[str, Any], span_ms: float = 150.0) -> tuple[fl
         return 0.0, span_ms
     middle = (min(stamps) + max(stamps)) / 2e3
     return middle, middle + span_ms
+
+
+def trace_span_ms(trace: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The trace's time span in milliseconds of its time line: from its first event's start to its last
+    event's end (duration events, instants, arrows); None for a trace without events."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") in ("X", "i", "s", "f") and "ts" in e]
+    if not events:
+        return None
+    return (min(e["ts"] for e in events) / 1e3, max(e["ts"] + e.get("dur", 0.0) for e in events) / 1e3)
+
+
+def check_window(trace: Mapping[str, Any], window_ms: tuple[float, float]) -> None:
+    """Raise :class:`WindowError` when ``window_ms`` (start, end in ms) misses the trace's time span."""
+    span = trace_span_ms(trace)
+    start, end = window_ms
+    if span is not None and (end < span[0] or start > span[1]):
+        raise WindowError(f"the window {start:g}:{end:g} ms is outside the trace, which spans "
+                          f"{span[0]:.1f} to {span[1]:.1f} ms")
 
 
 def _layers(events: list[dict]) -> dict[int, int]:
@@ -50,10 +76,15 @@ def _layers(events: list[dict]) -> dict[int, int]:
 
 def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tuple[float, float] | None = None,
                   dpi: int = 120) -> Path:
-    """Draw ``window_ms`` (start, end in ms of the trace's time line; default :func:`default_window`) to PNG ``path``."""
+    """Draw ``window_ms`` (start, end in ms of the trace's time line; default :func:`default_window`) to PNG ``path``.
+
+    Raises:
+        WindowError: ``window_ms`` is outside the trace's time span (:func:`check_window`).
+    """
     from matplotlib.figure import Figure
 
     start, end = window_ms or default_window(trace)
+    check_window(trace, (start, end))
     lo, hi = start * 1e3, end * 1e3
     events = trace["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -79,8 +110,9 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tupl
             ax.plot((e["ts"] - lo) / 1e3, row[e["pid"]] + 0.42, marker="D", color="black", markersize=5)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", ncol=min(len(unique), 10),
-              bbox_to_anchor=(0.5, 1.12), frameon=False)
+    if unique:  # a stretch with only messages, instants or nothing has no legend (and ncol must be >= 1)
+        ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", ncol=min(len(unique), 10),
+                  bbox_to_anchor=(0.5, 1.12), frameon=False)
     ax.set_yticks([row[p] for p in pids])
     ax.set_yticklabels([names.get(p, f"rank {p}") for p in pids], fontsize=8)
     ax.set_xlim(0.0, (hi - lo) / 1e3)

@@ -26,6 +26,7 @@ says whether that happened, ``dropped`` how many events each rank let go).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +51,26 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def _dur(ts: float, end: float) -> float:
+    """A duration event's ``dur`` such that ``ts + dur == end`` exactly (``end`` rounded like ``ts``): events that
+    touch or end together on a track still nest in a viewer that adds ``ts + dur``, not one rounding step off.
+    (Where no such float exists, a tie of the rounding, ``ts + dur`` is the largest sum below ``end``.)"""
+    dur = round(end - ts, 3)  # short in the JSON, and most often exact
+    if ts + dur == end:
+        return dur
+    dur = end - ts  # exact when ts >= end / 2 (Sterbenz); else dur's steps are end's, nudged below
+    for _ in range(4):
+        total = ts + dur
+        if total == end:
+            return dur
+        dur = math.nextafter(dur, -math.inf if total > end else math.inf)
+    for _ in range(8):
+        if ts + dur <= end:
+            break
+        dur = math.nextafter(dur, -math.inf)
+    return dur
+
+
 class _Builder:
     def __init__(self, origin: float, cut: float, timers: Mapping[int, StepTimer]):
         self.origin, self.cut, self.timers = origin, cut, timers
@@ -66,8 +87,9 @@ class _Builder:
             args = dict(args or {})
             if cat == "collective":
                 args.update(self._last_arriver(rank, name, args))
-            self.out.append({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 0,
-                             "ts": self.ts(start + shift), "dur": _us(seconds), "args": args})
+            ts = self.ts(start + shift)
+            self.out.append({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 0, "ts": ts,
+                             "dur": _dur(ts, self.ts(start + seconds + shift)), "args": args})
         elif kind == INSTANT:
             _, name, cat, at, args = event
             self.out.append({"ph": "i", "s": "t", "name": name, "cat": cat, "pid": rank, "tid": 0,
@@ -80,9 +102,10 @@ class _Builder:
     def _message(self, rank: int, event: list, shift: float) -> None:
         kind, type_name, peer, tag, seq, start, seconds = event
         sent = kind == SENT
+        ts = self.ts(start + shift)
         self.out.append({"ph": "X", "name": f"{'send' if sent else 'take'} {type_name} {'->' if sent else '<-'} "
                                              f"{peer}", "cat": "message", "pid": rank, "tid": 0,
-                         "ts": self.ts(start + shift), "dur": _us(seconds),
+                         "ts": ts, "dur": _dur(ts, self.ts(start + seconds + shift)),
                          "args": {"peer": peer, "tag": tag, "seq": seq}})
         # The arrow leaves as the send starts and lands as the take ends (a blocking take may have begun
         # before the send), each a hair inside its event so a viewer binds it there: never back in time.

@@ -50,6 +50,7 @@ class BufferLoop:
         self.backoff = Backoff()
         self.last_summary = 0.0
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
+        self.idle_end = 0.0  # when its last pause ended (the trace's idle event ends there)
         self.taken = 0  # messages taken (malformed ones too): where this loop is
 
     @property
@@ -89,12 +90,13 @@ class BufferLoop:
             self.w.check_control()
         paused = time.perf_counter()
         self.backoff.pause()
-        self.idle_s += time.perf_counter() - paused
+        self.idle_end = time.perf_counter()
+        self.idle_s += self.idle_end - paused
 
     def busy(self) -> None:
         """A message arrived: close the idle stretch and poll eagerly again."""
         if self.idle_s:
-            self.w.timer.record("idle", self.idle_s)
+            self.w.timer.record("idle", self.idle_s, end=self.idle_end)
             self.idle_s = 0.0
         self.backoff.reset()
 

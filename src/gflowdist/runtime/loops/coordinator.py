@@ -7,7 +7,8 @@
 Timed phases (the report's ``[coordinator]`` rows): ``collect``, each turn that
 heard something (handling it and the progress line); ``idle``, each stretch of
 turns that heard nothing (one entry per stretch, not per poll, so a long run
-keeps few entries).
+keeps few entries). On the trace an idle stretch ends where the turn that
+ended it began, before that turn's ``collect``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
     layout = w.context.layout
     stop_sent = False
     backoff = Backoff(spin_s=0.0, first_sleep_s=0.001, max_sleep_s=0.02)
-    idle_s = 0.0  # the current idle stretch
+    idle_s = idle_end = 0.0  # the current idle stretch: its seconds, when its last turn ended
     while not collector.all_reported():
         started = time.perf_counter()
         got = collector.poll()
@@ -42,12 +43,14 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
         collector.progress()
         if got:
             if idle_s:
-                w.timer.record("idle", idle_s)
+                w.timer.record("idle", idle_s, end=started)  # it ended as this turn began
                 idle_s = 0.0
-            w.timer.record("collect", time.perf_counter() - started)
+            now = time.perf_counter()
+            w.timer.record("collect", now - started, end=now)
             backoff.reset()
         else:
             backoff.pause()
-            idle_s += time.perf_counter() - started
+            idle_end = time.perf_counter()
+            idle_s += idle_end - started
     if idle_s:
-        w.timer.record("idle", idle_s)
+        w.timer.record("idle", idle_s, end=idle_end)
