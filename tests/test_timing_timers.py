@@ -12,6 +12,7 @@ from gflowdist.errors import GflowdistError
 from gflowdist.timing import StepTimer, Throughput, eta_seconds, format_duration
 from gflowdist.timing.trace import SENT, SPAN, TOOK, TraceRecorder
 from gflowdist.timing.trace_file import chrome_trace
+from tests.support.trace_checks import nested_on_each_track
 
 
 class FakeClock:
@@ -113,15 +114,7 @@ def _spans(trace: TraceRecorder, name: str) -> list[tuple[float, float]]:
 
 def _nested(trace: TraceRecorder) -> bool:
     """Whether the track's duration events nest or follow each other in trace.json (as trace viewers need)."""
-    events = [e for e in chrome_trace({0: trace.to_dict()}, names={})["traceEvents"] if e["ph"] == "X"]
-    open_ends: list[float] = []
-    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-        while open_ends and open_ends[-1] <= e["ts"]:
-            open_ends.pop()
-        if open_ends and e["ts"] + e["dur"] > open_ends[-1]:
-            return False
-        open_ends.append(e["ts"] + e["dur"])
-    return True
+    return nested_on_each_track(chrome_trace({0: trace.to_dict()}, names={})["traceEvents"])
 
 
 def _ends_in_order(trace: TraceRecorder) -> bool:

@@ -25,6 +25,7 @@ from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import StepTimer
 from gflowdist.timing.trace import INSTANT, TraceRecorder
 from tests.support.jobs import HYPERGRID, TOY, read_json
+from tests.support.trace_checks import nested_on_each_track
 
 STEPS = 10  # 16 trajectories per trainer and step (params.trajectories_per_step); sampling from step 2 on
 RUN = [f"run.steps={STEPS}", "run.log_every=1", "faults.checkpoint_every=4",
@@ -37,19 +38,6 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "time"} for row in rows]
 
 
-def _nested_on_each_track(events: list[dict]) -> bool:
-    """Whether every duration event lies inside or after the ones it starts in (trace viewers need that)."""
-    for pid in {e["pid"] for e in events if e["ph"] == "X"}:
-        open_ends: list[float] = []
-        for e in sorted((e for e in events if e["ph"] == "X" and e["pid"] == pid), key=lambda e: (e["ts"], -e["dur"])):
-            while open_ends and open_ends[-1] <= e["ts"]:
-                open_ends.pop()
-            if open_ends and e["ts"] + e["dur"] > open_ends[-1]:
-                return False
-            open_ends.append(e["ts"] + e["dur"])
-    return True
-
-
 def _check_trace(run: Path) -> None:
     trace = read_json(run / "trace.json")
     events = trace["traceEvents"]
@@ -59,7 +47,7 @@ def _check_trace(run: Path) -> None:
     assert tracks[2].startswith("rank 2 buffer @") and tracks[3].startswith("rank 3 coordinator @")
     busy = Counter(e["pid"] for e in events if e["ph"] == "X")
     assert all(busy[rank] > 0 for rank in range(4)), busy
-    assert _nested_on_each_track(events)
+    assert nested_on_each_track(events)
     phases = {(e["pid"], e["name"]) for e in events if e.get("cat") == "phase"}
     assert {(0, "rollout"), (1, "loss"), (2, "insert"), (2, "sample")} <= phases, phases
     assert {(2, "idle"), (3, "idle"), (3, "collect")} <= phases, phases  # times recorded with StepTimer.record
