@@ -48,6 +48,11 @@ def test_apex_job_closes_the_priority_loop_and_balances_its_ledger(job_factory):
     actor_ranks = {r for r, role in roles.items() if role == "actor"}
     returns = [row["episode_return"] for row in rows if row["rank"] in actor_ranks and "episode_return" in row]
     assert returns and all(row["env_steps"] > 0 for row in rows if row["rank"] in actor_ranks)
+    coordinator = next(r for r, role in roles.items() if role == "coordinator")
+    evaluated = [(row["step"], row["eval_return"]) for row in rows if row["rank"] == coordinator]
+    assert evaluated == [(p["learner_steps"], p["eval_return"]) for p in curve]  # Coordinator.record's rows
+    report_curves = {m["name"] for m in read_json(run / "report.json")["metrics"]}
+    assert "eval_return" in report_curves
     assert job.no_process_left()
 
 

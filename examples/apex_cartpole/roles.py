@@ -85,6 +85,7 @@ class ApexCoordinator(Coordinator):
         started = self.started if self.started is not None else time.monotonic()
         self.curve.append({"seconds": round(time.monotonic() - started, 2), "learner_steps": version,
                            "env_steps": sum(self.env_steps.values()), "eval_return": score})
+        self.record(version, {"eval_return": score})  # metrics.jsonl, the report's curves, TensorBoard
 
     def progress_fields(self):
         if not self.curve:

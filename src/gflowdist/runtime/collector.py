@@ -174,14 +174,15 @@ class Collector:
                                             "complete": True, **({"lost": lost} if lost else {})}, files=files)
         log.info("checkpoint %s complete", name)
 
-    def record_metrics(self, rank: int, body: dict) -> None:
+    def record_metrics(self, rank: int, body: dict, *, tell_coordinator: bool = True) -> None:
+        """A row of metrics.jsonl from ``rank`` (``tell_coordinator`` False: the coordinator's own row)."""
         self.latest[rank] = body
         if isinstance(body.get("step"), int):
             self.reach.note(rank, body["step"] + 1)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3),
                                                 **body}) + "\n")
-        if self.on_metrics is not None:
+        if self.on_metrics is not None and tell_coordinator:
             self.on_metrics(rank, body.get("step", 0), body)
 
     def _check_liveness(self) -> None:

@@ -191,6 +191,9 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
                           on_summary=coordinator.on_summary if coordinator else None,
                           extra_fields=coordinator.progress_fields if coordinator else None,
                           on_weights=coordinator.on_weights if coordinator else None)
+    if coordinator is not None:
+        coordinator.metrics_sink = lambda step, metrics: collector.record_metrics(
+            rank.w.rank, {"step": step, **metrics}, tell_coordinator=False)
     out.write(f"gflowdist: {layout.summary()}\ngflowdist: run directory {run_dir}\n")
     _say_resumed(out, rank.resumed_from, rank.skipped)
     collector.generation_note = generation_note(rank.w.generation, restart_record(), rank.resumed_from,

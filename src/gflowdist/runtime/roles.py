@@ -72,11 +72,12 @@ classes), and by the job runner with the same message.
 from __future__ import annotations
 
 import abc
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
 from gflowdist.config.frozen import FrozenMapping
+from gflowdist.errors import GflowdistError
 
 __all__ = ["BaseRole", "Actor", "Trainer", "BufferManager", "Coordinator"]
 
@@ -198,6 +199,17 @@ class BufferManager(BaseRole):
 
 class Coordinator(BaseRole):
     """Aggregates reports; decides when the run ends."""
+
+    #: where :meth:`record` writes; the runtime sets it on the coordinator's rank
+    metrics_sink: Callable[[int, dict[str, float]], None] | None = None
+
+    def record(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Add my own row to ``metrics.jsonl`` at ``step`` (e.g. an evaluation of the weights of
+        :meth:`on_weights`): the report's curves and TensorBoard show it beside the trainers' metrics."""
+        if self.metrics_sink is None:
+            raise GflowdistError(f"{type(self).__name__}.record() writes metrics.jsonl of a running job; "
+                                 f"this coordinator is not part of one")
+        self.metrics_sink(int(step), {str(k): float(v) for k, v in metrics.items()})
 
     def on_metrics(self, rank: int, step: int, metrics: Mapping[str, float]) -> None:
         """A trainer's metrics at ``step``, or an actor's (``step``: the policy version it acts with)."""
