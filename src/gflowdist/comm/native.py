@@ -37,7 +37,8 @@ from typing import Any
 from gflowdist.comm.base import Communicator
 from gflowdist.errors import GflowdistError
 
-__all__ = ["Group", "NotAMemberError", "as_communicator", "is_native_group", "is_non_member", "rank_and_size", "register"]
+__all__ = ["Group", "NotAMemberError", "as_communicator", "is_native_group", "is_non_member", "rank_and_size", "register",
+           "unregister"]
 
 
 #: What a ``group`` argument may be: a gflowdist :class:`Communicator`, a torch.distributed
@@ -84,6 +85,13 @@ def register(comm: Communicator, group: Any) -> None:
     if key is not None:
         with _LOCK:
             _KNOWN[key] = (group, comm)
+
+
+def unregister(comm: Communicator) -> None:
+    """Forget ``comm`` (freed): the registry holds no reference to its native group any more."""
+    with _LOCK:
+        for key in [key for key, (_, known) in _KNOWN.items() if known is comm]:
+            del _KNOWN[key]
 
 
 def _known(group: Any, key: tuple[str, int]) -> Communicator | None:

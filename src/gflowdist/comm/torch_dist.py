@@ -14,7 +14,8 @@ connection), so each communicator runs daemon threads: one receiver per peer,
 which keeps receives posted for that peer and files whole messages into the
 inbox, and a send-completion thread that waits on sends in order and marks
 their handles. Callers wait on condition variables, never by polling: an idle
-rank uses no CPU.
+rank uses no CPU. The threads start with a rank's first point-to-point call
+(or its ``free()``): a communicator used only for collectives has none.
 
 torch.distributed creates groups collectively over the *world*, so
 :meth:`TorchComm.split` is available on the world communicator only; build
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import as_byte_array, read_only_tensor
-from gflowdist.comm.native import register
+from gflowdist.comm.native import register, unregister
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
 from gflowdist.errors import DeadlineError, TransportError
 
@@ -114,8 +115,12 @@ class TorchComm(Communicator):
         self._serial = next(_SERIALS)
         _OPEN.add(self)
         register(self, group if group is not None else dist.group.WORLD)  # found again from the group
-        # Receive from the start: a peer's send completes only once a receive is posted here.
-        self._start_receivers()
+        # The receiver threads start with this rank's first point-to-point call (or its free()): a
+        # communicator used only for collectives (an agent group, a user's group handed to a compat
+        # function) holds no thread blocked in gloo, so a user's destroy_process_group() before the
+        # end of the process stops nothing. A peer's send completes once a receive is posted here.
+        self._receiving = False
+        self._receivers_lock = threading.Lock()
 
     @property
     def process_group(self) -> "dist.ProcessGroup | None":
@@ -225,6 +230,8 @@ class TorchComm(Communicator):
 
     def isend(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0) -> AsyncSendHandle:
         payload = self._payload(data, dst, tag, kind)
+        if not self._receiving:
+            self._ensure_receivers()
         if dst == self.rank:  # gloo has no connection to oneself: loop back through the inbox
             self._file(tag, dst, payload.clone(), kind)
             return CompletedSend(dst, tag, payload.numel())
@@ -245,6 +252,8 @@ class TorchComm(Communicator):
             self.isend(data, dst, tag, kind=kind).wait(timeout)
             return
         payload = self._payload(data, dst, tag, kind)
+        if not self._receiving:
+            self._ensure_receivers()
         with self._send_lock:  # the parts of one message stay together
             works, _ = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
         for work in works:
@@ -252,6 +261,8 @@ class TorchComm(Communicator):
 
     def try_recv_kind(self, src: int | None = None, tag: int = 0):
         self._check_peer(src, "src", allow_none=True)
+        if not self._receiving:
+            self._ensure_receivers()
         self._observe(src)
         with self._arrived:
             return self._take_queued(src, tag)
@@ -259,6 +270,8 @@ class TorchComm(Communicator):
     def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
         if src is not None and (type(src) is not int or not 0 <= src < self.size):
             self._check_peer(src, "src", allow_none=True)
+        if not self._receiving:
+            self._ensure_receivers()
         with self._arrived:
             found = self._take_queued(src, tag)
         if found is not None:  # the common case of a busy rank: no waiting at all
@@ -349,6 +362,13 @@ class TorchComm(Communicator):
             self._receive_error = error
             self._arrived.notify_all()
 
+    def _ensure_receivers(self) -> None:
+        """Start the receiver threads once (the first point-to-point call, or free())."""
+        with self._receivers_lock:
+            if not self._receiving and not self._freed:
+                self._start_receivers()
+                self._receiving = True
+
     def _start_receivers(self) -> None:
         """A lane per peer, each with receives posted for that peer and a thread serving it (torch_p2p)."""
         for peer in range(self.size):
@@ -397,10 +417,13 @@ class TorchComm(Communicator):
         """
         if self._freed:
             return
+        alive = self.size > 1 and dist.is_initialized()  # destroy_process_group() first: nobody to tell
+        if alive:
+            self._ensure_receivers()  # what peers sent here, and their close notices, are received
         self._freed = True
         _OPEN.discard(self)
         deadline = time.monotonic() + timeout
-        if self.size > 1 and dist.is_initialized():  # destroy_process_group() first: nobody to tell
+        if alive:
             with self._send_lock:
                 for peer in range(self.size):
                     if peer == self.rank:
@@ -429,5 +452,8 @@ class TorchComm(Communicator):
                         "from rank(s) %s)", self.rank, ", ".join(stuck), timeout, ", ".join(missing) or "-")
             return
         # Hold nothing of gloo's past this point: a process group (or a work) that the interpreter
-        # destroys while it shuts down can abort the process, as one left undestroyed can.
+        # destroys while it shuts down can abort the process, as one left undestroyed can (the
+        # last reference to a group the user destroyed must go now, not at the interpreter's end).
         self._lanes, self._receivers, self._completer, self._pg = {}, [], None, None
+        self._group = self._p2p = None
+        unregister(self)
