@@ -9,7 +9,6 @@ status 2; a resume that passes returns the run's rank count.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -20,6 +19,7 @@ from gflowdist.cli.resuming import resumed_rank_count
 from gflowdist.config import Config
 from gflowdist.errors import ConfigError
 from gflowdist.rundir import checkpoint_name, recorded_config, write_config
+from tests.support.checkpoints import fake_checkpoint
 from tests.support.jobs import TOY
 
 RANKS, STEPS = 5, 20
@@ -27,16 +27,7 @@ FINAL, PERIODIC = checkpoint_name(0), checkpoint_name(0, 10)
 
 
 def _checkpoint(run, name: str, steps: dict[int, int] | None = None) -> None:
-    folder = run / "checkpoints" / name
-    folder.mkdir(parents=True)
-    files = {}
-    for rank in range(RANKS):
-        data = os.urandom(1000 + rank)
-        (folder / f"rank-{rank:05d}.pt").write_bytes(data)
-        files[f"rank-{rank:05d}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest = {"world_size": RANKS, "generation": 0, "complete": True, "files": files,
-                **({"steps": {str(r): s for r, s in steps.items()}} if steps else {})}
-    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    fake_checkpoint(run, name, RANKS, steps)
 
 
 @pytest.fixture

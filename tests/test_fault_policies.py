@@ -22,6 +22,9 @@ from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_ref
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops.buffer import BufferLoop
 from gflowdist.transport import Message
+from gflowdist.rundir import write_config
+from tests.support.checkpoints import fake_checkpoint
+from tests.support.jobs import TOY
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
@@ -45,8 +48,8 @@ def _failed(step: int, text: str) -> Ended:
 
 
 def test_what_a_restart_may_cure(tmp_path):
-    (tmp_path / "checkpoints" / "gen-0000-step-000000010").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "gen-0000-step-000000010" / "MANIFEST.json").write_text("{}")
+    write_config(tmp_path, Config.from_yaml(TOY), 4, "mpi")
+    intact = fake_checkpoint(tmp_path, "gen-0000-step-000000010", 4)
     lost = Ended(3, "gflowdist: lost rank 1 (trainer on vm): no heartbeat for 4.0 s")
     assert why_not_restart(lost, None, tmp_path) is None
     assert why_not_restart(lost, lost, tmp_path) is None  # a lost rank twice may still be cured
@@ -57,6 +60,8 @@ def test_what_a_restart_may_cure(tmp_path):
     assert "a config error" in why_not_restart(_failed(0, "ConfigError: roles.trainer: ..."), None, tmp_path)
     assert "stopped from outside" in why_not_restart(Ended(130, None, interrupted=True), None, tmp_path)
     assert "no complete checkpoint" in why_not_restart(lost, None, tmp_path / "elsewhere")
+    (intact / "rank-00002.pt").write_bytes(b"damaged")  # the checks a resume makes before it launches
+    assert "no intact checkpoint to resume from" in why_not_restart(lost, None, tmp_path)
 
 
 def test_a_nonzero_exit_explained_by_a_lost_actor_is_a_success(tmp_path):

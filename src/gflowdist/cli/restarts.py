@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from gflowdist.errors import CheckpointError, ConfigError
+from gflowdist.rundir import newest_intact, recorded_config
+
 __all__ = ["Ended", "keep_going", "why_not_restart", "RESTARTS_FILE"]
 
 #: In the run directory: one entry per restart, appended by the launcher before it relaunches.
@@ -93,6 +96,10 @@ def why_not_restart(ended: Ended, previous: Ended | None, run_dir: Path) -> str 
     if not any((Path(run_dir) / "checkpoints").glob("*/MANIFEST.json")):
         return (f"no complete checkpoint in {Path(run_dir) / 'checkpoints'} to resume from "
                 f"(faults.checkpoint_every = 0 writes one only at the end)")
+    try:  # the checks a resume makes before it launches (manifests, sizes, SHA-256; no torch)
+        newest_intact(run_dir, recorded_config(run_dir).launch.nprocs)
+    except (CheckpointError, ConfigError) as err:
+        return f"no intact checkpoint to resume from: {err}"
     return None
 
 

@@ -355,7 +355,8 @@ def fitting_world_sizes(layout_cfg: LayoutConfig, *, up_to: int = 256) -> list[i
 
 
 def describe_fit(layout_cfg: LayoutConfig, *, up_to: int = 256) -> str:
-    """Which ``-n`` fits this layout: ``"-n 4"``, ``"-n 3 or more"``, ``"-n 2, 4, 6, ..."``, or why none."""
+    """Which ``-n`` fits this layout: ``"-n 4"``, ``"-n 3 or more"``, ``"-n 2 or 3"``, ``"-n 2, 4, 6, 8, ..."``,
+    or why none."""
     sizes = fitting_world_sizes(layout_cfg, up_to=up_to)
     if not sizes:
         return f"no number of ranks up to {up_to} fits these counts"
@@ -363,5 +364,6 @@ def describe_fit(layout_cfg: LayoutConfig, *, up_to: int = 256) -> str:
         return f"-n {sizes[0]}" if sizes[0] == up_to else f"-n {sizes[0]} or more"
     if len(sizes) == 1:
         return f"-n {sizes[0]}"
-    shown = ", ".join(str(size) for size in sizes[:4])
-    return f"-n {shown}{', ...' if len(sizes) > 4 else ''}"
+    if len(sizes) > 4:
+        return f"-n {', '.join(str(size) for size in sizes[:4])}, ..."
+    return f"-n {', '.join(str(size) for size in sizes[:-1])} or {sizes[-1]}"
