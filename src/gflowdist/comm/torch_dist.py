@@ -15,7 +15,10 @@ which keeps receives posted for that peer and files whole messages into the
 inbox, and a send-completion thread that waits on sends in order and marks
 their handles. Callers wait on condition variables, never by polling: an idle
 rank uses no CPU. The threads start with a rank's first point-to-point call
-(or its ``free()``): a communicator used only for collectives has none.
+(or its ``free()``; a peer's send completes once a receive is posted): a
+communicator used only for collectives (an agent group, a user's group handed
+to a compat function) has none, and a user's ``destroy_process_group()``
+leaves no thread blocked in gloo.
 
 torch.distributed creates groups collectively over the *world*, so
 :meth:`TorchComm.split` is available on the world communicator only; build
@@ -24,14 +27,11 @@ all sub-groups from it (as :class:`~gflowdist.context.DistributedContext` does).
 
 from __future__ import annotations
 
-import atexit
 import collections
-import itertools
 import logging
 import queue
 import threading
 import time
-import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
                                  file_in_inbox, require_float_for_avg, take_from_inbox)
 from gflowdist.comm.buffers import as_byte_array, read_only_tensor
+from gflowdist.comm import open_comms
 from gflowdist.comm.native import register, unregister
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
 from gflowdist.errors import DeadlineError, TransportError
@@ -51,24 +52,7 @@ _UINT8 = torch.uint8
 #: how long :meth:`TorchComm.free` waits for its peers to free too
 FREE_TIMEOUT_S = 30.0
 
-#: how long the exit hook waits, over all communicators still open, for the peers' close notices
-EXIT_FREE_TIMEOUT_S = 5.0
-
 log = logging.getLogger(__name__)
-_OPEN: "weakref.WeakSet[TorchComm]" = weakref.WeakSet()
-_SERIALS = itertools.count()
-
-
-@atexit.register
-def _free_at_exit() -> None:
-    """Free the communicators nobody freed before the interpreter ends (newest first).
-
-    atexit runs while daemon threads can still run Python; past it, a helper
-    thread that returns from torch aborts the process (see :meth:`TorchComm.free`).
-    """
-    deadline = time.monotonic() + EXIT_FREE_TIMEOUT_S
-    for comm in sorted(_OPEN, key=lambda c: c._serial, reverse=True):
-        comm.free(timeout=max(0.0, deadline - time.monotonic()))
 
 
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
@@ -112,13 +96,9 @@ class TorchComm(Communicator):
         self._sends: "queue.SimpleQueue[SendHandle | None]" = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
         self._freed = False
-        self._serial = next(_SERIALS)
-        _OPEN.add(self)
+        open_comms.track(self)  # freed at exit if nobody frees it
         register(self, group if group is not None else dist.group.WORLD)  # found again from the group
-        # The receiver threads start with this rank's first point-to-point call (or its free()): a
-        # communicator used only for collectives (an agent group, a user's group handed to a compat
-        # function) holds no thread blocked in gloo, so a user's destroy_process_group() before the
-        # end of the process stops nothing. A peer's send completes once a receive is posted here.
+        # receiver threads: from the first point-to-point call or free() (see the module docstring)
         self._receiving = False
         self._receivers_lock = threading.Lock()
 
@@ -421,7 +401,7 @@ class TorchComm(Communicator):
         if alive:
             self._ensure_receivers()  # what peers sent here, and their close notices, are received
         self._freed = True
-        _OPEN.discard(self)
+        open_comms.forget(self)
         deadline = time.monotonic() + timeout
         if alive:
             with self._send_lock:
