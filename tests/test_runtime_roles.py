@@ -50,3 +50,26 @@ def test_an_unset_trainer_is_refused_as_not_set():
     with pytest.raises(GflowdistError, match=r"roles\.trainer is not set: a trainer needs your class with "
                                              r"loss\(\) and rollout\(\)"):
         make_role(_trainer_context(), config, torch.Generator())
+
+
+def test_the_progress_line_adds_up_counts_and_averages_the_rest():
+    """Ints (an actor's env_steps, episodes) are totals over the ranks; floats (a return, a loss) are means."""
+    import io
+    from types import SimpleNamespace
+
+    from gflowdist.runtime.collector import Collector
+
+    layout = SimpleNamespace(trainers=[0], actors=[1, 2])
+    config = SimpleNamespace(faults=SimpleNamespace(on_actor_loss="fail"), run=SimpleNamespace(steps=10))
+    w = SimpleNamespace(context=SimpleNamespace(layout=layout), comm=SimpleNamespace(size=4), rank=3,
+                        generation=0, config=config, lost={})
+    out = io.StringIO()
+    collector = Collector(w, metrics_file=None, out=out)
+    collector.record_metrics(0, {"step": 4, "loss": 0.5, "trajectories": 0})
+    collector.record_metrics(1, {"step": 3, "env_steps": 100, "episodes": 3, "episode_return": 10.0})
+    collector.record_metrics(2, {"step": 3, "env_steps": 150, "episodes": 4, "episode_return": 20.0})
+    collector.progress(force=True)
+    fields = out.getvalue().split()
+    value = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+    assert (value["env_steps"], value["episodes"]) == ("250", "7")
+    assert (value["episode_return"], value["loss"], value["step"]) == ("15", "0.5", "5/10")

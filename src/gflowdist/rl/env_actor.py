@@ -159,9 +159,9 @@ class EnvironmentActor(Actor):
             self.episodes += 1
 
     def metrics(self) -> dict[str, float]:
-        """``env_steps``, ``episodes`` so far; ``episode_return``: mean over episodes ended since
-        the last call (absent when none ended)."""
-        out: dict[str, float] = {"env_steps": float(self.env_steps), "episodes": float(self.episodes)}
+        """``env_steps``, ``episodes`` so far (ints: the progress line adds them up over the actors);
+        ``episode_return``: mean over episodes ended since the last call (absent when none ended)."""
+        out: dict[str, float] = {"env_steps": int(self.env_steps), "episodes": int(self.episodes)}
         if self.finished_returns:
             out["episode_return"] = float(np.mean(self.finished_returns))
             self.finished_returns = []

@@ -221,13 +221,15 @@ class Collector:
         per_step = elapsed / max(step, 1)
         fields = {**({"gen": str(self.w.generation)} if self.w.generation else {}),
                   "step": f"{step}/{total}", "traj/s": f"{traj / max(elapsed, 1e-9):.0f}"}
-        means: dict[str, list[float]] = {}
+        values: dict[str, list[int | float]] = {}
         for m in self.latest.values():
             for key, value in m.items():
-                if key not in ("step", "trajectories") and isinstance(value, (int, float)):
-                    means.setdefault(key, []).append(float(value))
-        for key, values in means.items():
-            fields[key] = f"{sum(values) / len(values):.4g}"
+                if key not in ("step", "trajectories") and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    values.setdefault(key, []).append(value)
+        for key, vs in values.items():  # ints are counts: summed over ranks; floats averaged
+            total = all(type(v) is int for v in vs)
+            fields[key] = f"{sum(vs)}" if total else f"{sum(vs) / len(vs):.4g}"
         fields.update(self.lost_actors.progress_field())
         fields.update(self.extra_fields())
         fields["eta"] = format_duration(eta_seconds(total - step, 1.0 / per_step if per_step > 0 else 0.0))

@@ -130,7 +130,8 @@ class Actor(BaseRole):
 
     def metrics(self) -> dict[str, float]:
         """Numbers for the progress line and metrics.jsonl (default: none): a trainer's every
-        ``run.log_every`` steps, an actor's every ``run.log_every`` rollouts."""
+        ``run.log_every`` steps, an actor's every ``run.log_every`` rollouts. The progress line
+        averages a float over the ranks that report it and adds up an int (a count)."""
         return {}
 
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
