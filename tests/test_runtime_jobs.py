@@ -71,6 +71,9 @@ def test_resume_continues_steps_ledger_and_buffer(job_factory):
     assert first.wait(120) == 0, first.output
     run = first.run_dir()
     before = read_json(run / "finals.json")
+    with open(run / "metrics.jsonl", "a") as rows:  # what a generation that failed after the checkpoint wrote
+        for step in range(10, 13):
+            rows.write(json.dumps({"rank": 0, "time": 0.0, "step": step, "loss": 9.0}) + "\n")
     second = job_factory("run.steps=20", "--resume", str(run))
     second.out_dir = run.parent
     assert second.wait(120) == 0, second.output
@@ -81,8 +84,11 @@ def test_resume_continues_steps_ledger_and_buffer(job_factory):
     assert read_json(run / "ledger.json")["totals"]["produced"] == 20 * 8 * 2
     assert after["2"]["replay"]["admitted"] == 2 * before["2"]["replay"]["admitted"]
     assert after["2"]["replay"]["size"] == 20 * 8 * 2  # trajectories admitted before the checkpoint are kept
-    steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows]
     assert max(steps) == 19 and steps.index(max(steps)) > steps.index(9)
+    trainer_rows = [(row["rank"], row["step"]) for row in rows if row["rank"] in (0, 1)]
+    assert len(trainer_rows) == len(set(trainer_rows)) and 9.0 not in [row.get("loss") for row in rows]
     assert (run / "checkpoints" / "gen-0001-final" / "MANIFEST.json").exists()
 
 

@@ -68,8 +68,9 @@ log = logging.getLogger("gflowdist.runtime")
 def trim_metrics(path: Path, step: int) -> int:
     """Drop the rows of ``path`` (metrics.jsonl) from step ``step`` on; returns how many were dropped.
 
-    A run resumed from periodic checkpoint ``step-K`` repeats steps K, K+1, ...:
-    the rows the interrupted run wrote for them would otherwise appear twice.
+    A run resumed from a checkpoint at step K (periodic ``step-K``, or a final one
+    whose furthest rank was at K) repeats steps K, K+1, ...: the rows a failed
+    generation wrote for them after that checkpoint would otherwise appear twice.
     Rows without a step are kept. The file is replaced atomically.
     """
     if not path.exists():

@@ -178,7 +178,9 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
     run_dir, layout, world = process.run_dir, process.context.layout, process.world
     write_config(run_dir, config, world.size, world.engine)
     (run_dir / "layout.txt").write_text(layout.describe() + "\n")
-    cut = checkpoints.step_of(rank.resumed_from) if rank.resumed_from is not None else None  # a periodic one's
+    # rows of the steps this run repeats, written after the checkpoint by a generation that failed (a final
+    # checkpoint's step is its furthest rank's: no row of the generation that wrote it is dropped)
+    cut = rank.resumed_step if rank.resumed_from is not None else None
     if cut is not None:
         dropped = checkpoints.trim_metrics(run_dir / "metrics.jsonl", cut)
         if dropped:
