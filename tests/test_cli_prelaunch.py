@@ -116,6 +116,9 @@ CASES = {
     "cuda without a GPU, torch engine": ({}, ["run", "config.yaml", "launch.devices=cuda", "--engine", "torch"],
                                          NO_GPU, ["config.yaml: launch.devices: asks for cuda, but this host sees "
                                                   "no CUDA device"]),
+    "layout checks devices": ({}, ["layout", "config.yaml", "launch.devices=cuda"], NO_GPU,
+                              ["gflowdist layout: config error: config.yaml: launch.devices: asks for cuda, but this "
+                               "host sees no CUDA device"]),
 }
 
 

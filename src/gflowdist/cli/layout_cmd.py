@@ -70,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
         preflight.check_roles_named(config, layout)
     except ConfigError as err:  # a layout may be planned before its classes are written
         notes.append(f"note: {err} (gflowdist run refuses this config)")
-    preflight.check_roles_import(config, preflight.resolve_roles(config))
+    judge_devices = hosts is None and preflight.devices_judged_here(config, world_size)
+    gpus = preflight.check_roles_import(config, preflight.resolve_roles(config), count_cuda=judge_devices)
+    if judge_devices:
+        preflight.check_devices(config, world_size, gpus)
     if args.json:
         print(json.dumps(layout.to_dict(), indent=2))
     else:
