@@ -342,6 +342,21 @@ class TorchComm(Communicator):
             self._receive_error = error
             self._arrived.notify_all()
 
+    def _send_close_notices(self) -> None:
+        """What fills every receive each peer keeps posted for me, behind all I sent it (:meth:`free`)."""
+        with self._send_lock:
+            for peer in range(self.size):
+                if peer == self.rank:
+                    continue
+                try:
+                    works, buffers = close_notices(self._pg, self._p2p_ranks[peer])
+                except RuntimeError as exc:  # a broken pair: the receiver has stopped already
+                    log.warning("rank %d: freeing the communicator: close notice to rank %d not sent: %s",
+                                self.rank, peer, exc)
+                    continue
+                self._ensure_completer()
+                self._sends.put(SendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
+
     def _ensure_receivers(self) -> None:
         """Start the receiver threads once (the first point-to-point call, or free())."""
         with self._receivers_lock:
@@ -404,18 +419,7 @@ class TorchComm(Communicator):
         open_comms.forget(self)
         deadline = time.monotonic() + timeout
         if alive:
-            with self._send_lock:
-                for peer in range(self.size):
-                    if peer == self.rank:
-                        continue
-                    try:
-                        works, buffers = close_notices(self._pg, self._p2p_ranks[peer])
-                    except RuntimeError as exc:  # a broken pair: the receiver has stopped already
-                        log.warning("rank %d: freeing the communicator: close notice to rank %d not sent: %s",
-                                    self.rank, peer, exc)
-                        continue
-                    self._ensure_completer()
-                    self._sends.put(SendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
+            self._send_close_notices()
         if self._completer is not None:
             self._sends.put(None)
         with self._arrived:
