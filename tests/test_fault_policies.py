@@ -113,3 +113,35 @@ def test_going_on_without_a_lost_actor_is_refused_on_the_torch_engine_naming_the
     assert err.value.key == "faults.on_actor_loss"
     check_engine_allows(config, "mpi")
     check_engine_allows(Config.from_dict({"launch": {"engine": "torch"}}), "torch")  # on_actor_loss: fail
+
+
+def test_a_checkpoint_ack_that_counts_a_refusal_not_heard_yet_waits_for_it_and_fails_before_the_save():
+    """The buffer refused my batch, then acknowledged my checkpoint marker (the ack counts the refusal): the
+    refusal, sent earlier on the control channel, must fail me (on_bad_batch: fail) before I save past it."""
+    from gflowdist.errors import GflowdistError
+    from gflowdist.runtime.wiring import Wiring
+
+    def fake(arrives_after: int | None, mode: str = "fail"):
+        me = SimpleNamespace(refusals_heard=0, polls=0, rank=1,
+                             config=SimpleNamespace(faults=SimpleNamespace(peer_timeout_s=0.5, on_bad_batch=mode)))
+
+        def check_control():
+            me.polls += 1
+            if arrives_after is not None and me.polls == arrives_after:  # the refusal lands now
+                me.refusals_heard += 1
+                on_refused("buffer rank 2 refused a batch ... field 'y'", mode=mode, step=5)
+            return False
+
+        me.check_control = check_control
+        return me
+
+    late = fake(arrives_after=3)
+    with pytest.raises(BadBatchError, match="field 'y'") as caught:
+        Wiring.hear_refusals(late, 1)
+    assert late.polls == 3 and caught.value.step == 5
+    dropped = fake(arrives_after=2, mode="drop")
+    Wiring.hear_refusals(dropped, 1)  # counted, and the cut goes on
+    assert dropped.refusals_heard == 1
+    Wiring.hear_refusals(fake(arrives_after=None), 0)  # nothing refused: no waiting
+    with pytest.raises(GflowdistError, match="refused 1 of my batches, but only 0 refusals reached"):
+        Wiring.hear_refusals(fake(arrives_after=None), 1)

@@ -18,7 +18,10 @@ def wire(message: protocol.Outgoing):
 @pytest.mark.parametrize("message, command, fields", [
     (protocol.done(), Command.DONE, {}),
     (protocol.checkpoint("gen-0000-step-000000005"), Command.CHECKPOINT, {"name": "gen-0000-step-000000005"}),
-    (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED, {"name": "gen-0000-step-000000005"}),
+    (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED,
+     {"name": "gen-0000-step-000000005", "refused": 0}),
+    (protocol.checkpointed("gen-0000-step-000000005", refused=2), Command.CHECKPOINTED,
+     {"name": "gen-0000-step-000000005", "refused": 2}),
     (protocol.saved("gen-0001-step-000000010", {"bytes": 12, "sha256": "ab" * 32}), Command.SAVED,
      {"name": "gen-0001-step-000000010", "file": {"bytes": 12, "sha256": "ab" * 32}}),
     (protocol.refused("buffer rank 2 refused ...", 40), Command.REFUSED,

@@ -152,9 +152,10 @@ def checkpoint(name: str) -> Outgoing:
     return _command(Command.CHECKPOINT, name=name)
 
 
-def checkpointed(name: str) -> Outgoing:
-    """The buffer saved its part of checkpoint ``name`` (every client's marker had arrived)."""
-    return _command(Command.CHECKPOINTED, name=name)
+def checkpointed(name: str, refused: int = 0) -> Outgoing:
+    """The buffer saved its part of checkpoint ``name`` (every client's marker had arrived); ``refused``:
+    how many of this client's batches it has refused so far (each refusal went out before this)."""
+    return _command(Command.CHECKPOINTED, name=name, refused=refused)
 
 
 def weights(state: Mapping[str, torch.Tensor], version: int) -> Outgoing:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from gflowdist.comm import Communicator
+from gflowdist.comm.polling import Backoff
 from gflowdist.config import Config
 from gflowdist.context import COMM_NAMES, DistributedContext
-from gflowdist.errors import PeerLostError
+from gflowdist.errors import GflowdistError, PeerLostError
 from gflowdist.layout import Layout, Role
 from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import on_refused
@@ -115,6 +116,7 @@ class Wiring:
     lost: dict[int, str] = field(default_factory=dict)  # actors the run goes on without (on_actor_loss)
     #: the trainer step each of my recent batches was made at, by its first trajectory's seq (refusals name it)
     shipped_at: dict[int, int] = field(default_factory=dict)
+    refusals_heard: int = 0  # my buffer's refusals of my batches that reached me (hear_refusals)
 
     @classmethod
     def build(cls, context: DistributedContext, config: Config, stop: StopFlag, *, ledger: Ledger | None = None,
@@ -235,8 +237,22 @@ class Wiring:
 
     def refused(self, body: Mapping[str, Any]) -> None:
         """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
+        self.refusals_heard += 1
         self.note("batch refused", "fault", seq=body.get("seq"))
         on_refused(str(body["text"]), mode=self.config.faults.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
+
+    def hear_refusals(self, count: int) -> None:
+        """Listen until I have heard ``count`` refusals from my buffer (a checkpoint's ack counts them; each
+        was sent before it, on the control channel): under ``faults.on_bad_batch: fail`` the first raises."""
+        backoff, deadline = Backoff(), time.monotonic() + self.config.faults.peer_timeout_s
+        while self.refusals_heard < count:
+            self.check_control()
+            if self.refusals_heard >= count:
+                return
+            if time.monotonic() > deadline:
+                raise GflowdistError(f"my buffer refused {count} of my batches, but only {self.refusals_heard} "
+                                     f"refusals reached rank {self.rank} within faults.peer_timeout_s")
+            backoff.pause()
 
     def go_on_without(self, rank: int, reason: str) -> None:
         """Rank ``rank`` is lost and the run goes on (``faults.on_actor_loss: continue``): send it nothing more."""

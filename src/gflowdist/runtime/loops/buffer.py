@@ -179,4 +179,4 @@ class BufferLoop:
             with self.w.timer.phase("checkpoint"):
                 self.w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
             for client in sorted(self.marked.pop(name)):
-                self.w.data.isend(*protocol.checkpointed(name), client)
+                self.w.data.isend(*protocol.checkpointed(name, self.w.ledger.refused[client]), client)

@@ -104,6 +104,8 @@ def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: s
         if command_of(ack) is not Command.CHECKPOINTED or ack.body.get("name") != name:
             raise GflowdistError(f"expected the acknowledgement of checkpoint {name} from buffer rank "
                                  f"{buffer}, got a {ack.type.name} message")
+        # a batch of mine refused before my marker fails me (on_bad_batch: fail) before I save past it
+        w.hear_refusals(int(ack.body.get("refused", 0)))
     with w.timer.phase("checkpoint"):
         return w.checkpoint(name)
 
