@@ -17,10 +17,10 @@ from gflowdist.config.frozen import FrozenMapping
 from gflowdist.config.loading import parse_yaml, read_yaml_file
 from gflowdist.config.reference import config_reference_markdown
 from gflowdist.errors import ConfigError
-from gflowdist.config.schema import (
+from gflowdist.config.schema import Config
+from gflowdist.config.sections import (
     REST,
     SECTIONS,
-    Config,
     FaultsConfig,
     LaunchConfig,
     LayoutConfig,

@@ -11,7 +11,7 @@ import dataclasses
 import inspect
 from typing import Any
 
-from gflowdist.config.schema import MIB, SECTIONS
+from gflowdist.config.sections import MIB, SECTIONS
 
 __all__ = ["config_reference_markdown", "format_default"]
 

@@ -39,8 +39,6 @@ from gflowdist.config.loading import (
 )
 from gflowdist.config.sections import (
     ACTOR_LOSS_ON_TORCH,
-    MIB,
-    REST,
     SECTIONS,
     FaultsConfig,
     LaunchConfig,
@@ -52,20 +50,7 @@ from gflowdist.config.sections import (
 )
 from gflowdist.errors import ConfigError
 
-__all__ = [
-    "RunConfig",
-    "LaunchConfig",
-    "LayoutConfig",
-    "RolesConfig",
-    "ReplayConfig",
-    "SyncConfig",
-    "FaultsConfig",
-    "Config",
-    "SECTIONS",
-    "REST",
-    "MIB",
-    "ACTOR_LOSS_ON_TORCH",
-]
+__all__ = ["Config", "known_roles"]  # the sections themselves: gflowdist.config.sections
 
 _PARAMS_CHECK = MappingCheck()
 _TOP_LEVEL = [*SECTIONS, "params"]

@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gflowdist.config.loading import section_from_mapping
-from gflowdist.config.schema import REST, LayoutConfig
+from gflowdist.config.sections import REST, LayoutConfig
 from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.layout.model import Layout, Role
 

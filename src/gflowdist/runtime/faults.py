@@ -30,7 +30,7 @@ import logging
 import torch
 
 from gflowdist.config import Config
-from gflowdist.config.schema import ACTOR_LOSS_ON_TORCH
+from gflowdist.config.sections import ACTOR_LOSS_ON_TORCH
 from gflowdist.errors import BadBatchError, ConfigError, NonFiniteLossError
 
 __all__ = ["loss_is_usable", "refusal_text", "on_refused", "check_engine_allows"]
