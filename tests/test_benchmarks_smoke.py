@@ -143,3 +143,17 @@ def test_all_quick_prints_one_table_of_every_target(tmp_path):
         assert value > 0 and holds == ("yes" if (value <= limit if target.startswith("<=") else value >= limit)
                                        else "NO"), (figure, ratio, target, holds)
     assert "load average" in lines[0] and "load average" in lines[-1], lines
+
+
+def test_a_ratio_is_shown_with_the_digits_that_agree_with_its_verdict():
+    """A miss that rounds onto its target (0.898 against >= 0.90) is shown as the miss it is; the verdict is
+    judged on the unrounded ratio."""
+    table = load("all").Table()
+    table.add("miss by a hair", "1 s", "1 s", 0.898, ">= 0.90", 0.93)
+    table.add("miss closer still", "1 s", "1 s", 0.89999, ">= 0.90")
+    table.add("hit", "1 s", "1 s", 1.234, "<= 1.30")
+    table.add("on the target", "1 s", "1 s", 1.3, "<= 1.30")
+    table.add("no target", "1 s", "1 s", 0.5)
+    got = [(r[0], r[3], r[5]) for r in table.rows]
+    assert got == [("miss by a hair", "0.898 (0.93)", "NO"), ("miss closer still", "0.89999", "NO"),
+                   ("hit", "1.23", "yes"), ("on the target", "1.30", "yes"), ("no target", "0.50", "-")]
