@@ -18,6 +18,8 @@ import os, sys
 import torch
 from gflowdist.compat import virtex
 from gflowdist.errors import PeerLostError
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # a line per write: mpiexec never glues two
+# ranks' lines (PYTHONUNBUFFERED=1 writes print's newline on its own; gflowdist run does this for its ranks)
 
 def job(tag):
     rank = virtex.get_rank()

@@ -18,6 +18,8 @@ PY = sys.executable
 SPINUP_SCRIPT = """
 import sys
 from gflowdist.compat.spinup import mpi_fork, mpi_sum, num_procs, proc_id
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # a line per write: mpiexec never glues two
+# ranks' lines (PYTHONUNBUFFERED=1 writes print's newline on its own; gflowdist run does this for its ranks)
 
 mpi_fork(int(sys.argv[1]))
 total = mpi_sum(1)
@@ -29,6 +31,8 @@ if len(sys.argv) > 2 and proc_id() == 1:
 OMNISAFE_SCRIPT = """
 import os, sys
 from gflowdist.compat import omnisafe
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # a line per write: mpiexec never glues two
+# ranks' lines (PYTHONUNBUFFERED=1 writes print's newline on its own; gflowdist run does this for its ranks)
 
 if omnisafe.fork(2, bind_to_core="--bind" in sys.argv):
     print("PARENT DONE", flush=True)
@@ -63,7 +67,9 @@ def test_mpi_fork_keeps_module_mode_original_loses_it(tmp_path):
     (package / "helper.py").write_text("VALUE = 41\n")
     (package / "job.py").write_text(textwrap.dedent("""
         from .helper import VALUE
+        import sys
         from gflowdist.compat.spinup import mpi_fork, num_procs, proc_id
+        sys.stdout.reconfigure(line_buffering=True, write_through=False)  # a line per write (see above)
         mpi_fork(2)
         print(f"RANK {proc_id()} SIZE {num_procs()} VALUE {VALUE + 1}", flush=True)
     """))

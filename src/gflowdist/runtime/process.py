@@ -1,9 +1,10 @@
 """This rank's process, made ready for a job: signals, the world, the layout, the run directory, logs, seeds.
 
 :func:`prepare_rank` runs on every rank before any role exists, in this order:
-put the rank on its device (``launch.devices``, before any CUDA work), the
-world communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM
-into a :class:`~gflowdist.runtime.wiring.StopFlag`, build the
+make each printed line one write (two ranks' lines are never glued), put the
+rank on its device (``launch.devices``, before any CUDA work), the world
+communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM into a
+:class:`~gflowdist.runtime.wiring.StopFlag`, build the
 :class:`~gflowdist.context.DistributedContext` (collective), agree on the run
 directory (``gflowdist.rundir``), start this rank's log and stack-dump
 files, seed Python's ``random``, numpy's global generator and torch (:func:`~gflowdist.ops.seeds.seed_all`).
@@ -34,7 +35,7 @@ from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.faults import check_engine_allows
 from gflowdist.runtime.wiring import DEATH_HEARD, LOST_IN_THIS_PROCESS, PEER_DIED, StopFlag, collector_rank
 
-__all__ = ["RankProcess", "prepare_rank", "fail_job", "end_within", "end_of_process_bounded", "FORWARD_BEFORE_ABORT_S", "END_AFTER_LOSS_S",
+__all__ = ["RankProcess", "prepare_rank", "print_whole_lines", "fail_job", "end_within", "end_of_process_bounded", "FORWARD_BEFORE_ABORT_S", "END_AFTER_LOSS_S",
            "END_S"]
 
 log = logging.getLogger("gflowdist.runtime")
@@ -69,6 +70,7 @@ class RankProcess:
 
 def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | None = None) -> RankProcess:
     """Make this process a rank of the job (collective: every rank calls it; see the module docstring)."""
+    print_whole_lines()
     placed = setup_device(config.launch.devices)  # before any CUDA work, and before nccl could start
     world = comm if comm is not None else world_comm(config.launch.engine, cuda=placed.cuda_index is not None)
     check_engine_allows(config, world.engine)
@@ -86,6 +88,18 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     seed = rank_seed(config.run.seed, world.rank)
     seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
     return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
+
+
+def print_whole_lines() -> None:
+    """Each line a rank prints reaches the launcher in one write, so two ranks' lines are never glued.
+
+    ``gflowdist run`` starts ranks with ``PYTHONUNBUFFERED=1`` (nothing is lost when a rank is killed); that
+    also makes ``print("x")`` two writes, ``x`` and the newline, and hydra may forward another rank's line
+    between them. Line buffering without write-through flushes every complete line at once.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a user's replacement stream is theirs to buffer
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _ignore_peer_death_signal(note_it: bool = False) -> None:
