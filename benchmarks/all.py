@@ -61,7 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import fmt_size  # noqa: E402
+from harness import fmt_size
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "hypergrid" / "config.yaml"
@@ -75,8 +75,16 @@ class Table:
     def __init__(self) -> None:
         self.rows: list[list[str]] = []
 
-    def add(self, figure: str, baseline: str, ours: str, ratio: float | None, target: str = "-",
-            fastest: float | None = None, ratio_text: str | None = None) -> None:
+    def add(
+        self,
+        figure: str,
+        baseline: str,
+        ours: str,
+        ratio: float | None,
+        target: str = "-",
+        fastest: float | None = None,
+        ratio_text: str | None = None,
+    ) -> None:
         """`target` is "-" (shown for what it explains) or "<= x" / ">= x"; the verdict is judged here, on the
         unrounded ratio, and the ratio is shown with as many digits as it takes to agree with it."""
         holds = None if ratio is None or target == "-" else meets(ratio, target)
@@ -116,12 +124,13 @@ def load() -> str:
 
 # -- transport ------------------------------------------------------------------------------------
 
+
 def transport(table: Table, quick: bool, record: dict) -> None:
     import transport as bench
 
     sizes = [8, 1 << 20] if quick else [8, 1024, 4096, 1 << 20, 16 << 20]
     names = {"mpi": ("MPIComm", "compat.torchgfn (MPI)"), "torch": ("TorchComm", None)}
-    for engine, (comm_name, compat_name) in list(names.items())[:1 if quick else 2]:
+    for engine, (comm_name, compat_name) in list(names.items())[: 1 if quick else 2]:
         rows = bench.run(engine, sizes, 100 if quick else 4000)
         record[engine] = rows
         rtt_target, bw_target = bench.TARGETS[engine]
@@ -136,16 +145,28 @@ def transport_row(table: Table, name: str, r: dict, key: str, rtt_target: float,
     ratio the median of per-batch ratios with the fastest batches' ratio in parentheses."""
     ratio, fastest = r[key + "_ratio"], r[key + "_min_ratio"]
     if r["size"] <= 4096:
-        table.add(f"{name} round trip {fmt_size(r['size'])}", f"{r['raw'] * 1e6:.1f} us",
-                  f"{r[key] * 1e6:.1f} us", ratio, f"<= {rtt_target:.2f}", fastest)
+        table.add(
+            f"{name} round trip {fmt_size(r['size'])}",
+            f"{r['raw'] * 1e6:.1f} us",
+            f"{r[key] * 1e6:.1f} us",
+            ratio,
+            f"<= {rtt_target:.2f}",
+            fastest,
+        )
     else:
         share, best = 1 / ratio, 1 / fastest
-        table.add(f"{name} bandwidth {fmt_size(r['size'])}", f"{2 * r['size'] / r['raw'] / 1e6:.0f} MB/s",
-                  f"{2 * r['size'] / r[key] / 1e6:.0f} MB/s",
-                  share, f">= {bw_target:.2f}", best)
+        table.add(
+            f"{name} bandwidth {fmt_size(r['size'])}",
+            f"{2 * r['size'] / r['raw'] / 1e6:.0f} MB/s",
+            f"{2 * r['size'] / r[key] / 1e6:.0f} MB/s",
+            share,
+            f">= {bw_target:.2f}",
+            best,
+        )
 
 
 # -- gradient averaging (engineer a12's benchmark) -------------------------------------------------
+
 
 def averaging(table: Table, quick: bool, record: dict) -> None:
     import averaging as bench
@@ -156,11 +177,18 @@ def averaging(table: Table, quick: bool, record: dict) -> None:
         for label, ms, raw_ms, ratio in bench.summary_rows(engine, results):
             model, case = label.split()[-2:]
             fastest = results[model][case + "_min"] / results[model]["raw_min"]
-            table.add(f"average_gradients {'gloo' if engine == 'torch' else 'MPI'} {model} {case}",
-                      f"{raw_ms:.2f} ms", f"{ms:.2f} ms", ratio, f"<= {bench.TARGET_RATIO:.2f}", fastest)
+            table.add(
+                f"average_gradients {'gloo' if engine == 'torch' else 'MPI'} {model} {case}",
+                f"{raw_ms:.2f} ms",
+                f"{ms:.2f} ms",
+                ratio,
+                f"<= {bench.TARGET_RATIO:.2f}",
+                fastest,
+            )
 
 
 # -- start-up --------------------------------------------------------------------------------------
+
 
 def children_cpu() -> float:
     """CPU seconds of every finished descendant of this process (ranks included: each parent reaped its own)."""
@@ -177,8 +205,20 @@ def first_step(out_dir: Path, ranks: int) -> tuple[float, float]:
     seconds of the whole job (launcher and ranks, to their exit)."""
     from hypergrid import child_env, first_step_s, read_run, run_directory, startup_timeline
 
-    cmd = [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(ranks), "run.steps=1", "run.log_every=1",
-           f"run.out_dir={out_dir}", "run.name=startup", *STARTUP_LAYOUTS[ranks]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        str(CONFIG),
+        "-n",
+        str(ranks),
+        "run.steps=1",
+        "run.log_every=1",
+        f"run.out_dir={out_dir}",
+        "run.name=startup",
+        *STARTUP_LAYOUTS[ranks],
+    ]
     cpu, launched = children_cpu(), time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
     cpu = children_cpu() - cpu
@@ -207,19 +247,30 @@ def startup(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
     record["pairs"] = pairs  # (baseline wall, baseline CPU, ours wall, ours CPU)
     med = statistics.median
     ratio = med(p[2] / p[0] for p in pairs)
-    table.add(f"start-up: launch -> first step ({ranks} ranks)", f"{med(p[0] for p in pairs):.2f} s",
-              f"{med(p[2] for p in pairs):.2f} s", ratio, "<= 1.30")
+    table.add(
+        f"start-up: launch -> first step ({ranks} ranks)",
+        f"{med(p[0] for p in pairs):.2f} s",
+        f"{med(p[2] for p in pairs):.2f} s",
+        ratio,
+        "<= 1.30",
+    )
     # CPU hardly depends on other processes' load: on 2 idle cores it bounds the wall time from below
-    table.add("start-up CPU s, all processes (ours: the whole 1-step job)", f"{med(p[1] for p in pairs):.2f} s",
-              f"{med(p[3] for p in pairs):.2f} s", med(p[3] / p[1] for p in pairs))
+    table.add(
+        "start-up CPU s, all processes (ours: the whole 1-step job)",
+        f"{med(p[1] for p in pairs):.2f} s",
+        f"{med(p[3] for p in pairs):.2f} s",
+        med(p[3] / p[1] for p in pairs),
+    )
 
 
 # -- scaling ---------------------------------------------------------------------------------------
 
 #: name -> (trainers, buffers, coordinator)
-LAYOUTS = {"2 trainers, no buffer (2 ranks)": (2, 0, False),
-           "default job: 2T + buffer + coordinator (4 ranks)": (2, 1, True),
-           "3 trainers + 1 buffer (4 ranks)": (3, 1, False)}
+LAYOUTS = {
+    "2 trainers, no buffer (2 ranks)": (2, 0, False),
+    "default job: 2T + buffer + coordinator (4 ranks)": (2, 1, True),
+    "3 trainers + 1 buffer (4 ranks)": (3, 1, False),
+}
 SCALING_TARGET = 1.7
 
 
@@ -242,14 +293,27 @@ def scaling(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
     rate, per_cpu = ({name: statistics.median(r[i] for r in values) for name, values in runs.items()} for i in (0, 1))
     if pairs:  # what the cores give two independent copies of the work: the ceiling of two trainers
         pair = statistics.median(pairs)
-        table.add("HyperGrid traj/s, two bare loops at once (the cores' ceiling, no gflowdist)",
-                  f"{rate['bare']:.0f} (bare loop)", f"{pair:.0f}", pair / rate["bare"])
+        table.add(
+            "HyperGrid traj/s, two bare loops at once (the cores' ceiling, no gflowdist)",
+            f"{rate['bare']:.0f} (bare loop)",
+            f"{pair:.0f}",
+            pair / rate["bare"],
+        )
     for name in layouts:
-        table.add(f"HyperGrid traj/s, {name}", f"{rate['bare']:.0f} (bare loop)", f"{rate[name]:.0f}",
-                  rate[name] / rate["bare"], f">= {SCALING_TARGET:.2f}")
+        table.add(
+            f"HyperGrid traj/s, {name}",
+            f"{rate['bare']:.0f} (bare loop)",
+            f"{rate[name]:.0f}",
+            rate[name] / rate["bare"],
+            f">= {SCALING_TARGET:.2f}",
+        )
     for name in layouts:  # hardly load-dependent: N free cores bound traj/s at N x this
-        table.add(f"HyperGrid traj per CPU s (every rank's loop), {name}", f"{per_cpu['bare']:.0f} (bare loop)",
-                  f"{per_cpu[name]:.0f}", per_cpu[name] / per_cpu["bare"])
+        table.add(
+            f"HyperGrid traj per CPU s (every rank's loop), {name}",
+            f"{per_cpu['bare']:.0f} (bare loop)",
+            f"{per_cpu[name]:.0f}",
+            per_cpu[name] / per_cpu["bare"],
+        )
 
 
 # -- torchgfn ----------------------------------------------------------------------------------------
@@ -262,10 +326,32 @@ def torchgfn_run(python: str, tutorials: Path, trajectories: int) -> float:
     from harness import clean_env, free_port
 
     mpiexec = Path(python).parent / "mpiexec"
-    cmd = [str(mpiexec), "-n", "4", python, "tutorials/examples/train_hypergrid.py", "--distributed",
-           "--dist_backend", "gloo", "--num_remote_buffers", "1", "--ndim", "2", "--height", "8",
-           "--batch_size", "48", "--hidden_dim", "64", "--n_hidden", "2", "--n_trajectories", str(trajectories),
-           "--validation_interval", str(10 * trajectories)]
+    cmd = [
+        str(mpiexec),
+        "-n",
+        "4",
+        python,
+        "tutorials/examples/train_hypergrid.py",
+        "--distributed",
+        "--dist_backend",
+        "gloo",
+        "--num_remote_buffers",
+        "1",
+        "--ndim",
+        "2",
+        "--height",
+        "8",
+        "--batch_size",
+        "48",
+        "--hidden_dim",
+        "64",
+        "--n_hidden",
+        "2",
+        "--n_trajectories",
+        str(trajectories),
+        "--validation_interval",
+        str(10 * trajectories),
+    ]
     env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONPATH=str(tutorials.parent))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tutorials.parent)
     found = re.findall(r"total_time\s+([0-9.]+)s", out.stdout + out.stderr)
@@ -279,8 +365,14 @@ def torchgfn(table: Table, quick: bool, record: dict, out_dir: Path, python: str
 
     if quick or not Path(python).exists() or not (tutorials / "examples" / "train_hypergrid.py").exists():
         reason = "--quick" if quick else f"no torchgfn 2.4.1 at {python} / {tutorials}"
-        table.add("HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)", "skipped", "-", None,
-                  f">= {TORCHGFN_TARGET:.2f}", ratio_text=f"({reason})")
+        table.add(
+            "HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)",
+            "skipped",
+            "-",
+            None,
+            f">= {TORCHGFN_TARGET:.2f}",
+            ratio_text=f"({reason})",
+        )
         return
     pairs = []
     for _ in range(2):
@@ -290,8 +382,13 @@ def torchgfn(table: Table, quick: bool, record: dict, out_dir: Path, python: str
     record["pairs"] = pairs
     theirs, ours = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
     ratio = statistics.median(o / t for t, o in pairs)
-    table.add("HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)", f"{theirs:.0f} (torchgfn)", f"{ours:.0f}", ratio,
-              f">= {TORCHGFN_TARGET:.2f}")
+    table.add(
+        "HyperGrid traj/s vs torchgfn 2.4.1 (3T + 1B)",
+        f"{theirs:.0f} (torchgfn)",
+        f"{ours:.0f}",
+        ratio,
+        f">= {TORCHGFN_TARGET:.2f}",
+    )
 
 
 def main() -> int:
@@ -299,10 +396,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes, repetitions and steps; no torchgfn")
     parser.add_argument("--only", help=f"comma list of sections ({', '.join(SECTIONS)})")
     parser.add_argument("--json", help="also write every measurement to this file")
-    parser.add_argument("--torchgfn-python", default=str(EXT / "tgvenv" / "bin" / "python"),
-                        help="a Python with torchgfn 2.4.1 and mpi4py (its own venv: torchgfn pins numpy<2)")
-    parser.add_argument("--torchgfn-tutorials", default=str(EXT / "torchgfn" / "tutorials"),
-                        help="torchgfn 2.4.1's tutorials/ directory (from its source, not the wheel)")
+    parser.add_argument(
+        "--torchgfn-python",
+        default=str(EXT / "tgvenv" / "bin" / "python"),
+        help="a Python with torchgfn 2.4.1 and mpi4py (its own venv: torchgfn pins numpy<2)",
+    )
+    parser.add_argument(
+        "--torchgfn-tutorials",
+        default=str(EXT / "torchgfn" / "tutorials"),
+        help="torchgfn 2.4.1's tutorials/ directory (from its source, not the wheel)",
+    )
     args = parser.parse_args()
     sections = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(sections) - set(SECTIONS)
@@ -313,12 +416,15 @@ def main() -> int:
     table, record = Table(), {}
     with tempfile.TemporaryDirectory(prefix="gflowdist-all-") as tmp:
         out_dir = Path(tmp)
-        steps = {"transport": lambda r: transport(table, args.quick, r),
-                 "averaging": lambda r: averaging(table, args.quick, r),
-                 "startup": lambda r: startup(table, args.quick, r, out_dir),
-                 "scaling": lambda r: scaling(table, args.quick, r, out_dir),
-                 "torchgfn": lambda r: torchgfn(table, args.quick, r, out_dir, args.torchgfn_python,
-                                                Path(args.torchgfn_tutorials))}
+        steps = {
+            "transport": lambda r: transport(table, args.quick, r),
+            "averaging": lambda r: averaging(table, args.quick, r),
+            "startup": lambda r: startup(table, args.quick, r, out_dir),
+            "scaling": lambda r: scaling(table, args.quick, r, out_dir),
+            "torchgfn": lambda r: torchgfn(
+                table, args.quick, r, out_dir, args.torchgfn_python, Path(args.torchgfn_tutorials)
+            ),
+        }
         for name in sections:
             t0, cpu = time.monotonic(), children_cpu()
             record[name] = {}

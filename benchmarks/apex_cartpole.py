@@ -48,24 +48,37 @@ import tempfile
 import time
 from pathlib import Path
 
-from hypergrid import child_env, load_average, run_directory, spread
-
 from gflowdist.timing.text_table import table_lines
+from hypergrid import child_env, load_average, run_directory, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "apex_cartpole"
 CONFIG = EXAMPLE / "config.yaml"
 #: variant -> overrides of config.yaml (None: the single-process baseline)
-VARIANTS: dict[str, list[str] | None] = {"single process": None, "Ape-X": [],
-                                         "Ape-X unpaced": ["params.env_steps_per_update=null"]}
-QUICK = ["run.steps=300", "sync.weights_to_coordinator_every=100", "params.target_return=100000",
-         "params.eval_episodes=2"]
+VARIANTS: dict[str, list[str] | None] = {
+    "single process": None,
+    "Ape-X": [],
+    "Ape-X unpaced": ["params.env_steps_per_update=null"],
+}
+QUICK = [
+    "run.steps=300",
+    "sync.weights_to_coordinator_every=100",
+    "params.target_return=100000",
+    "params.eval_episodes=2",
+]
 
 
 def run_single(seed: int, extra: list[str], out_dir: Path) -> dict:
     result_file = out_dir / f"single-{seed}-{time.time_ns()}.json"
-    cmd = [sys.executable, str(EXAMPLE / "single_process.py"), str(CONFIG), f"run.seed={seed}", *extra,
-           "--json", str(result_file)]
+    cmd = [
+        sys.executable,
+        str(EXAMPLE / "single_process.py"),
+        str(CONFIG),
+        f"run.seed={seed}",
+        *extra,
+        "--json",
+        str(result_file),
+    ]
     began = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=child_env())
     if not result_file.exists():
@@ -77,8 +90,17 @@ def run_single(seed: int, extra: list[str], out_dir: Path) -> dict:
 
 
 def run_apex(seed: int, overrides: list[str], extra: list[str], out_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "gflowdist", "run", str(CONFIG), f"run.seed={seed}", f"run.out_dir={out_dir}",
-           *overrides, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        str(CONFIG),
+        f"run.seed={seed}",
+        f"run.out_dir={out_dir}",
+        *overrides,
+        *extra,
+    ]
     began = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=child_env())
     if out.returncode != 0:
@@ -86,8 +108,12 @@ def run_apex(seed: int, overrides: list[str], extra: list[str], out_dir: Path) -
     run_dir = run_directory(out.stdout)
     finals = json.loads((run_dir / "finals.json").read_text())
     summary = next(f["summary"] for f in finals.values() if f["role"] == "coordinator")
-    return {"wall_s": time.monotonic() - began, "curve": summary["curve"], "solved_at": summary["solved_at"],
-            "run_dir": str(run_dir)}
+    return {
+        "wall_s": time.monotonic() - began,
+        "curve": summary["curve"],
+        "solved_at": summary["solved_at"],
+        "run_dir": str(run_dir),
+    }
 
 
 def target(extra: list[str]) -> float:
@@ -100,9 +126,13 @@ def rates(result: dict) -> dict:
     point = result["solved_at"] or (result["curve"][-1] if result["curve"] else None)
     if point is None or point["seconds"] <= 0:
         return {}
-    return {"seconds": point["seconds"], "env_steps": point["env_steps"], "learner_steps": point["learner_steps"],
-            "env_per_s": point["env_steps"] / point["seconds"],
-            "learner_per_s": point["learner_steps"] / point["seconds"]}
+    return {
+        "seconds": point["seconds"],
+        "env_steps": point["env_steps"],
+        "learner_steps": point["learner_steps"],
+        "env_per_s": point["env_steps"] / point["seconds"],
+        "learner_per_s": point["learner_steps"] / point["seconds"],
+    }
 
 
 def table(results: dict[str, list[dict]]) -> list[str]:
@@ -112,16 +142,35 @@ def table(results: dict[str, list[dict]]) -> list[str]:
     for name, runs in results.items():
         measured = [rates(r) for r in runs if r["solved_at"]] or [rates(r) for r in runs if rates(r)]
         seconds = [m["seconds"] for m in measured]
-        ratio = (f"{reference / statistics.median(seconds):.2f}x" if reference and seconds and
-                 any(r["solved_at"] for r in runs) else "-")
-        rows.append([name, f"{sum(1 for r in runs if r['solved_at'])}/{len(runs)}", spread(seconds, ".1f"),
-                     spread([m["env_steps"] for m in measured], ",.0f"),
-                     spread([m["learner_steps"] for m in measured], ",.0f"),
-                     spread([m["env_per_s"] for m in measured], ",.0f"),
-                     spread([m["learner_per_s"] for m in measured], ",.0f"), ratio,
-                     spread([r["wall_s"] for r in runs], ".1f")])
-    head = ["variant", "solved", "time to 475 s", "env steps", "learner steps", "env steps/s", "learner steps/s",
-            "vs single", "wall s"]
+        ratio = (
+            f"{reference / statistics.median(seconds):.2f}x"
+            if reference and seconds and any(r["solved_at"] for r in runs)
+            else "-"
+        )
+        rows.append(
+            [
+                name,
+                f"{sum(1 for r in runs if r['solved_at'])}/{len(runs)}",
+                spread(seconds, ".1f"),
+                spread([m["env_steps"] for m in measured], ",.0f"),
+                spread([m["learner_steps"] for m in measured], ",.0f"),
+                spread([m["env_per_s"] for m in measured], ",.0f"),
+                spread([m["learner_per_s"] for m in measured], ",.0f"),
+                ratio,
+                spread([r["wall_s"] for r in runs], ".1f"),
+            ]
+        )
+    head = [
+        "variant",
+        "solved",
+        "time to 475 s",
+        "env steps",
+        "learner steps",
+        "env steps/s",
+        "learner steps/s",
+        "vs single",
+        "wall s",
+    ]
     return table_lines(head, rows)
 
 
@@ -143,9 +192,11 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     began, first_load = time.monotonic(), os.getloadavg()[0]
     results, loads = run_variants(names, seeds, extra, out_dir)
-    print(f"CartPole-v1 Ape-X DQN vs single process, seeds {seeds} (median, (min-max)); {load_average()}; "
-          f"1-min load during the runs {min(loads + [first_load]):.2f}-{max(loads + [first_load]):.2f}; "
-          f"{time.monotonic() - began:.0f} s")
+    print(
+        f"CartPole-v1 Ape-X DQN vs single process, seeds {seeds} (median, (min-max)); {load_average()}; "
+        f"1-min load during the runs {min([*loads, first_load]):.2f}-{max([*loads, first_load]):.2f}; "
+        f"{time.monotonic() - began:.0f} s"
+    )
     print("\n".join(table(results)))
     print(f"run directories under {out_dir}")
     if args.json:
@@ -153,20 +204,25 @@ def main() -> int:
     return 0
 
 
-def run_variants(names: list[str], seeds: list[int], extra: list[str],
-                 out_dir: Path) -> tuple[dict[str, list[dict]], list[float]]:
+def run_variants(
+    names: list[str], seeds: list[int], extra: list[str], out_dir: Path
+) -> tuple[dict[str, list[dict]], list[float]]:
     """Every variant once per seed, interleaved; the results by variant and the 1-min load after each run."""
     results: dict[str, list[dict]] = {name: [] for name in names}
     loads = []
     for seed in seeds:
         for name in names:
             overrides = VARIANTS[name]
-            result = (run_single(seed, extra, out_dir) if overrides is None
-                      else run_apex(seed, overrides, extra, out_dir))
+            result = (
+                run_single(seed, extra, out_dir) if overrides is None else run_apex(seed, overrides, extra, out_dir)
+            )
             results[name].append({"seed": seed, **result})
             loads.append(os.getloadavg()[0])
-            print(f"  {name} seed {seed}: {'solved' if result['solved_at'] else 'not solved'} "
-                  f"{json.dumps(rates(result))}", flush=True)
+            print(
+                f"  {name} seed {seed}: {'solved' if result['solved_at'] else 'not solved'} "
+                f"{json.dumps(rates(result))}",
+                flush=True,
+            )
     return results, loads
 
 

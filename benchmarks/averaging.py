@@ -50,7 +50,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # harness, also when imported from elsewhere
-from harness import run_mpi_workers, run_torch_workers  # noqa: E402
+import itertools
+
+from harness import run_mpi_workers, run_torch_workers
 
 __all__ = ["measure", "table", "backward_table", "summary_rows", "TARGET_RATIO"]
 
@@ -63,7 +65,7 @@ def make_models():
 
     torch.manual_seed(0)
     dims = [64, 560, 560, 560, 560, 64]  # 5 layers = 10 tensors, ~1.01M parameters
-    mlp = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])])
+    mlp = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in itertools.pairwise(dims)])
     deep = torch.nn.Sequential(*[torch.nn.Linear(140, 140) for _ in range(50)])  # 100 tensors, ~0.99M
     return {"mlp-10": mlp, "deep-100": deep}
 
@@ -82,6 +84,7 @@ def backward_of(model, rank: int):
 
     def run() -> None:
         model(x).square().mean().backward()
+
     return run
 
 
@@ -210,9 +213,12 @@ def mpi_worker(reps: int) -> None:
             baseline.zero_grad()
             run_baseline()
 
-        cases = averaging_cases(model, comm, world.Get_rank(),
-                                (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                                 lambda: warm([torch.from_numpy(buf)])))
+        cases = averaging_cases(
+            model,
+            comm,
+            world.Get_rank(),
+            (lambda: raw_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), lambda: warm([torch.from_numpy(buf)])),
+        )
         cases["baseline"] = (lambda: spinup_avg_grads(baseline), spinup_before)
         row = {"tensors": len(list(model.parameters())), "params": numel}
         row.update(median_times(cases, reps, world.Barrier))
@@ -275,35 +281,50 @@ def table(engine: str, results: dict) -> str:
     """Median ms per call, then ratios of medians with ratios of minimums in parentheses."""
     label = BASELINE_LABEL[engine]
     raw = "raw Allreduce" if engine == "mpi" else "raw all_reduce"
-    head = (f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | "
-            f"{'assigned ms':>11} | {label + ' ms':>12} | {'views/raw':>11} | {'fresh/raw':>11} | "
-            f"{'assigned/raw':>12} | {label + '/fresh':>15} | {'call ms':>7} | {'(raw+call)/raw':>14}")
-    lines = [f"\n{engine}: in-place average_gradients vs one {raw} of the same bytes (raw) and {label}",
-             head, "-" * len(head)]
+    head = (
+        f"{'model':>9} | {'tensors':>7} | {'raw ms':>6} | {'views ms':>8} | {'fresh ms':>8} | "
+        f"{'assigned ms':>11} | {label + ' ms':>12} | {'views/raw':>11} | {'fresh/raw':>11} | "
+        f"{'assigned/raw':>12} | {label + '/fresh':>15} | {'call ms':>7} | {'(raw+call)/raw':>14}"
+    )
+    lines = [
+        f"\n{engine}: in-place average_gradients vs one {raw} of the same bytes (raw) and {label}",
+        head,
+        "-" * len(head),
+    ]
     for name, r in results.items():
-        lines.append(f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
-                     f"{r['fresh'] * 1e3:8.2f} | {r['assigned'] * 1e3:11.2f} | {r['baseline'] * 1e3:12.2f} | "
-                     f"{_ratio(r, 'views', 'raw'):>11} | {_ratio(r, 'fresh', 'raw'):>11} | "
-                     f"{_ratio(r, 'assigned', 'raw'):>12} | {_ratio(r, 'baseline', 'fresh'):>15} | "
-                     f"{r['overhead_min'] * 1e3:7.3f} | {(r['raw_min'] + r['overhead_min']) / r['raw_min']:14.2f}")
+        lines.append(
+            f"{name:>9} | {r['tensors']:7d} | {r['raw'] * 1e3:6.2f} | {r['views'] * 1e3:8.2f} | "
+            f"{r['fresh'] * 1e3:8.2f} | {r['assigned'] * 1e3:11.2f} | {r['baseline'] * 1e3:12.2f} | "
+            f"{_ratio(r, 'views', 'raw'):>11} | {_ratio(r, 'fresh', 'raw'):>11} | "
+            f"{_ratio(r, 'assigned', 'raw'):>12} | {_ratio(r, 'baseline', 'fresh'):>15} | "
+            f"{r['overhead_min'] * 1e3:7.3f} | {(r['raw_min'] + r['overhead_min']) / r['raw_min']:14.2f}"
+        )
     return "\n".join(lines)
 
 
 def backward_table(engine: str, results: dict) -> str:
     """Backward's time with the hooks that move fresh gradients into the buckets, and without."""
     head = f"{'model':>9} | {'bwd ms':>6} | {'bwd+hooks ms':>12} | {'hooks cost ms':>13} | {'ratio':>11}"
-    lines = [f"\n{engine}: one backward pass (batch 8) after zero_grad(), torch alone vs with the hooks",
-             head, "-" * len(head)]
+    lines = [
+        f"\n{engine}: one backward pass (batch 8) after zero_grad(), torch alone vs with the hooks",
+        head,
+        "-" * len(head),
+    ]
     for name, r in results.items():
-        lines.append(f"{name:>9} | {r['bwd_bare'] * 1e3:6.2f} | {r['bwd_hooks'] * 1e3:12.2f} | "
-                     f"{(r['bwd_hooks'] - r['bwd_bare']) * 1e3:13.2f} | {_ratio(r, 'bwd_hooks', 'bwd_bare'):>11}")
+        lines.append(
+            f"{name:>9} | {r['bwd_bare'] * 1e3:6.2f} | {r['bwd_hooks'] * 1e3:12.2f} | "
+            f"{(r['bwd_hooks'] - r['bwd_bare']) * 1e3:13.2f} | {_ratio(r, 'bwd_hooks', 'bwd_bare'):>11}"
+        )
     return "\n".join(lines)
 
 
 def summary_rows(engine: str, results: dict) -> list[tuple[str, float, float, float]]:
     """``(label, ms per call, raw ms, ratio of medians)`` for views and fresh of each model."""
-    return [(f"average_gradients {engine} {name} {case}", r[case] * 1e3, r["raw"] * 1e3, r[case] / r["raw"])
-            for name, r in results.items() for case in ("views", "fresh")]
+    return [
+        (f"average_gradients {engine} {name} {case}", r[case] * 1e3, r["raw"] * 1e3, r[case] / r["raw"])
+        for name, r in results.items()
+        for case in ("views", "fresh")
+    ]
 
 
 def main() -> int:
@@ -318,14 +339,18 @@ def main() -> int:
         return 0
     reps = 40 if args.quick else args.reps
     load = os.getloadavg()[0]
-    print(f"gradient averaging between 2 ranks on {socket.gethostname()}; median per call over {reps} calls; "
-          f"load average {load:.2f} at start")
+    print(
+        f"gradient averaging between 2 ranks on {socket.gethostname()}; median per call over {reps} calls; "
+        f"load average {load:.2f} at start"
+    )
     for engine in args.engines.split(","):
         results = measure(engine, reps)
         print(table(engine, results))
         print(backward_table(engine, results))
-    print(f"\ntarget: views and fresh within {TARGET_RATIO}x of raw on both models; "
-          f"load average {os.getloadavg()[0]:.2f} at the end")
+    print(
+        f"\ntarget: views and fresh within {TARGET_RATIO}x of raw on both models; "
+        f"load average {os.getloadavg()[0]:.2f} at the end"
+    )
     return 0
 
 

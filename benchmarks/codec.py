@@ -40,7 +40,8 @@ import pickle
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ import torch
 from gflowdist.transport import MessageType, decode, encode
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from harness import run_mpi_workers  # noqa: E402
+from harness import run_mpi_workers
 
 SCALES = (1, 10, 100)
 BASE_BATCH = 64
@@ -89,8 +90,9 @@ def torch_save_load(body: Any) -> Any:
     return torch.load(stream, weights_only=True)
 
 
-def measure(calls: dict[str, Callable[[], Any]], *, repeats: int, min_time: float,
-            clock: Callable[[], float]) -> dict[str, float]:
+def measure(
+    calls: dict[str, Callable[[], Any]], *, repeats: int, min_time: float, clock: Callable[[], float]
+) -> dict[str, float]:
     """Median seconds per call of each function, the functions taking turns in every repetition."""
     loops = {}
     for name, call in calls.items():
@@ -183,11 +185,13 @@ def e2e_table(messages: int, rounds: int) -> str:
     r = run_mpi_workers(__file__, ["--messages", str(messages), "--rounds", str(rounds)])
     mb = r["bytes"] / 1e6
     ours, raw = mb / r["gflowdist"], mb / r["raw"]
-    return (f"\nend to end over 2 MPI ranks, 100x torch batch ({r['bytes']:,} bytes per message), wall time:\n"
-            f"| path | per message | MB/s | % of raw |\n|---|---|---|---|\n"
-            f"| raw mpi4py Send/Recv (preallocated) | {_format_time(r['raw'])} | {raw:.0f} | 100% |\n"
-            f"| gflowdist encode + send + recv + decode | {_format_time(r['gflowdist'])} | {ours:.0f} | "
-            f"{100 * ours / raw:.0f}% |\ntarget: >= 80% of raw: {'met' if ours >= 0.8 * raw else 'NOT met'}")
+    return (
+        f"\nend to end over 2 MPI ranks, 100x torch batch ({r['bytes']:,} bytes per message), wall time:\n"
+        f"| path | per message | MB/s | % of raw |\n|---|---|---|---|\n"
+        f"| raw mpi4py Send/Recv (preallocated) | {_format_time(r['raw'])} | {raw:.0f} | 100% |\n"
+        f"| gflowdist encode + send + recv + decode | {_format_time(r['gflowdist'])} | {ours:.0f} | "
+        f"{100 * ours / raw:.0f}% |\ntarget: >= 80% of raw: {'met' if ours >= 0.8 * raw else 'NOT met'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7, help="repetitions per measurement (median, default 7)")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per repetition, at least (default 0.05)")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="process CPU time (default) or wall time")
+    parser.add_argument(
+        "--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time (default) or wall time"
+    )
     args = parser.parse_args(argv)
     if args.worker:
         e2e_worker(args.messages, args.rounds)
@@ -213,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         ("pickle-5 oob", pickle_out_of_band),
         ("torch.save", torch_save_load),
     ]
-    print(f"torch {torch.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}; {args.clock} time, "
-          f"median of {args.repeats} repetitions; ratio = pickle-5 / gflowdist\n")
+    print(
+        f"torch {torch.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}; {args.clock} time, "
+        f"median of {args.repeats} repetitions; ratio = pickle-5 / gflowdist\n"
+    )
     header = ["payload", "batch", "bytes"] + [name for name, _ in methods] + ["ratio"]
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
@@ -225,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             body = trajectory_batch(batch, as_torch=as_torch)
             _check_equal(body, codec_roundtrip(body))
             size = encode(MessageType.TRAJECTORIES, body, sender=0, seq=1).nbytes
-            calls = {name: functools.partial(fn, body) for name, fn in methods
-                     if as_torch or name != "torch.save"}
+            calls = {name: functools.partial(fn, body) for name, fn in methods if as_torch or name != "torch.save"}
             times = measure(calls, **timing)
             ratio = times["pickle-5"] / times["gflowdist"]
             slowest_ratio = min(slowest_ratio, ratio)
@@ -236,15 +242,20 @@ def main(argv: list[str] | None = None) -> int:
             print("| " + " | ".join(cells) + " |")
     tiny = {"step": 3, "ok": True}
     tiny_buf = encode(MessageType.PING, tiny, sender=0, seq=1)
-    tiny_times = measure({
-        "encode": lambda: encode(MessageType.PING, tiny, sender=0, seq=1),
-        "decode": lambda: decode(tiny_buf, sender=0),
-        "both": lambda: decode(encode(MessageType.PING, tiny, sender=0, seq=1), sender=0),
-        "pickle": lambda: pickle_inband(tiny),
-    }, **timing)
-    print(f"\ntiny body {tiny} ({tiny_buf.nbytes} bytes): encode {_format_time(tiny_times['encode'])}, "
-          f"decode {_format_time(tiny_times['decode'])}, encode+decode {_format_time(tiny_times['both'])} "
-          f"(pickle-5 round trip {_format_time(tiny_times['pickle'])})")
+    tiny_times = measure(
+        {
+            "encode": lambda: encode(MessageType.PING, tiny, sender=0, seq=1),
+            "decode": lambda: decode(tiny_buf, sender=0),
+            "both": lambda: decode(encode(MessageType.PING, tiny, sender=0, seq=1), sender=0),
+            "pickle": lambda: pickle_inband(tiny),
+        },
+        **timing,
+    )
+    print(
+        f"\ntiny body {tiny} ({tiny_buf.nbytes} bytes): encode {_format_time(tiny_times['encode'])}, "
+        f"decode {_format_time(tiny_times['decode'])}, encode+decode {_format_time(tiny_times['both'])} "
+        f"(pickle-5 round trip {_format_time(tiny_times['pickle'])})"
+    )
     verdict = "met" if slowest_ratio >= 1.0 else "NOT met"
     print(f"target 'at least as fast as pickle-5 in-band at every size': {verdict} (lowest ratio {slowest_ratio:.2f}x)")
     if not args.no_e2e:

@@ -31,7 +31,8 @@ import re
 import struct
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,14 +51,22 @@ def corpus() -> list[bytes]:
         {"step": 3, "ok": True},
         {"s": "héllo", "b": b"\x00\x01", "f": -1.5, "big": 2**64 - 1, "neg": -(2**63), "nested": [[1, [2, {"x": []}]]]},
         [1, 2.5, "three", None, False, {"k": b"v"}],
-        {"states": np.arange(2 * 5 * 4, dtype=np.int64).reshape(2, 5, 4), "actions": np.arange(10).reshape(2, 5),
-         "log_rewards": np.linspace(-1, 0, 2, dtype=np.float32), "done": np.eye(2, 5, dtype=bool)},
+        {
+            "states": np.arange(2 * 5 * 4, dtype=np.int64).reshape(2, 5, 4),
+            "actions": np.arange(10).reshape(2, 5),
+            "log_rewards": np.linspace(-1, 0, 2, dtype=np.float32),
+            "done": np.eye(2, 5, dtype=bool),
+        },
         {"w": torch.arange(6.0).reshape(2, 3), "bf": torch.ones(3, dtype=torch.bfloat16), "scalar": torch.tensor(7)},
         {"zero_d": np.array(2.5), "empty": np.zeros((0, 3), np.int16), "after": np.ones(5, np.int8)},
         {"frames": [np.full(i + 1, i, dtype=np.uint8) for i in range(6)]},
     ]
-    bodies.append({name: (torch.ones(2, dtype=torch.bfloat16) if name == "bfloat16" else np.ones(3, dtype=name))
-                   for name in SUPPORTED_DTYPES})
+    bodies.append(
+        {
+            name: (torch.ones(2, dtype=torch.bfloat16) if name == "bfloat16" else np.ones(3, dtype=name))
+            for name in SUPPORTED_DTYPES
+        }
+    )
     types = list(MessageType)
     return [encode(types[i % len(types)], body, sender=SENDER, seq=i).tobytes() for i, body in enumerate(bodies)]
 
@@ -85,7 +94,7 @@ def _header(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytear
 
 
 def _truncate(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytearray:
-    return data[:rng.randrange(len(data) + 1)]
+    return data[: rng.randrange(len(data) + 1)]
 
 
 def _insert(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytearray:
@@ -95,24 +104,30 @@ def _insert(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytear
 
 def _delete(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytearray:
     start = rng.randrange(len(data) + 1)
-    return data[:start] + data[start + rng.randint(1, 64):]
+    return data[:start] + data[start + rng.randint(1, 64) :]
 
 
 def _duplicate(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytearray:
     start = rng.randrange(len(data) + 1)
-    piece = data[start:start + rng.randint(1, 64)]
+    piece = data[start : start + rng.randint(1, 64)]
     at = rng.randrange(len(data) + 1)
     return data[:at] + piece + data[at:]
 
 
 def _splice(rng: random.Random, data: bytearray, corpus_: list[bytes]) -> bytearray:
     other = rng.choice(corpus_)
-    return data[:rng.randrange(len(data) + 1)] + other[rng.randrange(len(other) + 1):]
+    return data[: rng.randrange(len(data) + 1)] + other[rng.randrange(len(other) + 1) :]
 
 
 MUTATIONS: dict[str, Callable[[random.Random, bytearray, list[bytes]], bytearray]] = {
-    "flip": _flip, "bitflip": _bitflip, "header": _header, "truncate": _truncate, "insert": _insert,
-    "delete": _delete, "duplicate": _duplicate, "splice": _splice,
+    "flip": _flip,
+    "bitflip": _bitflip,
+    "header": _header,
+    "truncate": _truncate,
+    "insert": _insert,
+    "delete": _delete,
+    "duplicate": _duplicate,
+    "splice": _splice,
 }
 
 
@@ -162,7 +177,7 @@ def run(cases: int, seed: int) -> tuple[collections.Counter, collections.Counter
         except ProtocolError as error:
             outcome = "ProtocolError"
             reasons[_reason(error)] += 1
-        except Exception as exc:  # noqa: BLE001 - the fuzzer's job is to catch whatever escapes
+        except Exception as exc:
             outcome = "failure"
             if len(failures) < 5:
                 failures.append(f"{type(exc).__name__}: {exc} after {'+'.join(applied)} on {bytes(data).hex()}")
@@ -186,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{outcome:<16}{outcomes[outcome]:>10}")
     print(f"\n{'first mutation':<16}{'ok':>10}{'ProtocolError':>15}{'failure':>10}")
     for name in MUTATIONS:
-        print(f"{name:<16}" + "".join(f"{per_mutation[(name, o)]:>{w}}"
-                                      for o, w in (("ok", 10), ("ProtocolError", 15), ("failure", 10))))
+        print(
+            f"{name:<16}"
+            + "".join(
+                f"{per_mutation[(name, o)]:>{w}}" for o, w in (("ok", 10), ("ProtocolError", 15), ("failure", 10))
+            )
+        )
     print(f"\n{len(reasons)} kinds of ProtocolError; the most common:")
     for reason, count in reasons.most_common(args.reasons):
         print(f"{count:>10}  {reason}")

@@ -27,7 +27,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def parse_result(output: str):
     for line in output.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"worker printed no result:\n{output}")
 
 
@@ -41,9 +41,17 @@ def run_mpi_workers(script: str, args: list[str], nprocs: int = 2, timeout: floa
 def run_torch_workers(script: str, args: list[str], nprocs: int = 2, timeout: float = 600):
     """``nprocs`` gloo workers on a free loopback port; rank 0's RESULT."""
     env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
-    procs = [subprocess.Popen([sys.executable, script, "--worker", "torch", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, RANK=str(r)), start_new_session=True) for r in range(nprocs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, "--worker", "torch", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(env, RANK=str(r)),
+            start_new_session=True,
+        )
+        for r in range(nprocs)
+    ]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:

@@ -97,8 +97,13 @@ LOG_EVERY = 10
 WINDOW = 2000
 BATCH = 16  # trajectories per trainer per step (bare.Args.batch_size, params.trajectories_per_step)
 #: setup name -> (trainers, extra overrides); ranks = trainers + buffer + coordinator
-SETUPS = {"1T no replay": (1, ["replay.replay_fraction=0"]), "1T": (1, []), "2T": (2, []), "3T": (3, []),
-          "3T rtt": (3, ["replay.prefetch=0"])}
+SETUPS = {
+    "1T no replay": (1, ["replay.replay_fraction=0"]),
+    "1T": (1, []),
+    "2T": (2, []),
+    "3T": (3, []),
+    "3T rtt": (3, ["replay.prefetch=0"]),
+}
 #: references from the issue (torchgfn 2.4.1 multinode HyperGrid, 3 trainers + 1 buffer, this machine size)
 TORCHGFN_TRAJ_PER_S = (340, 590)
 TORCHGFN_BUFFER_RTT_MS = 19.0
@@ -165,11 +170,12 @@ def load_average() -> str:
 def parse_result(output: str) -> dict:
     for line in output.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"the worker printed no RESULT line:\n{output[-3000:]}")
 
 
 # -- bare ----------------------------------------------------------------------------------------
+
 
 def bare_worker(steps: int) -> None:
     """Run bare.train in this process; print RESULT with the time of every progress row."""
@@ -197,15 +203,34 @@ def bare_worker(steps: int) -> None:
     m = bare.train(args)
     cpu_ms = 1e3 * (time.process_time() - marks["cpu"]) / steps
     start = marks["start"]
-    l1 = [{"step": row["step"] - 1, "time": t - start, "l1": [row["l1"]]} for row, t in zip(m["history"], rows)]
-    print("RESULT " + json.dumps({"traj_per_s": m["traj_per_s"], "seconds": m["seconds"], "steps": steps,
-                                  "l1": l1, "cpu_ms_trainer": cpu_ms, "cpu_pct_trainer": 100 * cpu_ms * steps
-                                  / 1e3 / m["seconds"]}), flush=True)
+    l1 = [
+        {"step": row["step"] - 1, "time": t - start, "l1": [row["l1"]]}
+        for row, t in zip(m["history"], rows, strict=False)
+    ]
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "traj_per_s": m["traj_per_s"],
+                "seconds": m["seconds"],
+                "steps": steps,
+                "l1": l1,
+                "cpu_ms_trainer": cpu_ms,
+                "cpu_pct_trainer": 100 * cpu_ms * steps / 1e3 / m["seconds"],
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_bare(steps: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--bare-worker", "--steps", str(steps)],
-                         capture_output=True, text=True, timeout=600, env=child_env())
+    out = subprocess.run(
+        [sys.executable, __file__, "--bare-worker", "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
     if out.returncode != 0:
         raise RuntimeError(f"bare worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
     result = parse_result(out.stdout)
@@ -219,8 +244,10 @@ def run_bare_pair(steps: int) -> float:
     """Two bare loops at once, each its own process: their trajectories/s together (what two cores give
     two independent copies of the work, with no communication: the ceiling for two trainers)."""
     cmd = [sys.executable, __file__, "--bare-worker", "--steps", str(steps)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        for _ in range(2)
+    ]
     try:
         outs = [proc.communicate(timeout=600) for proc in procs]
     finally:
@@ -228,7 +255,7 @@ def run_bare_pair(steps: int) -> float:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for proc, (stdout, stderr) in zip(procs, outs):
+    for proc, (_stdout, stderr) in zip(procs, outs, strict=False):
         if proc.returncode != 0:
             raise RuntimeError(f"bare worker failed ({proc.returncode}):\n{stderr[-3000:]}")
     return sum(parse_result(stdout)["traj_per_s"] for stdout, _ in outs)
@@ -236,14 +263,30 @@ def run_bare_pair(steps: int) -> float:
 
 # -- gflowdist -----------------------------------------------------------------------------------
 
-def gflowdist_command(trainers: int, steps: int, out_dir: Path, extra: list[str], *, buffers: int = 1,
-                      coordinator: bool = True) -> list[str]:
+
+def gflowdist_command(
+    trainers: int, steps: int, out_dir: Path, extra: list[str], *, buffers: int = 1, coordinator: bool = True
+) -> list[str]:
     ranks = trainers + buffers + int(coordinator)
-    return [sys.executable, "-m", "gflowdist", "run", str(CONFIG), "-n", str(ranks),
-            f"layout.trainers={trainers}", f"layout.buffers={buffers}", f"layout.coordinator={str(coordinator).lower()}",
-            f"run.steps={steps}", f"run.log_every={LOG_EVERY}", f"run.out_dir={out_dir}",
-            f"params.trajectories_per_step={BATCH}", f"params.l1_window={WINDOW}",
-            f"run.name=bench-{trainers}t", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        str(CONFIG),
+        "-n",
+        str(ranks),
+        f"layout.trainers={trainers}",
+        f"layout.buffers={buffers}",
+        f"layout.coordinator={str(coordinator).lower()}",
+        f"run.steps={steps}",
+        f"run.log_every={LOG_EVERY}",
+        f"run.out_dir={out_dir}",
+        f"params.trajectories_per_step={BATCH}",
+        f"params.l1_window={WINDOW}",
+        f"run.name=bench-{trainers}t",
+        *extra,
+    ]
 
 
 def instrumented_env(out_dir: Path, profile: bool) -> tuple[dict[str, str], Path]:
@@ -255,8 +298,16 @@ def instrumented_env(out_dir: Path, profile: bool) -> tuple[dict[str, str], Path
     return env, folder
 
 
-def run_gflowdist(trainers: int, steps: int, out_dir: Path, extra: list[str], profile: bool = False, *,
-                  buffers: int = 1, coordinator: bool = True) -> dict:
+def run_gflowdist(
+    trainers: int,
+    steps: int,
+    out_dir: Path,
+    extra: list[str],
+    profile: bool = False,
+    *,
+    buffers: int = 1,
+    coordinator: bool = True,
+) -> dict:
     """One ``gflowdist run`` (``trainers`` + ``buffers`` + the coordinator); the measurements read back from
     its run directory."""
     env, folder = instrumented_env(out_dir, profile)
@@ -289,15 +340,18 @@ def loop_cpu(run_dir: Path, folder: Path, steps: int) -> dict:
             pct.setdefault(role, []).append(100 * record["loop_cpu_s"] / record["loop_wall_s"])
             per_step.setdefault(role, []).append(1e3 * record["loop_cpu_s"] / steps)
             total += record["loop_cpu_s"]
-    return {**{f"cpu_pct_{role}": statistics.fmean(v) for role, v in pct.items()},
-            **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()}, "loop_cpu_s": total}
+    return {
+        **{f"cpu_pct_{role}": statistics.fmean(v) for role, v in pct.items()},
+        **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()},
+        "loop_cpu_s": total,
+    }
 
 
 def run_directory(stdout: str) -> Path:
     marker = "gflowdist: run directory "
     for line in stdout.splitlines():
         if line.startswith(marker):
-            return Path(line[len(marker):].strip())
+            return Path(line[len(marker) :].strip())
     raise RuntimeError(f"gflowdist run printed no run directory:\n{stdout[-2000:]}")
 
 
@@ -312,8 +366,11 @@ def read_run(run_dir: Path, trainers: int, steps: int) -> dict:
         raise RuntimeError(f"{run_dir}: the last metrics step has {len(last)} trainer lines, expected {trainers}")
     seconds = max(r["time"] for r in last)
     trajectories = sum(r["trajectories"] for r in last)
-    l1 = [{"step": s, "time": max(r["time"] for r in rs), "l1": [r["l1"] for r in rs]}
-          for s, rs in sorted(by_step.items()) if len(rs) == trainers]
+    l1 = [
+        {"step": s, "time": max(r["time"] for r in rs), "l1": [r["l1"] for r in rs]}
+        for s, rs in sorted(by_step.items())
+        if len(rs) == trainers
+    ]
     finals = json.loads((run_dir / "finals.json").read_text())
     step_s = seconds / steps
     waits = []
@@ -322,9 +379,15 @@ def read_run(run_dir: Path, trainers: int, steps: int) -> dict:
             phases = final["timing"]["phases"]
             waits.append(sum(phases.get("wait_replay", [])) / max(final["step"], 1))
     wait = statistics.fmean(waits)
-    result = {"traj_per_s": trajectories / seconds, "seconds": seconds, "steps": steps,
-              "step_ms": 1e3 * step_s, "wait_ms": 1e3 * wait, "wait_pct": 100 * wait / step_s,
-              "first_step_time": min(r["time"] for r in by_step[min(by_step)])}
+    result = {
+        "traj_per_s": trajectories / seconds,
+        "seconds": seconds,
+        "steps": steps,
+        "step_ms": 1e3 * step_s,
+        "wait_ms": 1e3 * wait,
+        "wait_pct": 100 * wait / step_s,
+        "first_step_time": min(r["time"] for r in by_step[min(by_step)]),
+    }
     result.update(time_to_l1(l1))
     return result
 
@@ -360,6 +423,7 @@ def first_step_s(result: dict) -> float:
 
 # -- the table ----------------------------------------------------------------------------------
 
+
 def median(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -386,23 +450,52 @@ def table(results: dict[str, list[dict]]) -> list[str]:
     for name, runs in results.items():
         dist = name != "bare"
         rate = median(r["traj_per_s"] for r in runs)
-        speed.append([name, str(SETUPS[name][0] + 2) if dist else "1",
-                      spread([r["traj_per_s"] for r in runs], ".0f"),
-                      fmt(rate / bare_rate, ".2f") + "x" if bare_rate and rate else "-",
-                      fmt(median(r["traj_per_cpu_s"] for r in runs), ".0f"),
-                      spread([r["l1_time"] for r in runs], ".1f"), fmt(median(r["l1_step"] for r in runs), ".0f")])
-        where.append([name, fmt(median(r["step_ms"] for r in runs), ".1f"),
-                      fmt(median(r.get("wait_ms") for r in runs), ".2f"),
-                      fmt(median(r.get("wait_pct") for r in runs), ".1f"),
-                      fmt(median(r.get("cpu_ms_trainer") for r in runs), ".1f"),
-                      fmt(median(r.get("cpu_ms_buffer") for r in runs), ".1f"),
-                      *(fmt(median(r.get(f"cpu_pct_{role}") for r in runs), ".0f")
-                        for role in ("trainer", "buffer", "coordinator")),
-                      spread([first_step_s(r) for r in runs], ".1f") if dist else "-"])
+        speed.append(
+            [
+                name,
+                str(SETUPS[name][0] + 2) if dist else "1",
+                spread([r["traj_per_s"] for r in runs], ".0f"),
+                fmt(rate / bare_rate, ".2f") + "x" if bare_rate and rate else "-",
+                fmt(median(r["traj_per_cpu_s"] for r in runs), ".0f"),
+                spread([r["l1_time"] for r in runs], ".1f"),
+                fmt(median(r["l1_step"] for r in runs), ".0f"),
+            ]
+        )
+        where.append(
+            [
+                name,
+                fmt(median(r["step_ms"] for r in runs), ".1f"),
+                fmt(median(r.get("wait_ms") for r in runs), ".2f"),
+                fmt(median(r.get("wait_pct") for r in runs), ".1f"),
+                fmt(median(r.get("cpu_ms_trainer") for r in runs), ".1f"),
+                fmt(median(r.get("cpu_ms_buffer") for r in runs), ".1f"),
+                *(
+                    fmt(median(r.get(f"cpu_pct_{role}") for r in runs), ".0f")
+                    for role in ("trainer", "buffer", "coordinator")
+                ),
+                spread([first_step_s(r) for r in runs], ".1f") if dist else "-",
+            ]
+        )
     lines = table_lines(["setup", "ranks", "traj/s", "vs bare", "traj/CPU-s", "time to L1 s", "L1 step"], speed)
     if where:
-        lines += ["", *table_lines(["setup", "step ms", "wait ms", "wait %", "trainer CPU ms", "buffer CPU ms",
-                                    "trainer CPU %", "buffer CPU %", "coord. CPU %", "startup s"], where)]
+        lines += [
+            "",
+            *table_lines(
+                [
+                    "setup",
+                    "step ms",
+                    "wait ms",
+                    "wait %",
+                    "trainer CPU ms",
+                    "buffer CPU ms",
+                    "trainer CPU %",
+                    "buffer CPU %",
+                    "coord. CPU %",
+                    "startup s",
+                ],
+                where,
+            ),
+        ]
     return lines
 
 
@@ -415,21 +508,25 @@ def verdict(results: dict[str, list[dict]]) -> list[str]:
     if bare and one:
         cpu = {name: median(r["traj_per_cpu_s"] for r in results[name]) for name in ("bare", single)}
         trainer = {name: median(r["cpu_ms_trainer"] for r in results[name]) for name in ("bare", single)}
-        lines.append(f"framework overhead ({single} vs bare): {100 * (bare / one - 1):+.1f}% wall time per "
-                     f"trajectory (target < 10%); CPU per trajectory {100 * (cpu['bare'] / cpu[single] - 1):+.1f}% "
-                     f"for the whole job, {100 * (trainer[single] / trainer['bare'] - 1):+.1f}% for the trainer")
+        lines.append(
+            f"framework overhead ({single} vs bare): {100 * (bare / one - 1):+.1f}% wall time per "
+            f"trajectory (target < 10%); CPU per trajectory {100 * (cpu['bare'] / cpu[single] - 1):+.1f}% "
+            f"for the whole job, {100 * (trainer[single] / trainer['bare'] - 1):+.1f}% for the trainer"
+        )
     if three:
         lo, hi = TORCHGFN_TRAJ_PER_S
-        lines.append(f"3T: {three:.0f} traj/s = {three / hi:.2f}-{three / lo:.2f}x torchgfn's {lo}-{hi} "
-                     f"(target >= 2x)")
-    waits = [median(r["wait_pct"] for r in runs) for name, runs in results.items()
-             if name in ("1T", "2T", "3T") and runs]  # the setups that replay with the default prefetch
+        lines.append(f"3T: {three:.0f} traj/s = {three / hi:.2f}-{three / lo:.2f}x torchgfn's {lo}-{hi} (target >= 2x)")
+    waits = [
+        median(r["wait_pct"] for r in runs) for name, runs in results.items() if name in ("1T", "2T", "3T") and runs
+    ]  # the setups that replay with the default prefetch
     if waits:
         lines.append(f"wait_replay: {max(waits):.1f}% of a trainer's step at most (target < 5%)")
     rtt = results.get("3T rtt")
     if rtt:
-        lines.append(f"buffer round trip (3T, prefetch 0): {median(r['wait_ms'] for r in rtt):.2f} ms "
-                     f"(torchgfn: ~{TORCHGFN_BUFFER_RTT_MS:.0f} ms)")
+        lines.append(
+            f"buffer round trip (3T, prefetch 0): {median(r['wait_ms'] for r in rtt):.2f} ms "
+            f"(torchgfn: ~{TORCHGFN_BUFFER_RTT_MS:.0f} ms)"
+        )
     return lines
 
 
@@ -466,9 +563,11 @@ def main() -> int:
                 trainers, extra = SETUPS[name]
                 results[name].append(run_gflowdist(trainers, steps, out_dir, extra, profile=args.profile))
             loads.append(os.getloadavg()[0])
-    print(f"HyperGrid D=2 H=8, 16 trajectories/trainer/step, MLP 2x64, {steps} steps, {repeats} run(s) per setup "
-          f"(median, (min-max)); {load_average()}; 1-min load during the runs "
-          f"{min(loads):.2f}-{max(loads):.2f}; {time.monotonic() - began:.0f} s")
+    print(
+        f"HyperGrid D=2 H=8, 16 trajectories/trainer/step, MLP 2x64, {steps} steps, {repeats} run(s) per setup "
+        f"(median, (min-max)); {load_average()}; 1-min load during the runs "
+        f"{min(loads):.2f}-{max(loads):.2f}; {time.monotonic() - began:.0f} s"
+    )
     print("\n".join(table(results)))
     for line in verdict(results):
         print(line)

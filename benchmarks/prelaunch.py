@@ -43,10 +43,12 @@ CASES = {
     "launch.mpiexec missing": ({}, ["config.yaml", "launch.mpiexec=/nonexistent"], {}),
     "empty config": ({"config.yaml": None}, ["config.yaml"], {}),
     "override typed 'run.steps 5'": ({}, ["config.yaml", "run.steps", "5"], {}),
-    "role module raises at import": ({"my_roles.py": ("class ArmBuffer", "raise RuntimeError('x')\nclass ArmBuffer")},
-                                     ["config.yaml"], {}),
-    "class is no Trainer": ({"my_roles.py": ("class ArmTrainer(Trainer):", "class ArmTrainer:")}, ["config.yaml"],
-                            {}),
+    "role module raises at import": (
+        {"my_roles.py": ("class ArmBuffer", "raise RuntimeError('x')\nclass ArmBuffer")},
+        ["config.yaml"],
+        {},
+    ),
+    "class is no Trainer": ({"my_roles.py": ("class ArmTrainer(Trainer):", "class ArmTrainer:")}, ["config.yaml"], {}),
     "good config, first launch (role check runs)": ({}, ["config.yaml"], {"GFLOWDIST_ROLE_CHECK_CACHE": "0"}),
     "good config, role check remembered": ({}, ["config.yaml"], {}),
 }
@@ -74,16 +76,24 @@ def _time(argv: list[str], cwd: Path, env: dict) -> float:
 def measure(rounds: int) -> dict[str, list[float]]:
     """``{case or baseline: [seconds per round]}``; cases and baselines interleaved round by round."""
     python = sys.executable
-    baselines = {"baseline: python -c pass": [python, "-c", "pass"],
-                 "baseline: python -m gflowdist --help": [python, "-m", "gflowdist", "--help"],
-                 "baseline: python -c 'import torch'": [python, "-c", "import torch"]}
+    baselines = {
+        "baseline: python -c pass": [python, "-c", "pass"],
+        "baseline: python -m gflowdist --help": [python, "-m", "gflowdist", "--help"],
+        "baseline: python -c 'import torch'": [python, "-c", "import torch"],
+    }
     times: dict[str, list[float]] = {name: [] for name in [*baselines, *CASES]}
     with tempfile.TemporaryDirectory() as root:
         base_env = dict(without_launcher(dict(os.environ)), XDG_CACHE_HOME=str(Path(root) / "cache"))
         folders = {name: _folder(Path(root), name, edits) for name, (edits, _, _) in CASES.items()}
         warm = folders["good config, role check remembered"]
-        subprocess.run([python, "-m", "gflowdist", "run", "config.yaml"], cwd=warm, capture_output=True,
-                       env=dict(base_env, GFLOWDIST_MPIEXEC=str(warm / "mpiexec")), timeout=300, check=False)
+        subprocess.run(
+            [python, "-m", "gflowdist", "run", "config.yaml"],
+            cwd=warm,
+            capture_output=True,
+            env=dict(base_env, GFLOWDIST_MPIEXEC=str(warm / "mpiexec")),
+            timeout=300,
+            check=False,
+        )
         for _ in range(rounds):
             for name, argv in baselines.items():
                 times[name].append(_time(argv, Path(root), base_env))
@@ -101,8 +111,10 @@ def main() -> None:
     times = measure(rounds)
     after = os.getloadavg()
     width = max(len(name) for name in times)
-    print(f"gflowdist run: time to refuse a mistake ({rounds} rounds; load average "
-          f"{before[0]:.1f} before, {after[0]:.1f} after)")
+    print(
+        f"gflowdist run: time to refuse a mistake ({rounds} rounds; load average "
+        f"{before[0]:.1f} before, {after[0]:.1f} after)"
+    )
     print(f"{'case':<{width}}  median s  slowest s")
     for name, values in times.items():
         print(f"{name:<{width}}  {statistics.median(values):8.2f}  {max(values):9.2f}")

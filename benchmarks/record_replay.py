@@ -57,8 +57,12 @@ from pathlib import Path
 from gflowdist.timing.text_table import table_lines
 
 HERE = Path(__file__).resolve().parent
-SETUPS = {"baseline": ["run.trace=false"], "trace": ["run.trace=true"], "record": ["run.trace=false", "--record"],
-          "both": ["run.trace=true", "--record"]}
+SETUPS = {
+    "baseline": ["run.trace=false"],
+    "trace": ["run.trace=true"],
+    "record": ["run.trace=false", "--record"],
+    "both": ["run.trace=true", "--record"],
+}
 
 
 def _hypergrid():
@@ -72,8 +76,10 @@ def _hypergrid():
 def sizes(run_dir: Path) -> dict:
     record = sorted((run_dir / "record").glob("rank-*.msgpack"))
     trace = run_dir / "trace.json"
-    return {"record_bytes": sum(p.stat().st_size for p in record),
-            "trace_bytes": trace.stat().st_size if trace.exists() else 0}
+    return {
+        "record_bytes": sum(p.stat().st_size for p in record),
+        "trace_bytes": trace.stat().st_size if trace.exists() else 0,
+    }
 
 
 def best_us(fn, n: int = 2000, repeats: int = 7) -> float:
@@ -112,26 +118,34 @@ def unit_costs(folder: Path) -> dict[str, float]:
         def one():
             with timer.phase("x"):
                 pass
+
         return one
 
     env = HyperGrid(ndim=2, height=8)
     batch = sample_trajectories(HyperGridPolicy(env, hidden=64, n_layers=2), env, 16, torch.Generator(), 0.0)
     loss, arrived = torch.tensor(0.5), Arrived()
-    costs = {"take_plain": best_us(lambda: arrived.try_recv()),
-             "take_recorded": best_us(lambda: tape.take(Site.DATA, arrived, 0)),
-             "message_traced": best_us(lambda: observer.took(message, 1, 0.0)),
-             "phase_plain": best_us(phase(StepTimer())),
-             "phase_traced": best_us(phase(StepTimer(trace=TraceRecorder(20_000)))),
-             "loss_check": best_us(lambda: tape.check(Site.LOSS, 0, float(loss.detach()))),
-             "batch_digest": best_us(lambda: tape.check(Site.BATCH, 0, batch_digest(batch)), n=500)}
+    costs = {
+        "take_plain": best_us(lambda: arrived.try_recv()),
+        "take_recorded": best_us(lambda: tape.take(Site.DATA, arrived, 0)),
+        "message_traced": best_us(lambda: observer.took(message, 1, 0.0)),
+        "phase_plain": best_us(phase(StepTimer())),
+        "phase_traced": best_us(phase(StepTimer(trace=TraceRecorder(20_000)))),
+        "loss_check": best_us(lambda: tape.check(Site.LOSS, 0, float(loss.detach()))),
+        "batch_digest": best_us(lambda: tape.check(Site.BATCH, 0, batch_digest(batch)), n=500),
+    }
     tape.close()
     return costs
 
 
 def replay(run_dir: str) -> tuple[int, str, float]:
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "gflowdist", "replay", run_dir], capture_output=True, text=True,
-                         timeout=900, env=_hypergrid().child_env())
+    out = subprocess.run(
+        [sys.executable, "-m", "gflowdist", "replay", run_dir],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_hypergrid().child_env(),
+    )
     verdict = [line for line in (out.stdout + out.stderr).splitlines() if "replay" in line and "gflowdist" in line]
     return out.returncode, verdict[-1] if verdict else out.stderr[-500:], time.monotonic() - started
 
@@ -171,18 +185,41 @@ def cost_lines(results: dict[str, list[dict]], steps: int, costs: dict[str, floa
         else:
             record_us = n["recorded"] * take
         trace_us = n["spans"] * span + n["messages"] * message
-        rows.append([role, f"{n['recorded']:.1f}", f"{record_us:.1f}", f"{n['spans']:.1f} + {n['messages']:.1f}",
-                     f"{trace_us:.1f}", f"{cpu_us:.0f}", f"{100 * record_us / cpu_us:.2f}%",
-                     f"{100 * trace_us / cpu_us:.2f}%"])
+        rows.append(
+            [
+                role,
+                f"{n['recorded']:.1f}",
+                f"{record_us:.1f}",
+                f"{n['spans']:.1f} + {n['messages']:.1f}",
+                f"{trace_us:.1f}",
+                f"{cpu_us:.0f}",
+                f"{100 * record_us / cpu_us:.2f}%",
+                f"{100 * trace_us / cpu_us:.2f}%",
+            ]
+        )
     unit = ", ".join(f"{k} {v:.2f}" for k, v in costs.items())
-    return [f"per event, us (best of 7 loops): {unit}", *table_lines(
-        ["role", "recorded/step", "record us", "spans + messages/step", "trace us", "loop CPU us/step",
-         "record", "trace"], rows, indent="  ")]
+    return [
+        f"per event, us (best of 7 loops): {unit}",
+        *table_lines(
+            [
+                "role",
+                "recorded/step",
+                "record us",
+                "spans + messages/step",
+                "trace us",
+                "loop CPU us/step",
+                "record",
+                "trace",
+            ],
+            rows,
+            indent="  ",
+        ),
+    ]
 
 
 def paired_cost(runs: list[dict], baseline: list[dict]) -> float:
     """Median over rounds of ``1 - traj/s / the same round's baseline traj/s`` (runs of a round are neighbours)."""
-    return statistics.median(1 - r["traj_per_s"] / b["traj_per_s"] for r, b in zip(runs, baseline))
+    return statistics.median(1 - r["traj_per_s"] / b["traj_per_s"] for r, b in zip(runs, baseline, strict=False))
 
 
 def table(results: dict[str, list[dict]]) -> list[str]:
@@ -195,14 +232,36 @@ def table(results: dict[str, list[dict]]) -> list[str]:
         cpu = statistics.median(r["traj_per_cpu_s"] for r in runs)
         spread = f"({min(r['traj_per_s'] for r in runs):.0f}-{max(r['traj_per_s'] for r in runs):.0f})"
         step_ms = statistics.median(r["cpu_ms_trainer"] for r in runs)
-        rows.append([name, f"{rate:.0f} {spread}", f"{100 * (1 - rate / base_rate):+.1f}%",
-                     f"{100 * paired_cost(runs, results['baseline']):+.1f}%", f"{cpu:.0f}",
-                     f"{100 * (1 - cpu / base_cpu):+.1f}%", f"{step_ms:.2f}", f"{100 * (step_ms / base_step - 1):+.1f}%",
-                     f"{statistics.median(r['record_bytes'] for r in runs) / 1e3:.0f} kB",
-                     f"{statistics.median(r['trace_bytes'] for r in runs) / 1e6:.2f} MB"])
-    return table_lines(["setup", "traj/s (min-max)", "cost", "paired", "traj/CPU-s", "cost", "trainer CPU ms/step", "cost",
-                        "record/", "trace.json"],
-                       rows, indent="  ")
+        rows.append(
+            [
+                name,
+                f"{rate:.0f} {spread}",
+                f"{100 * (1 - rate / base_rate):+.1f}%",
+                f"{100 * paired_cost(runs, results['baseline']):+.1f}%",
+                f"{cpu:.0f}",
+                f"{100 * (1 - cpu / base_cpu):+.1f}%",
+                f"{step_ms:.2f}",
+                f"{100 * (step_ms / base_step - 1):+.1f}%",
+                f"{statistics.median(r['record_bytes'] for r in runs) / 1e3:.0f} kB",
+                f"{statistics.median(r['trace_bytes'] for r in runs) / 1e6:.2f} MB",
+            ]
+        )
+    return table_lines(
+        [
+            "setup",
+            "traj/s (min-max)",
+            "cost",
+            "paired",
+            "traj/CPU-s",
+            "cost",
+            "trainer CPU ms/step",
+            "cost",
+            "record/",
+            "trace.json",
+        ],
+        rows,
+        indent="  ",
+    )
 
 
 def main() -> int:
@@ -228,16 +287,21 @@ def main() -> int:
     loads, began = [os.getloadavg()[0]], time.monotonic()
     names = list(SETUPS)
     for round_ in range(repeats):
-        for name in names[round_ % 4:] + names[:round_ % 4]:  # each setup first in turn: no place favoured
+        for name in names[round_ % 4 :] + names[: round_ % 4]:  # each setup first in turn: no place favoured
             result = hypergrid.run_gflowdist(2, steps, out_dir, SETUPS[name])
             result.update(sizes(Path(result["run_dir"])))
             results[name].append(result)
             loads.append(os.getloadavg()[0])
-            print(f"  round {round_ + 1}/{repeats} {name:8s} {result['traj_per_s']:7.0f} traj/s "
-                  f"(load {loads[-1]:.1f})", file=sys.stderr, flush=True)  # progress: a run takes 20-60 s
-    print(f"HyperGrid 2 trainers + buffer + coordinator (-n 4), {steps} steps, {repeats} run(s) per setup "
-          f"(median); {hypergrid.load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
-          f"{time.monotonic() - began:.0f} s")
+            print(
+                f"  round {round_ + 1}/{repeats} {name:8s} {result['traj_per_s']:7.0f} traj/s (load {loads[-1]:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )  # progress: a run takes 20-60 s
+    print(
+        f"HyperGrid 2 trainers + buffer + coordinator (-n 4), {steps} steps, {repeats} run(s) per setup "
+        f"(median); {hypergrid.load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
+        f"{time.monotonic() - began:.0f} s"
+    )
     if args.json:
         import json
 

@@ -58,9 +58,11 @@ def make_batch(kind: str, n: int, seed: int):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    batch = {"states": torch.randint(0, 8, (n, 21, 2), generator=g),
-             "actions": torch.randint(0, 3, (n, 20), generator=g),
-             "log_rewards": torch.randn(n, generator=g)}
+    batch = {
+        "states": torch.randint(0, 8, (n, 21, 2), generator=g),
+        "actions": torch.randint(0, 3, (n, 20), generator=g),
+        "log_rewards": torch.randn(n, generator=g),
+    }
     if kind == "large":
         batch["observations"] = torch.randn(n, 512, 512, generator=g)
     return batch
@@ -84,10 +86,13 @@ class Harness:
         self.per_msg = per_msg
         self.inserts = max(2, round(inserts * scale))
         self.samples = max(2, round(samples * scale))
-        self.config = Config.from_dict({
-            "layout": {"trainers": "rest", "buffers": 1, "coordinator": False},
-            "replay": {"capacity": capacity},
-            "faults": {"heartbeat_s": 1.0, "peer_timeout_s": 600.0}})
+        self.config = Config.from_dict(
+            {
+                "layout": {"trainers": "rest", "buffers": 1, "coordinator": False},
+                "replay": {"capacity": capacity},
+                "faults": {"heartbeat_s": 1.0, "peer_timeout_s": 600.0},
+            }
+        )
         self.ctx = DistributedContext.create(self.config.layout)
         self.world = self.ctx.world
         self.w = Wiring.build(self.ctx, self.config, StopFlag())
@@ -97,8 +102,9 @@ class Harness:
         self.batch = make_batch(kind, per_msg, self.world.rank)
         if self.is_buffer:
             generator = torch.Generator().manual_seed(0)
-            self.manager = BufferManager(rank=self.world.rank, config=self.config, generator=generator,
-                                         context=self.ctx)
+            self.manager = BufferManager(
+                rank=self.world.rank, config=self.config, generator=generator, context=self.ctx
+            )
             self.replay = self.manager.make_buffer()
 
     # -- one phase ----------------------------------------------------------------------------
@@ -110,8 +116,12 @@ class Harness:
             before = self._busy()
             served = getattr(self, f"_serve_{name}")()
             wall = time.perf_counter() - start
-            mine = {"wall": wall, "items": served, "busy": (self._busy() - before) / wall,
-                    "cpu": time.process_time() - cpu}
+            mine = {
+                "wall": wall,
+                "items": served,
+                "busy": (self._busy() - before) / wall,
+                "cpu": time.process_time() - cpu,
+            }
         else:
             getattr(self, f"_client_{name}")()
             mine = {"client_wall": time.perf_counter() - start}
@@ -149,8 +159,7 @@ class Harness:
 
         data = self.w.data
         for i in range(self.inserts):
-            data.isend(*protocol.trajectories(self.batch, seq=i * self.per_msg, version=0, n=self.per_msg),
-                       self.buffer)
+            data.isend(*protocol.trajectories(self.batch, seq=i * self.per_msg, version=0, n=self.per_msg), self.buffer)
         data.send(*protocol.done(), self.buffer)
         data.drain()
 
@@ -230,9 +239,13 @@ def worker(kinds: list[str], repeats: int, scale: float) -> None:
             for name in ("raw_insert", "insert", "raw_sample", "sample"):
                 runs[name].append(harness.phase(name))
         harness.finish()
-        results[kind] = {"clients": harness.clients, "per_msg": harness.per_msg,
-                         "bytes_insert": int(harness._encoded(reply=False).nbytes),
-                         "bytes_reply": int(harness._encoded(reply=True).nbytes), "phases": runs}
+        results[kind] = {
+            "clients": harness.clients,
+            "per_msg": harness.per_msg,
+            "bytes_insert": int(harness._encoded(reply=False).nbytes),
+            "bytes_reply": int(harness._encoded(reply=True).nbytes),
+            "phases": runs,
+        }
     if harness.is_buffer:
         print("RESULT " + json.dumps(results), flush=True)
 
@@ -240,8 +253,20 @@ def worker(kinds: list[str], repeats: int, scale: float) -> None:
 def run(clients: int, kinds: list[str], repeats: int, scale: float) -> dict:
     from gflowdist.jobenv import find_mpiexec
 
-    cmd = [find_mpiexec(), "-n", str(clients + 1), sys.executable, __file__,
-           "--worker", "--kinds", ",".join(kinds), "--repeats", str(repeats), "--scale", str(scale)]
+    cmd = [
+        find_mpiexec(),
+        "-n",
+        str(clients + 1),
+        sys.executable,
+        __file__,
+        "--worker",
+        "--kinds",
+        ",".join(kinds),
+        "--repeats",
+        str(repeats),
+        "--scale",
+        str(scale),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
@@ -257,16 +282,26 @@ def rows_for(kind: str, result: dict) -> list[str]:
     inserts, raw_inserts = rate(phases["insert"]), rate(phases["raw_insert"])
     samples, raw_samples = rate(phases["sample"]), rate(phases["raw_sample"])
     mb = result["bytes_insert"] / result["per_msg"] / 1e6  # MB per trajectory on the wire
+
     def cpu_us(name: str) -> str:
         return f"{statistics.median(p['cpu'] / p['items'] for p in phases[name]) * 1e6:,.0f}"
 
-    return [kind, str(result["clients"]), f"{inserts:,.0f}", f"{inserts * mb:,.1f}", f"{raw_inserts:,.0f}",
-            f"{100 * inserts / raw_inserts:.0f}%", f"{statistics.median(p['busy'] for p in phases['insert']) * 100:.0f}",
-            f"{cpu_us('insert')} / {cpu_us('raw_insert')}",
-            f"{samples:,.0f}", f"{raw_samples:,.0f}", f"{100 * samples / raw_samples:.0f}%",
-            f"{cpu_us('sample')} / {cpu_us('raw_sample')}",
-            f"{statistics.median(p['rtt'] for p in phases['sample']) * 1e3:.2f}",
-            f"{statistics.median(p['rtt'] for p in phases['raw_sample']) * 1e3:.2f}"]
+    return [
+        kind,
+        str(result["clients"]),
+        f"{inserts:,.0f}",
+        f"{inserts * mb:,.1f}",
+        f"{raw_inserts:,.0f}",
+        f"{100 * inserts / raw_inserts:.0f}%",
+        f"{statistics.median(p['busy'] for p in phases['insert']) * 100:.0f}",
+        f"{cpu_us('insert')} / {cpu_us('raw_insert')}",
+        f"{samples:,.0f}",
+        f"{raw_samples:,.0f}",
+        f"{100 * samples / raw_samples:.0f}%",
+        f"{cpu_us('sample')} / {cpu_us('raw_sample')}",
+        f"{statistics.median(p['rtt'] for p in phases['sample']) * 1e3:.2f}",
+        f"{statistics.median(p['rtt'] for p in phases['raw_sample']) * 1e3:.2f}",
+    ]
 
 
 def main() -> int:
@@ -301,11 +336,27 @@ def main() -> int:
     rows.sort(key=lambda r: (kinds.index(r[0]), int(r[1])))
     from gflowdist.timing.text_table import table_lines
 
-    print(f"one buffer rank (gflowdist run_buffer) vs raw MPIComm, per message: small 16, large 4 trajectories; "
-          f"median of {repeats}; {load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
-          f"{time.monotonic() - began:.0f} s")
-    headers = ["items", "clients", "inserts/s", "MB/s", "raw traj/s", "% raw", "busy %", "CPU us/traj (raw)",
-               "samples/s", "raw traj/s", "% raw", "CPU us/traj (raw)", "RTT ms", "raw RTT ms"]
+    print(
+        f"one buffer rank (gflowdist run_buffer) vs raw MPIComm, per message: small 16, large 4 trajectories; "
+        f"median of {repeats}; {load_average()}; 1-min load during the runs {min(loads):.2f}-{max(loads):.2f}; "
+        f"{time.monotonic() - began:.0f} s"
+    )
+    headers = [
+        "items",
+        "clients",
+        "inserts/s",
+        "MB/s",
+        "raw traj/s",
+        "% raw",
+        "busy %",
+        "CPU us/traj (raw)",
+        "samples/s",
+        "raw traj/s",
+        "% raw",
+        "CPU us/traj (raw)",
+        "RTT ms",
+        "raw RTT ms",
+    ]
     print("\n".join(table_lines(headers, rows)))
     return 0
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -77,8 +77,7 @@ class ListBuffer:
         return {name: torch.stack([item[name] for item in chosen]) for name in chosen[0]}
 
 
-def rate(step: Callable[[], None], items_per_step: int, seconds: float,
-         rounds: int = 10) -> float:
+def rate(step: Callable[[], None], items_per_step: int, seconds: float, rounds: int = 10) -> float:
     """Items per second of repeated ``step()`` calls: the best of ``rounds`` rounds
     of ``seconds / rounds`` each (the least disturbed by other processes)."""
     for _ in range(3):  # warm up
@@ -106,8 +105,7 @@ def buffers(capacity: int) -> dict[str, Callable[[], object]]:
     }
 
 
-def measure(kind: str, capacity: int, insert_batch: int, sample_batch: int,
-            seconds: float) -> list[list[str]]:
+def measure(kind: str, capacity: int, insert_batch: int, sample_batch: int, seconds: float) -> list[list[str]]:
     """One table row per buffer; ratios against the naive list in this same case."""
     generator = torch.Generator().manual_seed(0)
     pool = [make_batch(kind, insert_batch, generator) for _ in range(8)]
@@ -122,8 +120,7 @@ def measure(kind: str, capacity: int, insert_batch: int, sample_batch: int,
                 buffer.extend(batch)
             else:
                 batch = dict(batch, terminal=batch["terminal"] + next(counter))  # fresh keys
-                buffer.extend(batch, producer=1, seq=0, policy_version=0,
-                              scores=batch["log_reward"])
+                buffer.extend(batch, producer=1, seq=0, policy_version=0, scores=batch["log_reward"])
 
         for _ in range(capacity // insert_batch + 1):  # fill: steady state evicts
             insert()
@@ -131,17 +128,27 @@ def measure(kind: str, capacity: int, insert_batch: int, sample_batch: int,
         samples = rate(lambda: buffer.sample(sample_batch), sample_batch, seconds)
         rows.append((name, inserts, samples))
     _, naive_inserts, naive_samples = rows[0]
-    return [[kind, name, f"{insert_batch}/{sample_batch}", f"{inserts:,.0f}",
-             f"{inserts / naive_inserts:.2f}x", f"{samples:,.0f}",
-             f"{samples / naive_samples:.2f}x"] for name, inserts, samples in rows]
+    return [
+        [
+            kind,
+            name,
+            f"{insert_batch}/{sample_batch}",
+            f"{inserts:,.0f}",
+            f"{inserts / naive_inserts:.2f}x",
+            f"{samples:,.0f}",
+            f"{samples / naive_samples:.2f}x",
+        ]
+        for name, inserts, samples in rows
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="time per measured cell")
     parser.add_argument("--quick", action="store_true", help="0.1 s per cell, small items only")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (a buffer rank on a shared node uses 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (a buffer rank on a shared node uses 1)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     random.seed(0)
@@ -149,10 +156,8 @@ def main() -> None:
     seconds = 0.1 if args.quick else args.seconds
     cases = CASES[:1] if args.quick else CASES
     table = [row for case in cases for row in measure(*case, seconds)]
-    headers = ["items", "buffer", "batch in/out", "inserts/s", "vs naive", "samples/s",
-               "vs naive"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{seconds:g} s per cell")
+    headers = ["items", "buffer", "batch in/out", "inserts/s", "vs naive", "samples/s", "vs naive"]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {seconds:g} s per cell")
     print("\n".join(table_lines(headers, table, align="ll")))
 
 

@@ -62,13 +62,25 @@ class Launch:
 
         self.out_dir = out_dir
         self.lines: list[tuple[float, str]] = []
-        cmd = [sys.executable, "-m", "gflowdist", "run", str(TOY), f"run.out_dir={out_dir}", "run.steps=60",
-               "run.log_every=1", "params.delay_s=0.05", f"faults.peer_timeout_s={peer_timeout}",
-               "faults.heartbeat_s=0.2", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gflowdist",
+            "run",
+            str(TOY),
+            f"run.out_dir={out_dir}",
+            "run.steps=60",
+            "run.log_every=1",
+            "params.delay_s=0.05",
+            f"faults.peer_timeout_s={peer_timeout}",
+            "faults.heartbeat_s=0.2",
+            *extra,
+        ]
         env = dict(without_launcher(dict(os.environ)), PYTHONUNBUFFERED="1")
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -107,8 +119,9 @@ def _kill_after_15_steps(run: Path, rank: int) -> float:
 
 
 def one_repeat(out_dir: Path, peer_timeout: float) -> dict[str, float]:
-    launch = Launch(out_dir, peer_timeout, "faults.checkpoint_every=5", "faults.max_restarts=1",
-                    "faults.restart_delay_s=0")
+    launch = Launch(
+        out_dir, peer_timeout, "faults.checkpoint_every=5", "faults.max_restarts=1", "faults.restart_delay_s=0"
+    )
     deadline = time.time() + 300
     try:
         run = launch.run_dir(deadline)
@@ -128,11 +141,13 @@ def one_repeat(out_dir: Path, peer_timeout: float) -> dict[str, float]:
             raise RuntimeError(f"the job exited {code}:\n" + "\n".join(line for _, line in launch.lines))
     finally:
         launch.stop()
-    return {"start-up (launch -> first step)": first_step - launch.started,
-            "kill -> detection (lost rank named)": detected - killed,
-            "kill -> restart decided": restart - killed,
-            "detection -> first step of generation 1": resumed - detected,
-            "kill -> first step of generation 1": resumed - killed}
+    return {
+        "start-up (launch -> first step)": first_step - launch.started,
+        "kill -> detection (lost rank named)": detected - killed,
+        "kill -> restart decided": restart - killed,
+        "detection -> first step of generation 1": resumed - detected,
+        "kill -> first step of generation 1": resumed - killed,
+    }
 
 
 def one_actor_loss(out_dir: Path, peer_timeout: float) -> dict[str, float]:
@@ -150,8 +165,10 @@ def one_actor_loss(out_dir: Path, peer_timeout: float) -> dict[str, float]:
             raise RuntimeError(f"the job exited {code}:\n" + "\n".join(line for _, line in launch.lines))
     finally:
         launch.stop()
-    return {"actor: kill -> detection (going on without it)": detected - killed,
-            "actor: trainer steps meanwhile (both, count)": float(steps_gap)}
+    return {
+        "actor: kill -> detection (going on without it)": detected - killed,
+        "actor: trainer steps meanwhile (both, count)": float(steps_gap),
+    }
 
 
 def main() -> int:
@@ -163,11 +180,18 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="gflowdist-restart-") as folder:
-        results = [{**one_repeat(Path(folder) / f"r{k}", args.peer_timeout),
-                    **one_actor_loss(Path(folder) / f"a{k}", args.peer_timeout)} for k in range(repeats)]
-    print(f"kill -9 of a trainer (4 ranks, max_restarts 1), then of an actor (5 ranks, on_actor_loss "
-          f"continue): toy job, peer_timeout_s {args.peer_timeout:g}, "
-          f"{repeats} repeat(s), load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+        results = [
+            {
+                **one_repeat(Path(folder) / f"r{k}", args.peer_timeout),
+                **one_actor_loss(Path(folder) / f"a{k}", args.peer_timeout),
+            }
+            for k in range(repeats)
+        ]
+    print(
+        f"kill -9 of a trainer (4 ranks, max_restarts 1), then of an actor (5 ranks, on_actor_loss "
+        f"continue): toy job, peer_timeout_s {args.peer_timeout:g}, "
+        f"{repeats} repeat(s), load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    )
     width = max(len(k) for k in results[0])
     print(f"{'interval':<{width}}  median s   min s   max s")
     for key in results[0]:

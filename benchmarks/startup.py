@@ -93,8 +93,7 @@ def launcher_probe() -> None:
         stamp(marks, "role classes imported and checked (child Python)")
         preflight.check_roles_import(config, resolved)
         stamp(marks, "role check remembered (unchanged files)")
-    print("RESULT " + json.dumps({"steps": durations(t0, marks), "imports_torch": "torch" in sys.modules}),
-          flush=True)
+    print("RESULT " + json.dumps({"steps": durations(t0, marks), "imports_torch": "torch" in sys.modules}), flush=True)
 
 
 def rank_probe() -> None:
@@ -127,15 +126,20 @@ def rank_probe() -> None:
         run_dir.rmdir()  # a probe leaves no run directory behind
     stamp(marks, "run dir + wiring + barrier")
     if ctx.role is Role.TRAINER:
-        import torch._dynamo  # noqa: F401 - what the Adam constructor imports (torch._disable_dynamo)
+        import torch._dynamo
     stamp(marks, "import torch._dynamo (trainers)")
     seed = rank_seed(config.run.seed, world.rank)
     job.make_role(ctx, config, torch.Generator().manual_seed(seed))
     stamp(marks, "role setup()")
     world.barrier(timeout=config.faults.startup_timeout_s)
     stamp(marks, "startup barrier")
-    mine = {"rank": world.rank, "role": ctx.role.value, "steps": durations(t0, marks), "ready": time.time() - t0,
-            "cpu": time.process_time()}
+    mine = {
+        "rank": world.rank,
+        "role": ctx.role.value,
+        "steps": durations(t0, marks),
+        "ready": time.time() - t0,
+        "cpu": time.process_time(),
+    }
     gathered = [json.loads(b) for b in world.all_gather_bytes(json.dumps(mine).encode())]
     del w
     ctx.cleanup()
@@ -157,8 +161,9 @@ def timed(cmd: list[str], **env: str) -> tuple[float, str]:
     from hypergrid import child_env
 
     start = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env=child_env(**{T0_VARIABLE: repr(start)}, **env))
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=child_env(**{T0_VARIABLE: repr(start)}, **env)
+    )
     seconds = time.time() - start
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
@@ -179,11 +184,18 @@ def measure(repeats: int, quick: bool, out_dir: Path) -> dict:
         for name, cmd in baselines.items():
             results["baseline"].setdefault(name, []).append(timed(cmd)[0])
         run = run_gflowdist(2, steps, out_dir, [])
-        results["run"].append({"ranks logging": run["ranks_up_s"], "training starts": run["training_start_s"],
-                               "first step done": first_step_s(run), f"exit ({steps} steps)": run["total_s"]})
+        results["run"].append(
+            {
+                "ranks logging": run["ranks_up_s"],
+                "training starts": run["training_start_s"],
+                "first step done": first_step_s(run),
+                f"exit ({steps} steps)": run["total_s"],
+            }
+        )
         results["launcher"].append(parse_result(timed([sys.executable, __file__, "--launcher-probe"])[1]))
-        results["ranks"].append(parse_result(timed([mpiexec(), "-n", "4", sys.executable, __file__,
-                                                    "--rank-probe"])[1]))
+        results["ranks"].append(
+            parse_result(timed([mpiexec(), "-n", "4", sys.executable, __file__, "--rank-probe"])[1])
+        )
     return results
 
 
@@ -197,21 +209,44 @@ def report(results: dict, repeats: int, seconds: float) -> list[str]:
     for what in results["run"][0]:
         rows.append([f"gflowdist run (4 ranks): launch -> {what}", f"{med(r[what] for r in results['run']):.2f}"])
     lines += table_lines(["what", "seconds"], rows)
-    lines += ["", "where it goes: wall seconds (median, max over ranks) and CPU seconds of the process (median); "
-              "ranks of every run pooled"]
-    rows = [[f"launcher: {step}", f"{med(r['steps'][step][0] for r in results['launcher']):.2f}", "",
-             f"{med(r['steps'][step][1] for r in results['launcher']):.2f}", ""]
-            for step in results["launcher"][0]["steps"]]
+    lines += [
+        "",
+        "where it goes: wall seconds (median, max over ranks) and CPU seconds of the process (median); "
+        "ranks of every run pooled",
+    ]
+    rows = [
+        [
+            f"launcher: {step}",
+            f"{med(r['steps'][step][0] for r in results['launcher']):.2f}",
+            "",
+            f"{med(r['steps'][step][1] for r in results['launcher']):.2f}",
+            "",
+        ]
+        for step in results["launcher"][0]["steps"]
+    ]
     ranks = [rank for run in results["ranks"] for rank in run]
     for step in ranks[0]["steps"]:
         wall = [r["steps"][step][0] for r in ranks]
         cpu = [r["steps"][step][1] for r in ranks]
         trainers = [r["steps"][step][1] for r in ranks if r["role"] == "trainer"]
-        rows.append([f"rank: {step}", f"{med(wall):.2f}", f"{max(wall):.2f}", f"{med(cpu):.2f}",
-                     f"{med(trainers):.2f}" if trainers else "-"])
-    rows.append(["rank: mpiexec start -> startup barrier done", f"{med(r['ready'] for r in ranks):.2f}",
-                 f"{max(r['ready'] for r in ranks):.2f}", f"{med(r['cpu'] for r in ranks):.2f}",
-                 f"{med(r['cpu'] for r in ranks if r['role'] == 'trainer'):.2f}"])
+        rows.append(
+            [
+                f"rank: {step}",
+                f"{med(wall):.2f}",
+                f"{max(wall):.2f}",
+                f"{med(cpu):.2f}",
+                f"{med(trainers):.2f}" if trainers else "-",
+            ]
+        )
+    rows.append(
+        [
+            "rank: mpiexec start -> startup barrier done",
+            f"{med(r['ready'] for r in ranks):.2f}",
+            f"{max(r['ready'] for r in ranks):.2f}",
+            f"{med(r['cpu'] for r in ranks):.2f}",
+            f"{med(r['cpu'] for r in ranks if r['role'] == 'trainer'):.2f}",
+        ]
+    )
     lines += table_lines(["step", "wall", "max wall", "CPU", "trainer CPU"], rows)
     if any(r["imports_torch"] for r in results["launcher"]):
         lines.append("the launcher imported torch before starting mpiexec")

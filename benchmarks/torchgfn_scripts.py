@@ -36,18 +36,47 @@ __all__ = ["CONFIGS", "prepare", "run_one", "metrics"]
 SCRIPTS = ("train_hypergrid.py", "train_hypergrid_ddp.py", "train_hypergrid_mog.py")
 #: the arguments every run shares: torchgfn's 2-D HyperGrid of height 8; 48 trajectories per
 #: iteration (divisible by 3 and 4 trainers), 300 iterations, validation every 100 on 10,000 samples
-COMMON = ["--ndim", "2", "--height", "8", "--batch_size", "48", "--n_trajectories", "14400",
-          "--validate_environment", "--validation_samples", "10000", "--validation_interval", "100"]
+COMMON = [
+    "--ndim",
+    "2",
+    "--height",
+    "8",
+    "--batch_size",
+    "48",
+    "--n_trajectories",
+    "14400",
+    "--validate_environment",
+    "--validation_samples",
+    "10000",
+    "--validation_interval",
+    "100",
+]
 #: (name, ranks, script, its own arguments)
 CONFIGS = [
-    ("hypergrid, 3 trainers + 1 buffer", 4, "train_hypergrid.py",
-     ["--distributed", "--dist_backend", "gloo", "--num_remote_buffers", "1"]),
-    ("hypergrid, 2 agent groups of 2 + 1 buffer", 5, "train_hypergrid.py",
-     ["--distributed", "--dist_backend", "gloo", "--num_remote_buffers", "1", "--num_agent_groups", "2"]),
-    ("hypergrid_ddp, 3 trainers + 1 buffer", 4, "train_hypergrid_ddp.py",
-     ["--num_remote_buffers", "1", "--wandb_project", ""]),
-    ("hypergrid_mog, 3 trainers + 1 buffer", 4, "train_hypergrid_mog.py",
-     ["--num_remote_buffers", "1", "--wandb_project", ""]),
+    (
+        "hypergrid, 3 trainers + 1 buffer",
+        4,
+        "train_hypergrid.py",
+        ["--distributed", "--dist_backend", "gloo", "--num_remote_buffers", "1"],
+    ),
+    (
+        "hypergrid, 2 agent groups of 2 + 1 buffer",
+        5,
+        "train_hypergrid.py",
+        ["--distributed", "--dist_backend", "gloo", "--num_remote_buffers", "1", "--num_agent_groups", "2"],
+    ),
+    (
+        "hypergrid_ddp, 3 trainers + 1 buffer",
+        4,
+        "train_hypergrid_ddp.py",
+        ["--num_remote_buffers", "1", "--wandb_project", ""],
+    ),
+    (
+        "hypergrid_mog, 3 trainers + 1 buffer",
+        4,
+        "train_hypergrid_mog.py",
+        ["--num_remote_buffers", "1", "--wandb_project", ""],
+    ),
 ]
 
 
@@ -75,8 +104,9 @@ def run_one(python: str, root: Path, ranks: int, script: str, args: list[str], t
     env = without_launcher(dict(os.environ))
     env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         status = proc.returncode
@@ -84,8 +114,12 @@ def run_one(python: str, root: Path, ranks: int, script: str, args: list[str], t
         kill_group(proc.pid)
         output, _ = proc.communicate()
         status = "timeout"
-    return {"status": status, "seconds": time.monotonic() - start, "output": output,
-            "command": shlex.join(["mpiexec", "-n", str(ranks), "python"] + command[4:])}
+    return {
+        "status": status,
+        "seconds": time.monotonic() - start,
+        "output": output,
+        "command": shlex.join(["mpiexec", "-n", str(ranks), "python", *command[4:]]),
+    }
 
 
 _NUMBER = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?|None)"
@@ -116,8 +150,12 @@ def main() -> int:
     parser.add_argument("--python", required=True, help="interpreter with torchgfn 2.4.1, mpi4py, gflowdist")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--only", help="run only configurations whose name contains this")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run each configuration this many times per library, alternating which goes first")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each configuration this many times per library, alternating which goes first",
+    )
     parser.add_argument("--keep-logs", type=Path, help="write each run's output here")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} at start; common arguments: {' '.join(COMMON)}")
@@ -146,9 +184,11 @@ def _run_row(args, name: str, lib: str, root: Path, ranks: int, script: str, ext
         args.keep_logs.mkdir(parents=True, exist_ok=True)
         slug = re.sub(r"\W+", "_", name).strip("_")
         (args.keep_logs / f"{slug}.{lib}.{turn}.log").write_text(run["output"])
-    return (f"{name:<42} | {lib:<9} | {run['status']!s:>4} | {run['seconds']:6.0f} | "
-            f"{_cell(found['loss'], '.4f'):>6} | {_cell(found['l1_dist'], '.4f'):>6} | "
-            f"{_cell(found['n_modes_found'], '.0f')}")
+    return (
+        f"{name:<42} | {lib:<9} | {run['status']!s:>4} | {run['seconds']:6.0f} | "
+        f"{_cell(found['loss'], '.4f'):>6} | {_cell(found['l1_dist'], '.4f'):>6} | "
+        f"{_cell(found['n_modes_found'], '.0f')}"
+    )
 
 
 if __name__ == "__main__":

@@ -67,17 +67,20 @@ def alternate(barrier, rounds: dict, reps: int, batches: int = 20) -> dict:
 
 def ping_pong(rank: int, peer: int, send, recv):
     """One round trip: rank 0 sends and waits for the answer, rank 1 answers with what it got."""
+
     def one_round():
         if rank == 0:
             send(peer)
             recv(peer)
         else:
             send(peer, recv(peer))
+
     return one_round
 
 
 def rounds_for(rank, peer, buf, raw_send, raw_recv, comm, compat_send, compat_recv) -> dict:
     """The three ping-pongs of one size: raw (preallocated), the communicator, the compat layer."""
+
     def ours_send(p, data=None):
         comm.send(buf if data is None else data, p, 0)
 
@@ -97,8 +100,11 @@ def rounds_for(rank, peer, buf, raw_send, raw_recv, comm, compat_send, compat_re
         raw_recv(buf, p)
         return buf
 
-    return {"raw": ping_pong(rank, peer, raw_s, raw_r), "comm": ping_pong(rank, peer, ours_send, ours_recv),
-            "compat": ping_pong(rank, peer, compat_s, compat_r)}
+    return {
+        "raw": ping_pong(rank, peer, raw_s, raw_r),
+        "comm": ping_pong(rank, peer, ours_send, ours_recv),
+        "compat": ping_pong(rank, peer, compat_s, compat_r),
+    }
 
 
 def summarise(size: int, samples: dict) -> dict:
@@ -107,7 +113,7 @@ def summarise(size: int, samples: dict) -> dict:
     row = {"size": size, "raw": _median(raw), "raw_min": min(raw)}
     for name in ("comm", "compat"):
         row[name] = _median(samples[name])
-        row[name + "_ratio"] = _median([o / r for o, r in zip(samples[name], raw)])
+        row[name + "_ratio"] = _median([o / r for o, r in zip(samples[name], raw, strict=False)])
         row[name + "_min_ratio"] = min(samples[name]) / min(raw)
     return row
 
@@ -127,9 +133,16 @@ def mpi_worker(sizes, cap: int) -> None:
     for size in sizes:
         buf = torch.zeros(size, dtype=torch.uint8)
         array = buf.numpy()
-        rounds = rounds_for(rank, peer, buf, lambda b, p: raw.Send([array, MPI.BYTE], p, 0),
-                            lambda b, p: raw.Recv([array, MPI.BYTE], p, 0), comm,
-                            lambda d, p, tag: send(d, p, "mpi", tag), lambda p, tag: recv(p, "mpi", tag))
+        rounds = rounds_for(
+            rank,
+            peer,
+            buf,
+            lambda b, p: raw.Send([array, MPI.BYTE], p, 0),
+            lambda b, p: raw.Recv([array, MPI.BYTE], p, 0),
+            comm,
+            lambda d, p, tag: send(d, p, "mpi", tag),
+            lambda p, tag: recv(p, "mpi", tag),
+        )
         results.append(summarise(size, alternate(world.Barrier, rounds, reps_for(size, cap))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -148,9 +161,16 @@ def torch_worker(sizes, cap: int) -> None:
     results = []
     for size in sizes:
         buf = torch.zeros(size, dtype=torch.uint8)
-        rounds = rounds_for(rank, peer, buf, lambda b, p: dist.send(b, p, tag=7),
-                            lambda b, p: dist.recv(b, p, tag=7), comm,
-                            lambda d, p, tag: send(d, p, "torch", tag), lambda p, tag: recv(p, "torch", tag))
+        rounds = rounds_for(
+            rank,
+            peer,
+            buf,
+            lambda b, p: dist.send(b, p, tag=7),
+            lambda b, p: dist.recv(b, p, tag=7),
+            comm,
+            lambda d, p, tag: send(d, p, "torch", tag),
+            lambda p, tag: recv(p, "torch", tag),
+        )
         results.append(summarise(size, alternate(dist.barrier, rounds, max(min(10, cap), reps_for(size, cap) // 4))))
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -159,19 +179,25 @@ def torch_worker(sizes, cap: int) -> None:
 
 def table(name: str, rows, engine: str) -> str:
     rtt_target, bw_target = TARGETS[engine]
-    lines = [f"\n{name}",
-             f"{'size':>8} | {'raw RTT us':>10} | {'comm RTT us':>11} | {'ratio (min)':>12} | {'bw % raw':>8} | "
-             f"{'compat RTT us':>13} | {'ratio (min)':>12} | {'bw % raw':>8}", "-" * 108]
+    lines = [
+        f"\n{name}",
+        f"{'size':>8} | {'raw RTT us':>10} | {'comm RTT us':>11} | {'ratio (min)':>12} | {'bw % raw':>8} | "
+        f"{'compat RTT us':>13} | {'ratio (min)':>12} | {'bw % raw':>8}",
+        "-" * 108,
+    ]
     for r in rows:
         cells = []
         for name_ in ("comm", "compat"):
             ratio = r[name_ + "_ratio"]
             width = 11 if name_ == "comm" else 13
-            cells.append(f"{r[name_] * 1e6:{width}.1f} | {ratio:5.2f} ({r[name_ + '_min_ratio']:4.2f}) | "
-                         f"{100 / ratio:7.0f}%")
+            cells.append(
+                f"{r[name_] * 1e6:{width}.1f} | {ratio:5.2f} ({r[name_ + '_min_ratio']:4.2f}) | {100 / ratio:7.0f}%"
+            )
         lines.append(f"{fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | " + " | ".join(cells))
-    lines.append(f"targets: RTT ratio <= {rtt_target:g} up to 4 KiB; >= {bw_target:.0%} of raw bandwidth "
-                 "(ratio <= {:.2f}) from 1 MiB".format(1 / bw_target))
+    lines.append(
+        f"targets: RTT ratio <= {rtt_target:g} up to 4 KiB; >= {bw_target:.0%} of raw bandwidth "
+        "(ratio <= {:.2f}) from 1 MiB".format(1 / bw_target)
+    )
     return "\n".join(lines)
 
 
@@ -194,10 +220,14 @@ def main() -> int:
     if args.worker:
         (mpi_worker if args.worker == "mpi" else torch_worker)(sizes, args.reps_cap)
         return 0
-    print(f"ping-pong between 2 ranks on {socket.gethostname()}; load average {os.getloadavg()[0]:.1f}; "
-          "RTT = median round trip")
-    titles = {"mpi": "MPI: vs raw mpi4py Send/Recv (preallocated)",
-              "torch": "gloo: vs raw torch.distributed send/recv (preallocated)"}
+    print(
+        f"ping-pong between 2 ranks on {socket.gethostname()}; load average {os.getloadavg()[0]:.1f}; "
+        "RTT = median round trip"
+    )
+    titles = {
+        "mpi": "MPI: vs raw mpi4py Send/Recv (preallocated)",
+        "torch": "gloo: vs raw torch.distributed send/recv (preallocated)",
+    }
     results = {}
     for engine in args.engines.split(","):
         results[engine] = run(engine, sizes, args.reps_cap)

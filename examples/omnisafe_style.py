@@ -52,8 +52,11 @@ def train(steps: int, seed: int) -> torch.nn.Module:
                 errors = (net(probe) - torch.sin(probe)).abs().squeeze(-1)
             mean, std, lo, hi = distributed.dist_statistics_scalar(errors, with_min_and_max=True)
             if distributed.is_master():
-                print(f"step {step:4d}  |error| {float(mean):.4f} +- {float(std):.4f} "
-                      f"[{float(lo):.4f}, {float(hi):.4f}]  world {distributed.world_size()}", flush=True)
+                print(
+                    f"step {step:4d}  |error| {float(mean):.4f} +- {float(std):.4f} "
+                    f"[{float(lo):.4f}, {float(hi):.4f}]  world {distributed.world_size()}",
+                    flush=True,
+                )
     return net
 
 

@@ -33,8 +33,16 @@ import torch
 from torch import nn
 
 # the only change: gflowdist.compat.spinup instead of spinup.utils.mpi_tools / mpi_pytorch
-from gflowdist.compat.spinup import mpi_avg, mpi_fork, mpi_statistics_scalar, num_procs, proc_id
-from gflowdist.compat.spinup import mpi_avg_grads, setup_pytorch_for_mpi, sync_params
+from gflowdist.compat.spinup import (
+    mpi_avg,
+    mpi_avg_grads,
+    mpi_fork,
+    mpi_statistics_scalar,
+    num_procs,
+    proc_id,
+    setup_pytorch_for_mpi,
+    sync_params,
+)
 
 
 @dataclasses.dataclass
@@ -148,8 +156,12 @@ class VPGBuffer:
         self.ptr, self.path_start = 0, 0
         adv_mean, adv_std = mpi_statistics_scalar(self.adv)  # pooled over every rank
         adv = (self.adv - adv_mean) / (adv_std + 1e-8)
-        return {"obs": torch.as_tensor(self.obs), "act": torch.as_tensor(self.act),
-                "adv": torch.as_tensor(adv), "ret": torch.as_tensor(self.ret)}
+        return {
+            "obs": torch.as_tensor(self.obs),
+            "act": torch.as_tensor(self.act),
+            "adv": torch.as_tensor(adv),
+            "ret": torch.as_tensor(self.ret),
+        }
 
 
 def train(args: Args) -> ActorCritic:
@@ -196,9 +208,11 @@ def train(args: Args) -> ActorCritic:
         ret_mean, ret_std, ret_min, ret_max = mpi_statistics_scalar(ep_rets, with_min_and_max=True)
         ep_len_mean = mpi_avg(float(np.mean(ep_lens)) if ep_lens else 0.0)
         if proc_id() == 0:
-            print(f"epoch {epoch:3d}  EpRet {ret_mean:7.3f} +- {ret_std:5.3f} [{ret_min:6.2f}, {ret_max:5.2f}]  "
-                  f"EpLen {ep_len_mean:5.1f}  LossPi {float(loss_pi.detach()):7.4f}  {time.time() - start:5.1f} s",
-                  flush=True)
+            print(
+                f"epoch {epoch:3d}  EpRet {ret_mean:7.3f} +- {ret_std:5.3f} [{ret_min:6.2f}, {ret_max:5.2f}]  "
+                f"EpLen {ep_len_mean:5.1f}  LossPi {float(loss_pi.detach()):7.4f}  {time.time() - start:5.1f} s",
+                flush=True,
+            )
     return ac
 
 

@@ -31,6 +31,7 @@ import dataclasses
 import torch
 
 import gflowdist
+
 # the only change: gflowdist.compat.virtex instead of virtex.utils.distributed
 from gflowdist.compat import virtex as dist
 
@@ -73,8 +74,11 @@ def main(args: Args) -> None:
         losses = {"loss": (mse + 1e-4 * l1).detach(), "parts": {"mse": mse.detach(), "l1": l1.detach()}}
         dist.average_across_processes(losses)  # in place, for logging
         if dist.is_master_process() and step % 20 == 0:
-            print(f"step {step:3d}  loss {float(losses['loss']):.5f}  mse {float(losses['parts']['mse']):.5f}  "
-                  f"world {world}", flush=True)
+            print(
+                f"step {step:3d}  loss {float(losses['loss']):.5f}  mse {float(losses['parts']['mse']):.5f}  "
+                f"world {world}",
+                flush=True,
+            )
     dist.synchronize()
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     error = float((model.weight.detach().T - true_w).abs().max())
@@ -90,5 +94,11 @@ def parse_args() -> Args:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    dist.launch(main, num_machines=arguments.num_machines, num_gpus_per_machine=arguments.num_procs,
-                machine_rank=arguments.machine_rank, dist_url=arguments.dist_url, args=(arguments,))
+    dist.launch(
+        main,
+        num_machines=arguments.num_machines,
+        num_gpus_per_machine=arguments.num_procs,
+        machine_rank=arguments.machine_rank,
+        dist_url=arguments.dist_url,
+        args=(arguments,),
+    )

@@ -26,8 +26,13 @@ def load(name: str):
 
 
 def run_quick(name: str, *args: str) -> list[str]:
-    out = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *args], capture_output=True,
-                         text=True, timeout=240, cwd=BENCHMARKS.parent)
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=BENCHMARKS.parent,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.splitlines()
 
@@ -83,9 +88,11 @@ def test_startup_quick_times_the_run_and_its_steps(tmp_path):
 
 def test_time_to_l1_is_the_first_step_where_every_trainer_is_below_the_target():
     bench = load("hypergrid")
-    rows = [{"step": 0, "time": 1.0, "l1": [1.2, 0.4]},
-            {"step": 10, "time": 2.0, "l1": [0.5, 0.6]},
-            {"step": 20, "time": 3.0, "l1": [0.3, bench.L1_TARGET]}]
+    rows = [
+        {"step": 0, "time": 1.0, "l1": [1.2, 0.4]},
+        {"step": 10, "time": 2.0, "l1": [0.5, 0.6]},
+        {"step": 20, "time": 3.0, "l1": [0.3, bench.L1_TARGET]},
+    ]
     assert bench.time_to_l1(rows) == {"l1_time": 3.0, "l1_step": 20}
     assert bench.time_to_l1(rows[:2]) == {"l1_time": None, "l1_step": None}
 
@@ -94,10 +101,12 @@ def test_read_run_derives_rates_and_waits_from_a_run_directory(tmp_path):
     import json
 
     bench = load("hypergrid")
-    metrics = [{"rank": 0, "time": 0.5, "step": 0, "trajectories": 16, "l1": 1.0},
-               {"rank": 1, "time": 0.6, "step": 0, "trajectories": 16, "l1": 1.1},
-               {"rank": 0, "time": 3.9, "step": 9, "trajectories": 160, "l1": 0.4},
-               {"rank": 1, "time": 4.0, "step": 9, "trajectories": 160, "l1": 0.5}]
+    metrics = [
+        {"rank": 0, "time": 0.5, "step": 0, "trajectories": 16, "l1": 1.0},
+        {"rank": 1, "time": 0.6, "step": 0, "trajectories": 16, "l1": 1.1},
+        {"rank": 0, "time": 3.9, "step": 9, "trajectories": 160, "l1": 0.4},
+        {"rank": 1, "time": 4.0, "step": 9, "trajectories": 160, "l1": 0.5},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     trainer = {"role": "trainer", "step": 10, "timing": {"phases": {"wait_replay": [0.01] * 10, "loss": [0.3] * 10}}}
     finals = {"0": trainer, "1": trainer, "2": {"role": "buffer", "step": 0, "timing": {"phases": {}}}}
@@ -122,16 +131,24 @@ def test_all_quick_prints_one_table_of_every_target(tmp_path):
     record = tmp_path / "all.json"
     lines = run_quick("all", "--json", str(record))
     header = next(i for i, line in enumerate(lines) if line.startswith("figure"))
-    rows = lines[header + 2:lines.index("", header)]
+    rows = lines[header + 2 : lines.index("", header)]
     saved = json.loads(record.read_text())
     assert len(rows) == len(saved["rows"]), lines
     figures = [r[0] for r in saved["rows"]]
-    for start in ("MPIComm round trip", "MPIComm bandwidth", "compat.torchgfn (MPI) round trip",
-                  "average_gradients gloo mlp-10 fresh", "average_gradients gloo deep-100 views", "start-up:",
-                  "start-up CPU s", "HyperGrid traj/s, 2 trainers", "HyperGrid traj per CPU s",
-                  "HyperGrid traj/s vs torchgfn"):
+    for start in (
+        "MPIComm round trip",
+        "MPIComm bandwidth",
+        "compat.torchgfn (MPI) round trip",
+        "average_gradients gloo mlp-10 fresh",
+        "average_gradients gloo deep-100 views",
+        "start-up:",
+        "start-up CPU s",
+        "HyperGrid traj/s, 2 trainers",
+        "HyperGrid traj per CPU s",
+        "HyperGrid traj/s vs torchgfn",
+    ):
         assert any(f.startswith(start) for f in figures), (start, figures)
-    for figure, baseline, ours, ratio, target, holds in saved["rows"]:
+    for figure, baseline, _ours, ratio, target, holds in saved["rows"]:
         if baseline == "skipped":
             assert holds == "-" and "--quick" in ratio
             continue
@@ -140,8 +157,9 @@ def test_all_quick_prints_one_table_of_every_target(tmp_path):
             assert value > 0 and holds == "-", (figure, ratio, holds)
             continue
         limit = float(target.split()[1])
-        assert value > 0 and holds == ("yes" if (value <= limit if target.startswith("<=") else value >= limit)
-                                       else "NO"), (figure, ratio, target, holds)
+        assert value > 0 and holds == (
+            "yes" if (value <= limit if target.startswith("<=") else value >= limit) else "NO"
+        ), (figure, ratio, target, holds)
     assert "load average" in lines[0] and "load average" in lines[-1], lines
 
 
@@ -155,5 +173,10 @@ def test_a_ratio_is_shown_with_the_digits_that_agree_with_its_verdict():
     table.add("on the target", "1 s", "1 s", 1.3, "<= 1.30")
     table.add("no target", "1 s", "1 s", 0.5)
     got = [(r[0], r[3], r[5]) for r in table.rows]
-    assert got == [("miss by a hair", "0.898 (0.93)", "NO"), ("miss closer still", "0.89999", "NO"),
-                   ("hit", "1.23", "yes"), ("on the target", "1.30", "yes"), ("no target", "0.50", "-")]
+    assert got == [
+        ("miss by a hair", "0.898 (0.93)", "NO"),
+        ("miss closer still", "0.89999", "NO"),
+        ("hit", "1.23", "yes"),
+        ("on the target", "1.30", "yes"),
+        ("no target", "0.50", "-"),
+    ]

@@ -64,8 +64,9 @@ def test_a_partial_checkpoint_is_named_and_the_newest_complete_one_is_used(tmp_p
     checkpoints.save_rank(tmp_path, NEWER, 0, _payload(10))  # a save killed before its manifest
     chosen = choose_checkpoint(tmp_path, LocalComm())
     assert chosen.name == OLDER and chosen.step == 5
-    assert chosen.skipped == [f"checkpoint {NEWER} not used: {partial}: no MANIFEST.json, a partial checkpoint "
-                              f"(its save never finished)"]
+    assert chosen.skipped == [
+        f"checkpoint {NEWER} not used: {partial}: no MANIFEST.json, a partial checkpoint (its save never finished)"
+    ]
     assert checkpoints.candidates(tmp_path) == [OLDER]  # the complete ones
     assert checkpoints.checkpoint_names(tmp_path) == [NEWER, OLDER]
 
@@ -103,8 +104,9 @@ def small_disk(tmp_path):
     """A 256 KiB tmpfs at tmp_path/disk (root only), unmounted whatever happens."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -150,7 +152,10 @@ def test_a_read_only_disk_names_the_directory_and_the_reason(small_disk):
 def test_two_run_directories_made_in_the_same_second_are_two(tmp_path, monkeypatch):
     monkeypatch.setattr(time, "strftime", lambda _format: "20260101-120000")
     first, second, third = (create_run_dir(tmp_path / "runs", "toy") for _ in range(3))
-    assert [p.name for p in (first, second, third)] == ["toy-20260101-120000", "toy-20260101-120000-1",
-                                                        "toy-20260101-120000-2"]
+    assert [p.name for p in (first, second, third)] == [
+        "toy-20260101-120000",
+        "toy-20260101-120000-1",
+        "toy-20260101-120000-2",
+    ]
     assert all(p.is_dir() and not list(p.iterdir()) for p in (first, second, third))
     assert os.path.samefile(first.parent, tmp_path / "runs")

@@ -31,23 +31,30 @@ GOOD = "run: {name: ok, steps: 3}\n"
 
 
 def _case_ids() -> list[str]:
-    return [f"file:{key}:{text}" for text, key, _ in MALFORMED] + \
-        [f"override:{override}" for override, _, _ in OVERRIDE_ERRORS]
+    return [f"file:{key}:{text}" for text, key, _ in MALFORMED] + [
+        f"override:{override}" for override, _, _ in OVERRIDE_ERRORS
+    ]
 
 
 def _cli(folder: Path, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gflowdist", "run", *args], cwd=folder, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gflowdist", "run", *args],
+        cwd=folder,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[Path, list[str], subprocess.CompletedProcess]]:
     cases: dict[str, tuple[Path, list[str]]] = {}
-    for case_id, (text, _, _) in zip(_case_ids(), MALFORMED):
+    for case_id, (text, _, _) in zip(_case_ids(), MALFORMED, strict=False):
         folder = tmp_path_factory.mktemp("file")
         (folder / "bad.yaml").write_text(textwrap.dedent(text) + "\n")
         cases[case_id] = (folder, ["bad.yaml"])
-    for case_id, (override, _, _) in zip(_case_ids()[len(MALFORMED):], OVERRIDE_ERRORS):
+    for case_id, (override, _, _) in zip(_case_ids()[len(MALFORMED) :], OVERRIDE_ERRORS, strict=False):
         folder = tmp_path_factory.mktemp("override")
         (folder / "good.yaml").write_text(GOOD)
         cases[case_id] = (folder, ["good.yaml", override])
@@ -74,7 +81,7 @@ def _check(result: subprocess.CompletedProcess, folder: Path, expected: ConfigEr
     assert not (folder / "runs").exists()  # nothing was launched
 
 
-@pytest.mark.parametrize("case", range(len(MALFORMED)), ids=_case_ids()[:len(MALFORMED)])
+@pytest.mark.parametrize("case", range(len(MALFORMED)), ids=_case_ids()[: len(MALFORMED)])
 def test_malformed_config_file_exits_2_with_one_line(results, case, monkeypatch):
     _, key, words = MALFORMED[case]
     folder, args, result = results[_case_ids()[case]]
@@ -84,7 +91,7 @@ def test_malformed_config_file_exits_2_with_one_line(results, case, monkeypatch)
     assert f"bad.yaml: {key}: " in result.stderr  # names the file and the key
 
 
-@pytest.mark.parametrize("case", range(len(OVERRIDE_ERRORS)), ids=_case_ids()[len(MALFORMED):])
+@pytest.mark.parametrize("case", range(len(OVERRIDE_ERRORS)), ids=_case_ids()[len(MALFORMED) :])
 def test_bad_override_exits_2_with_one_line(results, case, monkeypatch):
     _, key, words = OVERRIDE_ERRORS[case]
     folder, args, result = results[_case_ids()[len(MALFORMED) + case]]
@@ -95,25 +102,32 @@ def test_bad_override_exits_2_with_one_line(results, case, monkeypatch):
 
 def test_a_bad_config_fails_before_torch_is_imported(tmp_path):
     (tmp_path / "bad.yaml").write_text(MALFORMED[0][0] + "\n")
-    probe = ("import runpy, sys\n"
-             "sys.argv = ['gflowdist', 'run', 'bad.yaml']\n"
-             "try:\n    runpy.run_module('gflowdist', run_name='__main__')\n"
-             "except SystemExit as done:\n"
-             "    print('torch imported' if 'torch' in sys.modules else 'no torch', done.code)\n")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=base_env(), capture_output=True,
-                            text=True, timeout=120)
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['gflowdist', 'run', 'bad.yaml']\n"
+        "try:\n    runpy.run_module('gflowdist', run_name='__main__')\n"
+        "except SystemExit as done:\n"
+        "    print('torch imported' if 'torch' in sys.modules else 'no torch', done.code)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.split() == ["no", "torch", "2"], result
 
 
 #: (command line after `gflowdist run good.yaml`, the one line): near misses of an override get the form to write
 NEAR_MISSES = [
     (["run.steps:5"], "config error: 'run.steps:5' is YAML, not an override: write run.steps=5 (key.path=value)"),
-    (["launch.mpiexec:/opt/mpi/bin/mpiexec"],
-     "config error: 'launch.mpiexec:/opt/mpi/bin/mpiexec' is YAML, not an override: write "
-     "launch.mpiexec=/opt/mpi/bin/mpiexec (key.path=value)"),
+    (
+        ["launch.mpiexec:/opt/mpi/bin/mpiexec"],
+        "config error: 'launch.mpiexec:/opt/mpi/bin/mpiexec' is YAML, not an override: write "
+        "launch.mpiexec=/opt/mpi/bin/mpiexec (key.path=value)",
+    ),
     (["--steps", "5"], "config error: '--steps' is not an option of gflowdist run: write the override run.steps=5"),
-    (["--log-every=7"], "config error: '--log-every=7' is not an option of gflowdist run: write the override "
-                        "run.log_every=7"),
+    (
+        ["--log-every=7"],
+        "config error: '--log-every=7' is not an option of gflowdist run: write the override run.log_every=7",
+    ),
     (["--bogus", "5"], "error: unrecognized arguments: --bogus (see gflowdist run --help)"),  # no key: no hint
 ]
 

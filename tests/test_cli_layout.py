@@ -15,17 +15,20 @@ SCRIPT = Path(sys.executable).with_name("gflowdist")
 
 
 def gflowdist(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gflowdist", *args], capture_output=True,
-                          text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "gflowdist", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "run.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         launch: {nprocs: 6}
         layout: {buffers: 3, coordinator: false}
-    """))
+    """)
+    )
     return path
 
 
@@ -39,8 +42,16 @@ def test_prints_the_table(config: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("world of 8 ranks: 5 trainers, 0 actors, 3 buffers")
     rows = table_rows(done.stdout)
-    assert [row[1] for row in rows] == ["trainer", "trainer", "buffer", "trainer", "trainer",
-                                       "buffer", "trainer", "buffer"]
+    assert [row[1] for row in rows] == [
+        "trainer",
+        "trainer",
+        "buffer",
+        "trainer",
+        "trainer",
+        "buffer",
+        "trainer",
+        "buffer",
+    ]
     assert rows[0][3] == "2" and rows[6][3] == "7"  # buffer column
     assert done.stderr == ""
 
@@ -52,8 +63,18 @@ def test_world_size_defaults_to_launch_nprocs(config: Path) -> None:
 
 
 def test_overrides_and_hosts_run_length(config: Path) -> None:
-    done = gflowdist("layout", str(config), "-n", "8", "--hosts", "a:4,b:4",
-                     "--set", "layout.buffers=2", "--set", "layout.placement=node-local")
+    done = gflowdist(
+        "layout",
+        str(config),
+        "-n",
+        "8",
+        "--hosts",
+        "a:4,b:4",
+        "--set",
+        "layout.buffers=2",
+        "--set",
+        "layout.placement=node-local",
+    )
     assert done.returncode == 0, done.stderr
     rows = table_rows(done.stdout)
     assert [row[2] for row in rows] == ["a"] * 4 + ["b"] * 4
@@ -62,23 +83,27 @@ def test_overrides_and_hosts_run_length(config: Path) -> None:
 
 
 def test_json_output(config: Path) -> None:
-    done = gflowdist("layout", str(config), "-n", "4", "--json", "--hosts", "x,y,x,y",
-                     "--set", "layout.buffers=2")
+    done = gflowdist("layout", str(config), "-n", "4", "--json", "--hosts", "x,y,x,y", "--set", "layout.buffers=2")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["world_size"] == 4 and data["hosts"] == ["x", "y", "x", "y"]
     assert data["buffers"] == [1, 3]
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["-n", "4"], "layout error: 3 buffers but only 1 trainer"),
-    (["-n", "0"], "error: argument -n/--nprocs: expected a number of ranks >= 1, found 0"),
-    (["-n", "8", "--set", "layout.bufers=2"], "config error: layout.bufers: unknown key 'bufers' "
-                                              "(did you mean 'buffers'?)"),
-    (["-n", "8", "--hosts", "a:2"], "hosts lists 2 names but the job has 8 ranks"),
-    (["-n", "8", "--hosts", "a:0"], "positive integer"),
-    (["-n", "8", "--set", "layout.placement=node-local"], "pass --hosts"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["-n", "4"], "layout error: 3 buffers but only 1 trainer"),
+        (["-n", "0"], "error: argument -n/--nprocs: expected a number of ranks >= 1, found 0"),
+        (
+            ["-n", "8", "--set", "layout.bufers=2"],
+            "config error: layout.bufers: unknown key 'bufers' (did you mean 'buffers'?)",
+        ),
+        (["-n", "8", "--hosts", "a:2"], "hosts lists 2 names but the job has 8 ranks"),
+        (["-n", "8", "--hosts", "a:0"], "positive integer"),
+        (["-n", "8", "--set", "layout.placement=node-local"], "pass --hosts"),
+    ],
+)
 def test_errors_exit_2_without_traceback(config: Path, extra: list[str], words: str) -> None:
     done = gflowdist("layout", str(config), *extra)
     assert done.returncode == 2
@@ -93,8 +118,7 @@ def test_config_file_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text("layout:\n  buffers: two\n")
     done = gflowdist("layout", str(bad), "-n", "4")
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"{bad}: layout.buffers: expected an integer >= 0 or 'rest', found str 'two'" in \
-        done.stderr
+    assert f"{bad}: layout.buffers: expected an integer >= 0 or 'rest', found str 'two'" in done.stderr
     missing = gflowdist("layout", str(tmp_path / "missing.yaml"))
     assert missing.returncode == 2 and "config file not found" in missing.stderr
 
@@ -116,8 +140,7 @@ def test_help_is_light_and_lists_layout() -> None:
         heavy = sorted(m for m in ("torch", "mpi4py", "numpy") if m in sys.modules)
         print(code, heavy, "layout" in out.getvalue())
     """)
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "[]", "True"]
 
@@ -130,15 +153,15 @@ def test_layout_command_imports_nothing_heavy(config: Path) -> None:
             code = main(["layout", {str(config)!r}, "-n", "8"])
         print(code, sorted(m for m in ("torch", "mpi4py") if m in sys.modules))
     """)
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["0", "[]"], done.stderr
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="console script not installed next to python")
 def test_console_script(config: Path) -> None:
-    done = subprocess.run([str(SCRIPT), "layout", str(config), "-n", "8"], capture_output=True,
-                          text=True, timeout=60, env={**os.environ})
+    done = subprocess.run(
+        [str(SCRIPT), "layout", str(config), "-n", "8"], capture_output=True, text=True, timeout=60, env={**os.environ}
+    )
     assert done.returncode == 0 and done.stdout.startswith("world of 8 ranks")
     version = subprocess.run([str(SCRIPT), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("gflowdist ")

@@ -55,70 +55,168 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": "", **{name: "" for name in ALLOCATION_VARIABL
 #: name -> (files to write besides my_roles.py / config.yaml, command line after `gflowdist`, extra env,
 #:          words the one line must contain)
 CASES = {
-    "misspelt class": ({"config.yaml": _replace(CONFIG, "ArmTrainer", "ArmTrainr")}, ["run", "config.yaml"], {},
-                       ["config.yaml: roles.trainer: 'my_roles.py' has no attribute 'ArmTrainr'",
-                        "(did you mean 'ArmTrainer'?)"]),
-    "missing role file": ({"config.yaml": _replace(CONFIG, "trainer: my_roles.py", "trainer: my_role.py")},
-                          ["run", "config.yaml"], {}, ["roles.trainer: file 'my_role.py' not found",
-                                                      "(did you mean 'my_roles.py'?)"]),
-    "syntax error": ({"my_roles.py": _replace(ROLES, "def setup(self):", "def setup(self)")},
-                     ["run", "config.yaml"], {}, ["roles.trainer: ", "my_roles.py' line 9: expected ':'"]),
-    "module raises": ({"my_roles.py": ROLES + "\nraise RuntimeError('the data set is missing')\n"},
-                      ["run", "config.yaml"], {},
-                      ["roles.trainer: running ", "raised RuntimeError: the data set is missing"]),
-    "not a trainer": ({"my_roles.py": _replace(ROLES, "class ArmTrainer(Trainer):", "class ArmTrainer:")},
-                      ["run", "config.yaml"], {}, ["roles.trainer: 'my_roles.py:ArmTrainer' must be a subclass of "
-                                                  "gflowdist.runtime.roles.Trainer"]),
-    "no loss()": ({"my_roles.py": _replace(ROLES, "def loss(self, batch):", "def los(self, batch):")},
-                  ["run", "config.yaml"], {}, ["'my_roles.py:ArmTrainer' does not implement loss(), which every "
-                                              "trainer needs"]),
-    "no trainer class": ({"config.yaml": _replace(CONFIG, "trainer: my_roles.py:ArmTrainer, ", "")},
-                         ["run", "config.yaml"], {}, ["roles.trainer: is not set, but the layout has 1 trainers"]),
-    "too few ranks": ({}, ["run", "config.yaml", "-n", "2", "layout.trainers=2"], {},
-                      ["layout error: layout needs 2 trainers + 1 buffer + 1 coordinator = 4 ranks but the job "
-                       "has 2 (-n 2): start -n 4, or change the layout counts in config.yaml"]),
-    "-n 0": ({}, ["run", "config.yaml", "-n", "0"], {}, ["gflowdist run: error: argument -n/--nprocs: expected a "
-                                                         "number of ranks >= 1, found 0"]),
+    "misspelt class": (
+        {"config.yaml": _replace(CONFIG, "ArmTrainer", "ArmTrainr")},
+        ["run", "config.yaml"],
+        {},
+        ["config.yaml: roles.trainer: 'my_roles.py' has no attribute 'ArmTrainr'", "(did you mean 'ArmTrainer'?)"],
+    ),
+    "missing role file": (
+        {"config.yaml": _replace(CONFIG, "trainer: my_roles.py", "trainer: my_role.py")},
+        ["run", "config.yaml"],
+        {},
+        ["roles.trainer: file 'my_role.py' not found", "(did you mean 'my_roles.py'?)"],
+    ),
+    "syntax error": (
+        {"my_roles.py": _replace(ROLES, "def setup(self):", "def setup(self)")},
+        ["run", "config.yaml"],
+        {},
+        ["roles.trainer: ", "my_roles.py' line 9: expected ':'"],
+    ),
+    "module raises": (
+        {"my_roles.py": ROLES + "\nraise RuntimeError('the data set is missing')\n"},
+        ["run", "config.yaml"],
+        {},
+        ["roles.trainer: running ", "raised RuntimeError: the data set is missing"],
+    ),
+    "not a trainer": (
+        {"my_roles.py": _replace(ROLES, "class ArmTrainer(Trainer):", "class ArmTrainer:")},
+        ["run", "config.yaml"],
+        {},
+        ["roles.trainer: 'my_roles.py:ArmTrainer' must be a subclass of gflowdist.runtime.roles.Trainer"],
+    ),
+    "no loss()": (
+        {"my_roles.py": _replace(ROLES, "def loss(self, batch):", "def los(self, batch):")},
+        ["run", "config.yaml"],
+        {},
+        ["'my_roles.py:ArmTrainer' does not implement loss(), which every trainer needs"],
+    ),
+    "no trainer class": (
+        {"config.yaml": _replace(CONFIG, "trainer: my_roles.py:ArmTrainer, ", "")},
+        ["run", "config.yaml"],
+        {},
+        ["roles.trainer: is not set, but the layout has 1 trainers"],
+    ),
+    "too few ranks": (
+        {},
+        ["run", "config.yaml", "-n", "2", "layout.trainers=2"],
+        {},
+        [
+            "layout error: layout needs 2 trainers + 1 buffer + 1 coordinator = 4 ranks but the job "
+            "has 2 (-n 2): start -n 4, or change the layout counts in config.yaml"
+        ],
+    ),
+    "-n 0": (
+        {},
+        ["run", "config.yaml", "-n", "0"],
+        {},
+        ["gflowdist run: error: argument -n/--nprocs: expected a number of ranks >= 1, found 0"],
+    ),
     "-n -3": ({}, ["run", "config.yaml", "-n", "-3"], {}, ["expected a number of ranks >= 1, found -3"]),
-    "launch.mpiexec missing": ({}, ["run", "config.yaml", "launch.mpiexec=/nonexistent/mpiexec"], {},
-                               ["config.yaml: launch.mpiexec: '/nonexistent/mpiexec' does not exist: set "
-                                "launch.mpiexec to your site's mpiexec"]),
-    "GFLOWDIST_MPIEXEC missing": ({}, ["run", "config.yaml"], {"GFLOWDIST_MPIEXEC": "/nonexistent/mpiexec"},
-                                  ["GFLOWDIST_MPIEXEC: '/nonexistent/mpiexec' does not exist: unset "
-                                   "GFLOWDIST_MPIEXEC or point it at an mpiexec"]),
-    "empty config": ({"config.yaml": "# nothing yet\n"}, ["run", "config.yaml"], {},
-                     ["config.yaml: the file is empty: a config needs at least the role classes"]),
-    "space in override": ({}, ["run", "config.yaml", "run.steps", "5"], {},
-                          ["'run.steps' is not an override: write run.steps=5"]),
-    "dashed override": ({}, ["run", "config.yaml", "--run.steps=5"], {},
-                        ["'--run.steps=5' is not an option: overrides take no dashes, write run.steps=5"]),
-    "--set applied": ({}, ["run", "config.yaml", "--set", "layout.buffers=3", "-n", "3"], {},
-                      ["3 buffers"]),
-    "layout checks roles": ({"config.yaml": _replace(CONFIG, "ArmTrainer", "ArmTrainr")}, ["layout", "config.yaml"],
-                            {}, ["gflowdist layout: config error: config.yaml: roles.trainer: 'my_roles.py' has no "
-                                 "attribute 'ArmTrainr' (did you mean 'ArmTrainer'?)"]),
+    "launch.mpiexec missing": (
+        {},
+        ["run", "config.yaml", "launch.mpiexec=/nonexistent/mpiexec"],
+        {},
+        [
+            "config.yaml: launch.mpiexec: '/nonexistent/mpiexec' does not exist: set "
+            "launch.mpiexec to your site's mpiexec"
+        ],
+    ),
+    "GFLOWDIST_MPIEXEC missing": (
+        {},
+        ["run", "config.yaml"],
+        {"GFLOWDIST_MPIEXEC": "/nonexistent/mpiexec"},
+        ["GFLOWDIST_MPIEXEC: '/nonexistent/mpiexec' does not exist: unset GFLOWDIST_MPIEXEC or point it at an mpiexec"],
+    ),
+    "empty config": (
+        {"config.yaml": "# nothing yet\n"},
+        ["run", "config.yaml"],
+        {},
+        ["config.yaml: the file is empty: a config needs at least the role classes"],
+    ),
+    "space in override": (
+        {},
+        ["run", "config.yaml", "run.steps", "5"],
+        {},
+        ["'run.steps' is not an override: write run.steps=5"],
+    ),
+    "dashed override": (
+        {},
+        ["run", "config.yaml", "--run.steps=5"],
+        {},
+        ["'--run.steps=5' is not an option: overrides take no dashes, write run.steps=5"],
+    ),
+    "--set applied": ({}, ["run", "config.yaml", "--set", "layout.buffers=3", "-n", "3"], {}, ["3 buffers"]),
+    "layout checks roles": (
+        {"config.yaml": _replace(CONFIG, "ArmTrainer", "ArmTrainr")},
+        ["layout", "config.yaml"],
+        {},
+        [
+            "gflowdist layout: config error: config.yaml: roles.trainer: 'my_roles.py' has no "
+            "attribute 'ArmTrainr' (did you mean 'ArmTrainer'?)"
+        ],
+    ),
     "layout positional override": ({}, ["layout", "config.yaml", "layout.buffers=3"], {}, ["3 buffers"]),
-    "too many ranks": ({}, ["run", "config.yaml", "-n", "5", "layout.trainers=1"], {},
-                       ["layout error: layout accounts for 1 trainer + 1 buffer + 1 coordinator = 3 ranks but the "
-                        "job has 5 (-n 5): start -n 3, or give one count as 'rest' in config.yaml"]),
-    "colon override": ({}, ["run", "config.yaml", "run.steps:5"], {},
-                       ["'run.steps:5' is YAML, not an override: write run.steps=5 "]),
-    "--set colon override": ({}, ["run", "--set", "run.steps:5", "config.yaml"], {},
-                             ["'run.steps:5' is YAML, not an override: write run.steps=5 "]),
-    "key as an option": ({}, ["run", "config.yaml", "--steps", "5"], {},
-                         ["'--steps' is not an option of gflowdist run: write the override run.steps=5"]),
-    "cuda without a GPU": ({}, ["run", "config.yaml", "launch.devices=cuda"], NO_GPU,
-                           ["config error: config.yaml: launch.devices: asks for cuda, but this host sees no CUDA "
-                            "device (local rank 0: 3 ranks, all on this host): set launch.devices to auto or cpu"]),
-    "cuda:7 without a GPU": ({}, ["run", "config.yaml", "launch.devices=[cuda:7]"], NO_GPU,
-                             ["config.yaml: launch.devices: entry 0 of launch.devices (local rank 0: 3 ranks, all on "
-                              "this host) is cuda:7, but this host sees 0 visible CUDA devices: set launch.devices"]),
-    "cuda without a GPU, torch engine": ({}, ["run", "config.yaml", "launch.devices=cuda", "--engine", "torch"],
-                                         NO_GPU, ["config.yaml: launch.devices: asks for cuda, but this host sees "
-                                                  "no CUDA device"]),
-    "layout checks devices": ({}, ["layout", "config.yaml", "launch.devices=cuda"], NO_GPU,
-                              ["gflowdist layout: config error: config.yaml: launch.devices: asks for cuda, but this "
-                               "host sees no CUDA device"]),
+    "too many ranks": (
+        {},
+        ["run", "config.yaml", "-n", "5", "layout.trainers=1"],
+        {},
+        [
+            "layout error: layout accounts for 1 trainer + 1 buffer + 1 coordinator = 3 ranks but the "
+            "job has 5 (-n 5): start -n 3, or give one count as 'rest' in config.yaml"
+        ],
+    ),
+    "colon override": (
+        {},
+        ["run", "config.yaml", "run.steps:5"],
+        {},
+        ["'run.steps:5' is YAML, not an override: write run.steps=5 "],
+    ),
+    "--set colon override": (
+        {},
+        ["run", "--set", "run.steps:5", "config.yaml"],
+        {},
+        ["'run.steps:5' is YAML, not an override: write run.steps=5 "],
+    ),
+    "key as an option": (
+        {},
+        ["run", "config.yaml", "--steps", "5"],
+        {},
+        ["'--steps' is not an option of gflowdist run: write the override run.steps=5"],
+    ),
+    "cuda without a GPU": (
+        {},
+        ["run", "config.yaml", "launch.devices=cuda"],
+        NO_GPU,
+        [
+            "config error: config.yaml: launch.devices: asks for cuda, but this host sees no CUDA "
+            "device (local rank 0: 3 ranks, all on this host): set launch.devices to auto or cpu"
+        ],
+    ),
+    "cuda:7 without a GPU": (
+        {},
+        ["run", "config.yaml", "launch.devices=[cuda:7]"],
+        NO_GPU,
+        [
+            "config.yaml: launch.devices: entry 0 of launch.devices (local rank 0: 3 ranks, all on "
+            "this host) is cuda:7, but this host sees 0 visible CUDA devices: set launch.devices"
+        ],
+    ),
+    "cuda without a GPU, torch engine": (
+        {},
+        ["run", "config.yaml", "launch.devices=cuda", "--engine", "torch"],
+        NO_GPU,
+        ["config.yaml: launch.devices: asks for cuda, but this host sees no CUDA device"],
+    ),
+    "layout checks devices": (
+        {},
+        ["layout", "config.yaml", "launch.devices=cuda"],
+        NO_GPU,
+        [
+            "gflowdist layout: config error: config.yaml: launch.devices: asks for cuda, but this "
+            "host sees no CUDA device"
+        ],
+    ),
 }
 
 
@@ -131,11 +229,13 @@ def _fake_mpiexec(folder: Path) -> Path:
 
 
 #: Runs the CLI like ``python -m gflowdist`` and then says whether torch was imported in this process.
-PROBE = ("import runpy, sys\n"
-         "sys.argv = ['gflowdist', *sys.argv[1:]]\n"
-         "try:\n    runpy.run_module('gflowdist', run_name='__main__')\n"
-         "except SystemExit as done:\n"
-         "    print('torch imported' if 'torch' in sys.modules else 'no torch', done.code)\n")
+PROBE = (
+    "import runpy, sys\n"
+    "sys.argv = ['gflowdist', *sys.argv[1:]]\n"
+    "try:\n    runpy.run_module('gflowdist', run_name='__main__')\n"
+    "except SystemExit as done:\n"
+    "    print('torch imported' if 'torch' in sys.modules else 'no torch', done.code)\n"
+)
 
 
 def _run_case(folder: Path, files: dict, argv: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -150,14 +250,16 @@ def _run_case(folder: Path, files: dict, argv: list[str], env: dict) -> subproce
 
 def _cli(folder: Path, argv: list[str], **env: str) -> subprocess.CompletedProcess:
     env.setdefault("XDG_CACHE_HOME", str(folder / "cache"))  # role-check verdicts: this folder's own
-    return subprocess.run([sys.executable, *argv], cwd=folder, capture_output=True, text=True,
-                          env=base_env(**env), timeout=120)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=folder, capture_output=True, text=True, env=base_env(**env), timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    folders = {name: tmp_path_factory.mktemp("control" if name == "control" else "case")
-               for name in ["control", *CASES]}
+    folders = {
+        name: tmp_path_factory.mktemp("control" if name == "control" else "case") for name in ["control", *CASES]
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {"control": pool.submit(_run_case, folders["control"], {}, ["run", "config.yaml"], {})}
         futures.update({name: pool.submit(_run_case, folders[name], *CASES[name][:3]) for name in CASES})
@@ -232,9 +334,11 @@ def test_a_launcher_that_hangs_on_version_is_stopped_after_10_s_with_what_it_sta
         done = _cli(tmp_path, ["-m", "gflowdist", "run", "config.yaml", f"launch.mpiexec={fake}"])
         took = time.monotonic() - began
         assert done.returncode == 2, done
-        assert done.stderr == (f"gflowdist run: config error: config.yaml: launch.mpiexec: '{fake} --version' did not "
-                               f"answer within 10 s and was stopped: set launch.mpiexec to your site's mpiexec, or "
-                               f"remove it to use the one next to this Python\n"), done.stderr
+        assert done.stderr == (
+            f"gflowdist run: config error: config.yaml: launch.mpiexec: '{fake} --version' did not "
+            f"answer within 10 s and was stopped: set launch.mpiexec to your site's mpiexec, or "
+            f"remove it to use the one next to this Python\n"
+        ), done.stderr
         assert took < 20, took
         pid = int(child.read_text())
         deadline = time.monotonic() + 5

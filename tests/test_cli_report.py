@@ -27,9 +27,15 @@ RUN_TIMEOUT_S = 240
 
 def gflowdist(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m gflowdist ARGS`` in its own session, killed (group) after 60 s."""
-    proc = subprocess.Popen([sys.executable, "-m", "gflowdist", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or base_env(), cwd=REPO,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gflowdist", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or base_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=60)
     finally:
@@ -42,10 +48,27 @@ def gflowdist(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run directory of ``gflowdist run examples/hypergrid/config.yaml`` (40 steps)."""
     out = tmp_path_factory.mktemp("runs")
-    cmd = [sys.executable, "-m", "gflowdist", "run", "examples/hypergrid/config.yaml",
-           "run.steps=40", "run.log_every=10", f"run.out_dir={out}", "run.tensorboard=true", "run.trace=true"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=base_env(), cwd=REPO, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        "examples/hypergrid/config.yaml",
+        "run.steps=40",
+        "run.log_every=10",
+        f"run.out_dir={out}",
+        "run.tensorboard=true",
+        "run.trace=true",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -87,10 +110,12 @@ def test_text_report_of_a_real_run(run_dir: Path) -> None:
     assert "[trainer] ranks 0-1" in done.stdout
     *_, verdict, last = done.stdout.rstrip("\n").splitlines()
     totals = json.loads((run_dir / "ledger.json").read_text())["totals"]
-    assert verdict == (f"ledger: balanced -- {totals['produced']} produced = "
-                       f"{totals['used_locally']} used locally + {totals['received']} received + "
-                       f"{totals['in_flight']} in flight; {totals['admitted']} admitted, "
-                       f"{totals['dropped']} dropped")
+    assert verdict == (
+        f"ledger: balanced -- {totals['produced']} produced = "
+        f"{totals['used_locally']} used locally + {totals['received']} received + "
+        f"{totals['in_flight']} in flight; {totals['admitted']} admitted, "
+        f"{totals['dropped']} dropped"
+    )
     assert last == _printed_done_line(run_dir)  # the same words as the run's own last line
 
 
@@ -128,14 +153,16 @@ def test_the_main_job_leaves_a_figure_and_tensorboard_files_of_every_metric(run_
     assert len(buffer["timing/insert"]) == len(finals["2"]["timing"]["phases"]["insert"]) > 0
     mean = _scalars(run_dir / "tensorboard" / "mean")
     curve = json.loads((run_dir / "report.json").read_text())["curves"]["l1"]
-    assert mean["metrics/l1"] == [(x, pytest.approx(y)) for x, y in zip(curve["x"], curve["y"])]
+    assert mean["metrics/l1"] == [(x, pytest.approx(y)) for x, y in zip(curve["x"], curve["y"], strict=False)]
     both = [finals[r]["timing"]["phases"]["loss"] for r in ("0", "1")]
-    assert [v for _, v in mean["timing/trainer/loss"]][:2] == \
-        [pytest.approx((both[0][i] + both[1][i]) / 2) for i in range(2)]
+    assert [v for _, v in mean["timing/trainer/loss"]][:2] == [
+        pytest.approx((both[0][i] + both[1][i]) / 2) for i in range(2)
+    ]
 
 
-def test_report_writes_the_tensorboard_files_of_a_finished_run_again(run_dir: Path, tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_writes_the_tensorboard_files_of_a_finished_run_again(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard", "checkpoints", "logs"))
     code, _, err = run_report(capsys, str(copy), "--tensorboard")
@@ -160,20 +187,27 @@ def run_report(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("name, content, words", [
-    ("report.json", None, "report.json: not found"),
-    ("ledger.json", None, "ledger.json: not found"),
-    ("report.json", '{"format": 1, "ranks": [0', "report.json: not valid JSON"),
-    ("report.json", '[1, 2]', "report.json: malformed: expected a JSON object, found list"),
-    ("report.json", '{"format": 99}', "report.json: report format 99 is not supported"),
-    ("report.json", '{"format": 1, "ranks": [0]}', "report.json: report data is malformed"),
-    ("ledger.json", '{"totals": {}}', "ledger.json: malformed: expected an object with a boolean"),
-    ("ledger.json", '{"balanced": true, "totals": {"produced": 1}}',
-     "ledger.json: malformed: 'totals' lacks integer used_locally, received, admitted, dropped"),
-    ("ledger.json", '{"balanced": false}', "ledger.json: malformed: an unbalanced ledger must"),
-])
-def test_broken_run_directory_is_one_line_exit_2(capsys, copy_of_run: Path, name: str,
-                                                 content: str | None, words: str) -> None:
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("report.json", None, "report.json: not found"),
+        ("ledger.json", None, "ledger.json: not found"),
+        ("report.json", '{"format": 1, "ranks": [0', "report.json: not valid JSON"),
+        ("report.json", "[1, 2]", "report.json: malformed: expected a JSON object, found list"),
+        ("report.json", '{"format": 99}', "report.json: report format 99 is not supported"),
+        ("report.json", '{"format": 1, "ranks": [0]}', "report.json: report data is malformed"),
+        ("ledger.json", '{"totals": {}}', "ledger.json: malformed: expected an object with a boolean"),
+        (
+            "ledger.json",
+            '{"balanced": true, "totals": {"produced": 1}}',
+            "ledger.json: malformed: 'totals' lacks integer used_locally, received, admitted, dropped",
+        ),
+        ("ledger.json", '{"balanced": false}', "ledger.json: malformed: an unbalanced ledger must"),
+    ],
+)
+def test_broken_run_directory_is_one_line_exit_2(
+    capsys, copy_of_run: Path, name: str, content: str | None, words: str
+) -> None:
     path = copy_of_run / name
     if content is None:
         path.unlink()
@@ -210,8 +244,10 @@ def test_png_without_matplotlib_is_one_line_exit_1(capsys, monkeypatch, copy_of_
     target = copy_of_run / "figure.png"
     code, out, err = run_report(capsys, str(copy_of_run), "--png", str(target))
     assert code == 1 and out == ""
-    assert err == ("gflowdist report: --png needs matplotlib, a dependency of gflowdist, which does not "
-                   "import: pip install 'matplotlib>=3.6'\n")
+    assert err == (
+        "gflowdist report: --png needs matplotlib, a dependency of gflowdist, which does not "
+        "import: pip install 'matplotlib>=3.6'\n"
+    )
     assert not target.exists()
 
 
@@ -233,8 +269,11 @@ def test_timeline_of_a_real_run_and_without_a_trace(capsys, run_dir: Path, copy_
     target.unlink()
     code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target), "--window", "99999:100100")
     assert code == 2 and out == "" and not target.exists(), err  # refused before anything is printed
-    assert len(err.strip().splitlines()) == 1 and "the window 99999:100100 ms is outside the trace, which spans 0.0 " \
-        "to " in err and err.rstrip().endswith(" ms"), err
+    assert (
+        len(err.strip().splitlines()) == 1
+        and "the window 99999:100100 ms is outside the trace, which spans 0.0 to " in err
+        and err.rstrip().endswith(" ms")
+    ), err
     (copy_of_run / "trace.json").unlink()
     code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target))
     assert code == 1 and out == "" and "trace.json not found: run with run.trace=true" in err

@@ -106,8 +106,10 @@ def test_a_partial_checkpoint_is_passed_over_for_the_newest_complete_one(run):
 
 def test_a_finished_run_is_refused_unless_run_steps_is_raised(run):
     text = _refusal(run)
-    assert text == (f"--resume: run.steps ({STEPS}) already reached by checkpoint {FINAL}: raise run.steps "
-                    f"(run.steps=N with N > {STEPS}) to continue"), text
+    assert text == (
+        f"--resume: run.steps ({STEPS}) already reached by checkpoint {FINAL}: raise run.steps "
+        f"(run.steps=N with N > {STEPS}) to continue"
+    ), text
     assert f"already reached by checkpoint {FINAL} (step {STEPS})" in _refusal(run, "run.steps=15")
     assert _resume(run, f"run.steps={STEPS + 1}") == RANKS
 

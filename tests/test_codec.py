@@ -55,15 +55,35 @@ def torch_sample(name: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 def test_message_type_values_are_fixed():
     assert {member.name: member.value for member in MessageType} == {
-        "TRAJECTORIES": 1, "SAMPLE_REQUEST": 2, "SAMPLE_REPLY": 3, "WEIGHTS": 4, "HEARTBEAT": 5,
-        "METRICS": 6, "CONTROL": 7, "LEDGER": 8, "USER": 9, "PING": 10, "PRIORITIES": 11}
+        "TRAJECTORIES": 1,
+        "SAMPLE_REQUEST": 2,
+        "SAMPLE_REPLY": 3,
+        "WEIGHTS": 4,
+        "HEARTBEAT": 5,
+        "METRICS": 6,
+        "CONTROL": 7,
+        "LEDGER": 8,
+        "USER": 9,
+        "PING": 10,
+        "PRIORITIES": 11,
+    }
 
 
 def test_public_constants():
     assert FORMAT_VERSION == 1
     assert DEFAULT_MAX_MESSAGE_BYTES == 1 << 30
-    assert SUPPORTED_DTYPES == ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
-                                "float32", "float64")
+    assert SUPPORTED_DTYPES == (
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+    )
     assert issubclass(EncodeError, TransportError) and issubclass(EncodeError, ValueError)
 
 
@@ -73,8 +93,21 @@ def test_every_message_type_roundtrips(msg_type):
 
 
 def test_plain_values_roundtrip_exactly():
-    body = {"none": None, "t": True, "f": False, "i": -(2**63), "u": 2**64 - 1, "x": 1.5, "nan": float("nan"),
-            "s": "héllo", "b": b"\x00\xff", "l": [1, [2, [3]]], "d": {"e": {}}, "empty": [], "tuple": (1, "a")}
+    body = {
+        "none": None,
+        "t": True,
+        "f": False,
+        "i": -(2**63),
+        "u": 2**64 - 1,
+        "x": 1.5,
+        "nan": float("nan"),
+        "s": "héllo",
+        "b": b"\x00\xff",
+        "l": [1, [2, [3]]],
+        "d": {"e": {}},
+        "empty": [],
+        "tuple": (1, "a"),
+    }
     out = roundtrip(body)
     assert out.pop("nan") != out.pop("nan", 0.0)  # NaN survives as NaN
     expected = dict(body, tuple=[1, "a"])
@@ -117,11 +150,17 @@ def test_torch_tensors_roundtrip(name, shape):
 
 def test_non_contiguous_inputs_roundtrip():
     base = np.arange(60, dtype=np.int32).reshape(3, 4, 5)
-    cases = {"transposed": base.T, "strided": base[:, ::2, 1::2], "reversed": base[::-1],
-             "broadcast": np.broadcast_to(np.arange(4.0), (3, 4))}
-    tensors = {"t_transposed": torch.arange(12.0).reshape(3, 4).t(),
-               "t_bf16_strided": torch.arange(24.0).reshape(4, 6)[:, ::3].to(torch.bfloat16),
-               "t_expanded": torch.arange(3).expand(2, 3)}
+    cases = {
+        "transposed": base.T,
+        "strided": base[:, ::2, 1::2],
+        "reversed": base[::-1],
+        "broadcast": np.broadcast_to(np.arange(4.0), (3, 4)),
+    }
+    tensors = {
+        "t_transposed": torch.arange(12.0).reshape(3, 4).t(),
+        "t_bf16_strided": torch.arange(24.0).reshape(4, 6)[:, ::3].to(torch.bfloat16),
+        "t_expanded": torch.arange(3).expand(2, 3),
+    }
     out = roundtrip({**cases, **tensors})
     for key, value in cases.items():
         np.testing.assert_array_equal(out[key], value)
@@ -180,9 +219,14 @@ def test_views_of_read_only_buffers():
 @pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "numpy", "torch", "memoryview_2d"])
 def test_every_buffer_kind_decodes(kind):
     buf = encode(MessageType.WEIGHTS, {"w": torch.arange(6.0)}, sender=4, seq=1)
-    given = {"bytes": bytes(buf), "bytearray": bytearray(buf), "memoryview": memoryview(buf), "numpy": buf,
-             "torch": torch.from_numpy(buf.copy()),
-             "memoryview_2d": memoryview(bytearray(buf)).cast("B", (1, buf.nbytes))}[kind]
+    given = {
+        "bytes": bytes(buf),
+        "bytearray": bytearray(buf),
+        "memoryview": memoryview(buf),
+        "numpy": buf,
+        "torch": torch.from_numpy(buf.copy()),
+        "memoryview_2d": memoryview(bytearray(buf)).cast("B", (1, buf.nbytes)),
+    }[kind]
     message = decode(given, sender=4)
     assert torch.equal(message.body["w"], torch.arange(6.0))
 
@@ -217,23 +261,26 @@ def test_tiny_message_is_small():
     assert buf.nbytes == PREFIX_BYTES + len(header)
 
 
-@pytest.mark.parametrize("body, where", [
-    ({"x": object()}, "body['x']"),
-    ({1: "int key"}, "dict key 1"),
-    ({"a": [1, {2.5: 0}]}, "body['a'][1]"),
-    ({"c": 1 + 2j}, "body['c']"),
-    ({"s": {1, 2}}, "body['s']"),
-    ({"a": np.zeros(2, np.complex64)}, "complex64"),
-    ({"a": np.zeros(2, np.uint16)}, "uint16"),
-    ({"a": np.array(["x"])}, "<U1"),
-    ({"t": torch.zeros(2, dtype=torch.complex64)}, "torch.complex64"),
-    ({"t": torch.zeros(2, 2).to_sparse()}, "sparse"),
-    ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, "masked"),
-    ({"meta": torch.empty(3, device="meta")}, "meta tensor"),
-    ({"a": np.zeros((1,) * (MAX_NDIM + 1))}, f"at most {MAX_NDIM}"),
-    ({"big": 2**64}, "outside [-2**63, 2**64)"),
-    ({"neg": -(2**63) - 1}, "outside [-2**63, 2**64)"),
-])
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"x": object()}, "body['x']"),
+        ({1: "int key"}, "dict key 1"),
+        ({"a": [1, {2.5: 0}]}, "body['a'][1]"),
+        ({"c": 1 + 2j}, "body['c']"),
+        ({"s": {1, 2}}, "body['s']"),
+        ({"a": np.zeros(2, np.complex64)}, "complex64"),
+        ({"a": np.zeros(2, np.uint16)}, "uint16"),
+        ({"a": np.array(["x"])}, "<U1"),
+        ({"t": torch.zeros(2, dtype=torch.complex64)}, "torch.complex64"),
+        ({"t": torch.zeros(2, 2).to_sparse()}, "sparse"),
+        ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, "masked"),
+        ({"meta": torch.empty(3, device="meta")}, "meta tensor"),
+        ({"a": np.zeros((1,) * (MAX_NDIM + 1))}, f"at most {MAX_NDIM}"),
+        ({"big": 2**64}, "outside [-2**63, 2**64)"),
+        ({"neg": -(2**63) - 1}, "outside [-2**63, 2**64)"),
+    ],
+)
 def test_encode_refuses_what_cannot_travel(body, where):
     with pytest.raises(EncodeError, match=None) as info:
         encode(MessageType.USER, body, sender=0, seq=0)
@@ -256,16 +303,19 @@ def test_encode_refuses_too_deep_and_cyclic_bodies():
         encode(MessageType.USER, cycle, sender=0, seq=0)
 
 
-@pytest.mark.parametrize("kwargs, what", [
-    ({"msg_type": 42}, "unknown message type"),
-    ({"msg_type": True}, "unknown message type"),
-    ({"sender": -1}, "sender"),
-    ({"sender": 2**31}, "sender"),
-    ({"sender": "0"}, "sender"),
-    ({"seq": -1}, "seq"),
-    ({"seq": 2**64}, "seq"),
-    ({"seq": 1.0}, "seq"),
-])
+@pytest.mark.parametrize(
+    "kwargs, what",
+    [
+        ({"msg_type": 42}, "unknown message type"),
+        ({"msg_type": True}, "unknown message type"),
+        ({"sender": -1}, "sender"),
+        ({"sender": 2**31}, "sender"),
+        ({"sender": "0"}, "sender"),
+        ({"seq": -1}, "seq"),
+        ({"seq": 2**64}, "seq"),
+        ({"seq": 1.0}, "seq"),
+    ],
+)
 def test_encode_refuses_bad_header_fields(kwargs, what):
     args = {"msg_type": MessageType.USER, "sender": 0, "seq": 0, **kwargs}
     with pytest.raises(EncodeError, match=what):

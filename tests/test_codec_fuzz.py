@@ -31,6 +31,7 @@ def test_mutated_messages_only_decode_or_raise_protocol_error():
 
 def test_fuzzer_reports_failures(monkeypatch):
     """If decode let another exception escape, the fuzzer would count it and exit 1."""
+
     def broken_decode(data, *, sender):
         raise IndexError("escaped")
 

@@ -24,8 +24,16 @@ def ref(dtype_code: int, shape, offset: int = 0, ext: int = 1) -> msgpack.ExtTyp
     return msgpack.ExtType(ext, REF_HEAD.pack(dtype_code, len(shape), offset) + struct.pack(f"<{len(shape)}q", *shape))
 
 
-def craft(header: bytes, frames: bytes = b"", *, flags: int | None = None, version: int = 1, magic: bytes = b"GF",
-          total: int | None = None, header_len: int | None = None) -> bytes:
+def craft(
+    header: bytes,
+    frames: bytes = b"",
+    *,
+    flags: int | None = None,
+    version: int = 1,
+    magic: bytes = b"GF",
+    total: int | None = None,
+    header_len: int | None = None,
+) -> bytes:
     """A message with a hand-made msgpack header; frames start at the next 64-byte boundary."""
     header_end = PREFIX_BYTES + len(header)
     body = header
@@ -34,8 +42,12 @@ def craft(header: bytes, frames: bytes = b"", *, flags: int | None = None, versi
     size = PREFIX_BYTES + len(body)
     if flags is None:
         flags = FLAG_FRAMES if frames else 0
-    return PREFIX.pack(magic, version, flags, len(header) if header_len is None else header_len,
-                       size if total is None else total) + body
+    return (
+        PREFIX.pack(
+            magic, version, flags, len(header) if header_len is None else header_len, size if total is None else total
+        )
+        + body
+    )
 
 
 def record(body, *, msg_type=9, sender=SENDER, seq=0) -> bytes:
@@ -58,8 +70,9 @@ def test_crafting_helper_matches_the_encoder():
     np.testing.assert_array_equal(decode(made, sender=SENDER).body["a"], body["a"])
 
 
-VALID = encode(MessageType.TRAJECTORIES, {"obs": np.arange(10, dtype=np.int64), "r": torch.ones(3)},
-               sender=SENDER, seq=3).tobytes()
+VALID = encode(
+    MessageType.TRAJECTORIES, {"obs": np.arange(10, dtype=np.int64), "r": torch.ones(3)}, sender=SENDER, seq=3
+).tobytes()
 
 
 @pytest.mark.parametrize("cut", [0, 1, PREFIX_BYTES - 1, PREFIX_BYTES, PREFIX_BYTES + 3, len(VALID) - 1])
@@ -120,31 +133,44 @@ def test_sender_and_seq_checked():
     refused(craft(msgpack.packb([9, ref(6, (1,)), 0, {}]), bytes(8)), "header names sender")
 
 
-@pytest.mark.parametrize("header", [
-    msgpack.packb({"type": 9}), msgpack.packb([9, SENDER, 0]), msgpack.packb([9, SENDER, 0, {}, 1]),
-    msgpack.packb(7), msgpack.packb([])])
+@pytest.mark.parametrize(
+    "header",
+    [
+        msgpack.packb({"type": 9}),
+        msgpack.packb([9, SENDER, 0]),
+        msgpack.packb([9, SENDER, 0, {}, 1]),
+        msgpack.packb(7),
+        msgpack.packb([]),
+    ],
+)
 def test_header_shape(header):
     refused(craft(header), "not the 4-element array")
 
 
-@pytest.mark.parametrize("header, what", [
-    (b"\xc1", "FormatError"),
-    (b"\x94\x09\x05\x00", "incomplete"),
-    (b"\x94\x09\x05\x00\xa3\xff\xfe\xfd", "UnicodeDecodeError"),
-    (b"\x94\x09\x05\x00\x81\x91\x01\x02", "not allowed for map key"),
-    (b"\x94\x09\x05\x00\xc0\xc0", "ExtraData"),
-])
+@pytest.mark.parametrize(
+    "header, what",
+    [
+        (b"\xc1", "FormatError"),
+        (b"\x94\x09\x05\x00", "incomplete"),
+        (b"\x94\x09\x05\x00\xa3\xff\xfe\xfd", "UnicodeDecodeError"),
+        (b"\x94\x09\x05\x00\x81\x91\x01\x02", "not allowed for map key"),
+        (b"\x94\x09\x05\x00\xc0\xc0", "ExtraData"),
+    ],
+)
 def test_not_msgpack(header, what):
     refused(craft(header), what)
 
 
-@pytest.mark.parametrize("claim, what", [
-    (b"\xdd\xff\xff\xff\xff", "max_array_len"),
-    (b"\xdf\xff\xff\xff\xff", "max_map_len"),
-    (b"\xdb\xff\xff\xff\xff", "max_str_len|incomplete input"),
-    (b"\xc6\xff\xff\xff\xff", "max_bin_len|incomplete input"),
-    (b"\xc9\xff\xff\xff\xff\x01", "max_ext_len"),
-])
+@pytest.mark.parametrize(
+    "claim, what",
+    [
+        (b"\xdd\xff\xff\xff\xff", "max_array_len"),
+        (b"\xdf\xff\xff\xff\xff", "max_map_len"),
+        (b"\xdb\xff\xff\xff\xff", "max_str_len|incomplete input"),
+        (b"\xc6\xff\xff\xff\xff", "max_bin_len|incomplete input"),
+        (b"\xc9\xff\xff\xff\xff\x01", "max_ext_len"),
+    ],
+)
 def test_msgpack_bomb_huge_claimed_lengths(claim, what):
     refused(craft(b"\x94\x09\x05\x00" + claim + bytes(8)), what)
 
@@ -182,19 +208,22 @@ def test_unknown_extension_type():
     refused(craft(record({"a": msgpack.ExtType(7, b"1234567890")}), bytes(8)), "unknown msgpack extension type 7")
 
 
-@pytest.mark.parametrize("reference, what", [
-    (ref(77, (2,)), "dtype code 77"),
-    (ref(0, (2,)), "dtype code 0"),
-    (ref(8, (2,), ext=1), "bfloat16 can only travel as a torch tensor"),
-    (ref(6, (-3,)), "negative dimension"),
-    (ref(6, (2, -1, 0)), "negative dimension"),
-    (msgpack.ExtType(1, REF_HEAD.pack(6, MAX_NDIM + 1, 0) + bytes(8 * (MAX_NDIM + 1))), "max_ext_len"),
-    (msgpack.ExtType(1, REF_HEAD.pack(6, MAX_NDIM + 1, 0)), f"{MAX_NDIM + 1} dimensions \\(at most {MAX_NDIM}\\)"),
-    (msgpack.ExtType(1, REF_HEAD.pack(6, 2, 0) + bytes(8)), "expected 26 for 2 dimensions"),
-    (msgpack.ExtType(1, b"\x06\x01"), "shorter than its 10-byte head"),
-    (ref(6, (2,), offset=64), "leaves a gap"),
-    (ref(6, (100,)), "needs bytes \\[0, 800\\)"),
-])
+@pytest.mark.parametrize(
+    "reference, what",
+    [
+        (ref(77, (2,)), "dtype code 77"),
+        (ref(0, (2,)), "dtype code 0"),
+        (ref(8, (2,), ext=1), "bfloat16 can only travel as a torch tensor"),
+        (ref(6, (-3,)), "negative dimension"),
+        (ref(6, (2, -1, 0)), "negative dimension"),
+        (msgpack.ExtType(1, REF_HEAD.pack(6, MAX_NDIM + 1, 0) + bytes(8 * (MAX_NDIM + 1))), "max_ext_len"),
+        (msgpack.ExtType(1, REF_HEAD.pack(6, MAX_NDIM + 1, 0)), f"{MAX_NDIM + 1} dimensions \\(at most {MAX_NDIM}\\)"),
+        (msgpack.ExtType(1, REF_HEAD.pack(6, 2, 0) + bytes(8)), "expected 26 for 2 dimensions"),
+        (msgpack.ExtType(1, b"\x06\x01"), "shorter than its 10-byte head"),
+        (ref(6, (2,), offset=64), "leaves a gap"),
+        (ref(6, (100,)), "needs bytes \\[0, 800\\)"),
+    ],
+)
 def test_bad_array_reference(reference, what):
     refused(craft(record({"a": reference}), bytes(16)), what)
 
@@ -210,19 +239,22 @@ def test_nonzero_padding():
     good = encode(MessageType.USER, {"a": np.ones(3, np.int8), "b": np.ones(2)}, sender=SENDER, seq=0).tobytes()
     decode(good, sender=SENDER)
     start = len(good) - 16 - 1  # the last padding byte before the 16-byte frame "b"
-    refused(good[:start] + b"\x01" + good[start + 1:], "padding before the frame is not zero")
+    refused(good[:start] + b"\x01" + good[start + 1 :], "padding before the frame is not zero")
     header_end = PREFIX_BYTES + PREFIX.unpack_from(good)[3]
-    refused(good[:header_end] + b"\x01" + good[header_end + 1:], "padding between header and first frame")
+    refused(good[:header_end] + b"\x01" + good[header_end + 1 :], "padding between header and first frame")
 
 
-@pytest.mark.parametrize("buf, what", [
-    ("a string", "got str"),
-    (np.zeros(4, np.int32), "uint8 array"),
-    (np.zeros((2, 32), np.uint8), "1-d contiguous"),
-    (np.zeros(64, np.uint8)[::2], "not contiguous"),
-    (torch.zeros(32, dtype=torch.float32), "uint8 CPU tensor"),
-    (memoryview(bytes(64))[::2], "contiguous memoryview"),
-])
+@pytest.mark.parametrize(
+    "buf, what",
+    [
+        ("a string", "got str"),
+        (np.zeros(4, np.int32), "uint8 array"),
+        (np.zeros((2, 32), np.uint8), "1-d contiguous"),
+        (np.zeros(64, np.uint8)[::2], "not contiguous"),
+        (torch.zeros(32, dtype=torch.float32), "uint8 CPU tensor"),
+        (memoryview(bytes(64))[::2], "contiguous memoryview"),
+    ],
+)
 def test_wrong_buffer_kind(buf, what):
     refused(buf, what)
 

@@ -42,14 +42,24 @@ def torch_tensors(draw: st.DrawFn) -> torch.Tensor:
     return _strided(draw, torch.from_numpy(draw(hnp.arrays(np.dtype(name), SHAPES))))
 
 
-scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8)
-           | st.binary(max_size=8))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+)
 leaves = scalars | numpy_arrays() | torch_tensors()
 bodies = st.recursive(
     leaves,
-    lambda children: (st.lists(children, max_size=4) | st.lists(children, max_size=3).map(tuple)
-                      | st.dictionaries(st.text(max_size=6), children, max_size=4)),
-    max_leaves=12)
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 def _bits(tensor: torch.Tensor) -> bytes:
@@ -63,11 +73,19 @@ def same(expected: Any, actual: Any) -> bool:
     if isinstance(expected, tuple):
         expected = list(expected)
     if isinstance(expected, np.ndarray):
-        return (type(actual) is np.ndarray and actual.dtype == expected.dtype and actual.shape == expected.shape
-                and actual.tobytes() == expected.tobytes())
+        return (
+            type(actual) is np.ndarray
+            and actual.dtype == expected.dtype
+            and actual.shape == expected.shape
+            and actual.tobytes() == expected.tobytes()
+        )
     if isinstance(expected, torch.Tensor):
-        return (type(actual) is torch.Tensor and actual.dtype == expected.dtype and actual.shape == expected.shape
-                and _bits(actual) == _bits(expected))
+        return (
+            type(actual) is torch.Tensor
+            and actual.dtype == expected.dtype
+            and actual.shape == expected.shape
+            and _bits(actual) == _bits(expected)
+        )
     if type(actual) is not type(expected):
         return False
     if isinstance(expected, float):
@@ -80,8 +98,14 @@ def same(expected: Any, actual: Any) -> bool:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(body=bodies, msg_type=st.sampled_from(list(MessageType)), sender=st.integers(0, 2**31 - 1),
-       seq=st.integers(0, 2**64 - 1), copy=st.booleans(), as_bytes=st.booleans())
+@given(
+    body=bodies,
+    msg_type=st.sampled_from(list(MessageType)),
+    sender=st.integers(0, 2**31 - 1),
+    seq=st.integers(0, 2**64 - 1),
+    copy=st.booleans(),
+    as_bytes=st.booleans(),
+)
 def test_roundtrip_is_exact(body, msg_type, sender, seq, copy, as_bytes):
     buf = encode(msg_type, body, sender=sender, seq=seq)
     message = decode(buf.tobytes() if as_bytes else buf, sender=sender, copy=copy)

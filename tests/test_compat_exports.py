@@ -11,8 +11,7 @@ from gflowdist.ops import DistributedOptimizer
 
 
 def test_import_stays_light():
-    code = ("import sys, gflowdist; gflowdist.__version__; "
-            "print('torch' in sys.modules, 'mpi4py' in sys.modules)")
+    code = "import sys, gflowdist; gflowdist.__version__; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -46,9 +45,8 @@ def test_clashing_names_are_not_exported():
 
 def test_launch_is_the_callable_launch_package():
     """``from gflowdist import launch`` gives the package gflowdist.launch, which runs VirTex's launch()."""
-    from gflowdist import launch
-
     import gflowdist.launch as package
+    from gflowdist import launch
 
     assert launch is package and package.launch is virtex.launch
     seen = []

@@ -37,8 +37,10 @@ def test_statistics_flatten_multidim_original_miscounts():
 
 def test_statistics_population_std():
     values = [1.0, 2.0, 4.0, 7.0]
-    assert spinup.mpi_statistics_scalar(values) == (pytest.approx(np.mean(values)),
-                                                     pytest.approx(np.std(values, ddof=0)))
+    assert spinup.mpi_statistics_scalar(values) == (
+        pytest.approx(np.mean(values)),
+        pytest.approx(np.std(values, ddof=0)),
+    )
 
 
 def test_allreduce_broadcast_msg(capsys):

@@ -36,28 +36,44 @@ TORCHGFN_PARAMETERS = {
     "all_reduce": [("tensor", None), ("op", "SUM"), ("backend", "mpi"), ("group", None)],
     "all_gather": [("output_list", None), ("tensor", None), ("backend", "mpi"), ("group", None)],
     "broadcast": [("tensor", None), ("src", None), ("backend", "mpi"), ("group", None)],
-    "gather_distributed_data": [("local_tensor", None), ("world_size", None), ("rank", None),
-                                ("training_group", None)],
+    "gather_distributed_data": [("local_tensor", None), ("world_size", None), ("rank", None), ("training_group", None)],
     "average_gradients": [("model", None)],
     "average_models": [("model", None), ("training_group", None)],
-    "initialize_distributed_compute": [("dist_backend", None), ("num_remote_buffers", None),
-                                       ("num_agent_groups", 1), ("use_coordinator", False)],
-    "initialize_distributed_compute_mpi4py": [("num_remote_buffers", None), ("num_agent_groups", 1),
-                                              ("num_coordinators", 0), ("layout", None)],
+    "initialize_distributed_compute": [
+        ("dist_backend", None),
+        ("num_remote_buffers", None),
+        ("num_agent_groups", 1),
+        ("use_coordinator", False),
+    ],
+    "initialize_distributed_compute_mpi4py": [
+        ("num_remote_buffers", None),
+        ("num_agent_groups", 1),
+        ("num_coordinators", 0),
+        ("layout", None),
+    ],
     "report_load_imbalance": [("all_timing_dict", None), ("world_size", None)],
     "report_time_info": [("all_timing_dict", None), ("world_size", None)],
 }
-CONTEXT_FIELDS = ["my_rank", "world_size", "num_training_ranks", "agent_group_size", "agent_groups",
-                  "agent_group_id", "train_global_group", "assigned_buffer", "buffer_group",
-                  "assigned_training_ranks"]
+CONTEXT_FIELDS = [
+    "my_rank",
+    "world_size",
+    "num_training_ranks",
+    "agent_group_size",
+    "agent_groups",
+    "agent_group_id",
+    "train_global_group",
+    "assigned_buffer",
+    "buffer_group",
+    "assigned_training_ranks",
+]
 
 
 @pytest.mark.parametrize("name", sorted(TORCHGFN_PARAMETERS))
 def test_same_parameters_as_torchgfn(name):
     params = list(inspect.signature(getattr(tg, name)).parameters.values())
     expected = TORCHGFN_PARAMETERS[name]
-    assert [(p.name, None if p.default is p.empty else p.default) for p in params[:len(expected)]] == expected
-    assert all(p.default is not p.empty for p in params[len(expected):]), "extra parameters must be optional"
+    assert [(p.name, None if p.default is p.empty else p.default) for p in params[: len(expected)]] == expected
+    assert all(p.default is not p.empty for p in params[len(expected) :]), "extra parameters must be optional"
 
 
 def test_every_public_name_is_there():
@@ -70,9 +86,15 @@ def test_context_fields_and_hand_built_single_process_context():
     torch_fields = list(tg.DistributedContext.__dataclass_fields__)
     mpi_fields = list(tg.DistributedContextMPI4Py.__dataclass_fields__)
     # torchgfn's order (positional construction keeps working), then gflowdist's ``core``
-    assert torch_fields == CONTEXT_FIELDS + ["dc_mpi4py", "coordinator_rank", "buffer_rank_set",
-                                             "training_ranks", "core"]
-    assert mpi_fields == CONTEXT_FIELDS + ["buffer_rank_set", "coordinator_rank", "core"]
+    assert torch_fields == [
+        *CONTEXT_FIELDS,
+        "dc_mpi4py",
+        "coordinator_rank",
+        "buffer_rank_set",
+        "training_ranks",
+        "core",
+    ]
+    assert mpi_fields == [*CONTEXT_FIELDS, "buffer_rank_set", "coordinator_rank", "core"]
     # what torchgfn's HyperGrid script builds when it is not distributed
     ctx = tg.DistributedContext(my_rank=0, world_size=1, num_training_ranks=1, agent_group_size=1)
     assert ctx.is_training_rank() and not ctx.is_buffer_rank() and not ctx.is_coordinator_rank()
@@ -84,12 +106,14 @@ def test_context_fields_and_hand_built_single_process_context():
 
 
 def test_role_predicates_follow_torchgfn():
-    coordinator = tg.DistributedContext(my_rank=3, world_size=4, num_training_ranks=2, agent_group_size=2,
-                                        buffer_rank_set={2}, coordinator_rank=3)
+    coordinator = tg.DistributedContext(
+        my_rank=3, world_size=4, num_training_ranks=2, agent_group_size=2, buffer_rank_set={2}, coordinator_rank=3
+    )
     assert coordinator.is_coordinator_rank()
     assert not coordinator.is_buffer_rank() and not coordinator.is_training_rank()
-    buffer = tg.DistributedContextMPI4Py(my_rank=2, world_size=4, num_training_ranks=2, agent_group_size=2,
-                                         buffer_rank_set={2}, coordinator_rank=3)
+    buffer = tg.DistributedContextMPI4Py(
+        my_rank=2, world_size=4, num_training_ranks=2, agent_group_size=2, buffer_rank_set={2}, coordinator_rank=3
+    )
     assert buffer.is_buffer_rank() and not buffer.is_training_rank() and not buffer.is_coordinator_rank()
     with pytest.raises(GflowdistError, match="no MPI groups"):
         coordinator.get_train_group("mpi")
@@ -123,19 +147,26 @@ def torchgfn_reference(world, buffers, groups, coordinators, hosts):
                 return None
             start = 0
             for size in split_ceil_floor(len(ranks), per_host):
-                chunks.append(ranks[start:start + size])
+                chunks.append(ranks[start : start + size])
                 start += size
         trainers = [r for chunk in chunks for r in chunk[:-1]]
     size = len(trainers) // groups
-    return (trainers, {r: c[-1] for c in chunks for r in c[:-1]}, {c[-1]: c[:-1] for c in chunks},
-            [trainers[i * size:(i + 1) * size] for i in range(groups)])
+    return (
+        trainers,
+        {r: c[-1] for c in chunks for r in c[:-1]},
+        {c[-1]: c[:-1] for c in chunks},
+        [trainers[i * size : (i + 1) * size] for i in range(groups)],
+    )
 
 
 def ours(world, buffers, groups, coordinators, hosts):
-    layout = plan_layout(world, torchgfn_layout_config(buffers, groups, coordinators), hosts,
-                         fallback_to_block=True)
-    return (list(layout.trainers), dict(layout.buffer_of),
-            {b: list(c) for b, c in layout.clients_of.items()}, [list(g) for g in layout.agent_groups])
+    layout = plan_layout(world, torchgfn_layout_config(buffers, groups, coordinators), hosts, fallback_to_block=True)
+    return (
+        list(layout.trainers),
+        dict(layout.buffer_of),
+        {b: list(c) for b, c in layout.clients_of.items()},
+        [list(g) for g in layout.agent_groups],
+    )
 
 
 def host_patterns(world):
@@ -181,8 +212,13 @@ def test_rank_assignment_matches_torchgfn(world):
                 # Known difference: torchgfn raises (host too small) or places buffers with
                 # loads differing by more than one; gflowdist uses the arithmetic rule then.
                 reference = torchgfn_reference(world, buffers, groups, coordinators, ["one"] * world)
-            assert ours(world, buffers, groups, coordinators, hosts) == reference, \
-                (world, buffers, groups, coordinators, hosts)
+            assert ours(world, buffers, groups, coordinators, hosts) == reference, (
+                world,
+                buffers,
+                groups,
+                coordinators,
+                hosts,
+            )
             compared += 1
     assert compared > 0
 
@@ -194,9 +230,14 @@ def test_layouts_torchgfn_rejects_are_rejected(buffers, groups, coordinators):
         ours(4, buffers, groups, coordinators, None)
 
 
-@pytest.mark.parametrize("kwargs,key", [({"num_remote_buffers": -1}, "num_remote_buffers"),
-                                        ({"num_remote_buffers": 1, "num_agent_groups": 0}, "num_agent_groups"),
-                                        ({"num_remote_buffers": 1, "num_coordinators": 2}, "num_coordinators")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"num_remote_buffers": -1}, "num_remote_buffers"),
+        ({"num_remote_buffers": 1, "num_agent_groups": 0}, "num_agent_groups"),
+        ({"num_remote_buffers": 1, "num_coordinators": 2}, "num_coordinators"),
+    ],
+)
 def test_counts_are_validated(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         tg.initialize_distributed_compute_mpi4py(**kwargs)
@@ -206,9 +247,10 @@ def test_counts_are_validated(kwargs, key):
 
 
 def test_single_process_mode_ignores_buffers_like_torchgfn():
-    for ctx in (tg.initialize_distributed_compute("gloo", num_remote_buffers=2, num_agent_groups=1,
-                                                  use_coordinator=True),
-                tg.initialize_distributed_compute_mpi4py(2, 1, 1)):
+    for ctx in (
+        tg.initialize_distributed_compute("gloo", num_remote_buffers=2, num_agent_groups=1, use_coordinator=True),
+        tg.initialize_distributed_compute_mpi4py(2, 1, 1),
+    ):
         assert (ctx.my_rank, ctx.world_size, ctx.num_training_ranks, ctx.agent_group_size) == (0, 1, 1, 1)
         assert ctx.is_training_rank() and ctx.assigned_buffer is None and ctx.coordinator_rank is None
         assert ctx.agent_group_id == 0 and len(ctx.agent_groups) == 1
@@ -220,8 +262,7 @@ def test_single_process_mode_ignores_buffers_like_torchgfn():
 def test_bad_backend_names_raise():
     with pytest.raises(ConfigError, match="dist_backend"):
         tg.initialize_distributed_compute("nccl", 0)
-    for call in (lambda: tg.barrier("nccl"), lambda: tg.send(b"x", 0, backend="tcp"),
-                 lambda: tg.get_rank("MPI")):
+    for call in (lambda: tg.barrier("nccl"), lambda: tg.send(b"x", 0, backend="tcp"), lambda: tg.get_rank("MPI")):
         with pytest.raises(ConfigError, match="backend"):
             call()
     with pytest.raises(ValueError, match="unsupported reduction"):
@@ -244,8 +285,14 @@ def test_non_member_handle_reports_minus_one_and_refuses_collectives():
 
 def test_hand_built_context_follows_torchgfn_2_4_1():
     """torchgfn 2.4.1's DDP scripts build the context by hand: ranks past the trainers are buffers."""
-    ctx = tg.DistributedContext(my_rank=3, world_size=4, num_training_ranks=3, agent_group_size=3,
-                                train_global_group=None, assigned_training_ranks=[0, 1, 2])
+    ctx = tg.DistributedContext(
+        my_rank=3,
+        world_size=4,
+        num_training_ranks=3,
+        agent_group_size=3,
+        train_global_group=None,
+        assigned_training_ranks=[0, 1, 2],
+    )
     assert ctx.is_buffer_rank() and not ctx.is_training_rank() and ctx.buffer_rank_set == {3}
     trainer = tg.DistributedContext(my_rank=1, world_size=4, num_training_ranks=3, agent_group_size=3)
     assert trainer.is_training_rank() and not trainer.is_buffer_rank()
@@ -331,9 +378,10 @@ def test_averaging_skips_missing_gradients_and_keeps_identical_weights():
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
     tg.average_gradients(model)
     tg.average_models(model)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert [None if g is None else g.tolist() for g in grads] == \
-        [None if p.grad is None else p.grad.tolist() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False))
+    assert [None if g is None else g.tolist() for g in grads] == [
+        None if p.grad is None else p.grad.tolist() for p in model.parameters()
+    ]
 
 
 def test_reports_are_gflowdist_timing():

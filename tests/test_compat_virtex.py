@@ -23,13 +23,16 @@ def test_launch_world_of_one_runs_in_the_calling_process():
     assert seen == [(os.getpid(), 5)]
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"num_machines": 0}, "num_machines"),
-    ({"num_gpus_per_machine": -1}, "num_gpus_per_machine"),
-    ({"num_machines": 2, "machine_rank": 2}, "machine_rank"),
-    ({"num_machines": 2, "dist_url": "tcp://127.0.0.1:0"}, "dist_url"),
-    ({"num_machines": 2, "dist_url": "auto"}, "dist_url"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"num_machines": 0}, "num_machines"),
+        ({"num_gpus_per_machine": -1}, "num_gpus_per_machine"),
+        ({"num_machines": 2, "machine_rank": 2}, "machine_rank"),
+        ({"num_machines": 2, "dist_url": "tcp://127.0.0.1:0"}, "dist_url"),
+        ({"num_machines": 2, "dist_url": "auto"}, "dist_url"),
+    ],
+)
 def test_launch_rejects_bad_arguments(kwargs, key):
     with pytest.raises(ConfigError) as info:
         virtex.launch(lambda: None, **kwargs)

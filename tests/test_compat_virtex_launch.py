@@ -57,7 +57,9 @@ def test_launch_two_gloo_workers_on_cpu_original_needs_nccl(tmp_path):
     result = run_plain([PY, write(tmp_path, "virtex_job.py", VIRTEX_SCRIPT), "local"])
     assert result.returncode == 0, result.stdout
     assert sorted(lines(result.stdout, "JOB")) == [
-        "JOB local RANK 0 SIZE 2 AVG 0.5 IN_PARENT False", "JOB local RANK 1 SIZE 2 AVG 0.5 IN_PARENT False"]
+        "JOB local RANK 0 SIZE 2 AVG 0.5 IN_PARENT False",
+        "JOB local RANK 1 SIZE 2 AVG 0.5 IN_PARENT False",
+    ]
     assert "LAUNCH RETURNED" in result.stdout
 
 
@@ -72,9 +74,18 @@ def test_launch_failing_worker_raises_with_its_traceback(tmp_path):
 def test_launch_two_machines_meet_at_one_url(tmp_path):
     script = write(tmp_path, "virtex_job.py", VIRTEX_SCRIPT)
     url = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([PY, script, "machine", str(m), url], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=base_env(), cwd=REPO,
-                              start_new_session=True) for m in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [PY, script, "machine", str(m), url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=base_env(),
+            cwd=REPO,
+            start_new_session=True,
+        )
+        for m in (0, 1)
+    ]
     try:
         outputs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
@@ -82,12 +93,16 @@ def test_launch_two_machines_meet_at_one_url(tmp_path):
             kill_session(p)
     assert [p.returncode for p in procs] == [0, 0], outputs
     jobs = sorted(line for out in outputs for line in lines(out, "JOB"))
-    assert jobs == ["JOB machine RANK 0 SIZE 2 AVG 0.5 IN_PARENT False",
-                    "JOB machine RANK 1 SIZE 2 AVG 0.5 IN_PARENT False"]
+    assert jobs == [
+        "JOB machine RANK 0 SIZE 2 AVG 0.5 IN_PARENT False",
+        "JOB machine RANK 1 SIZE 2 AVG 0.5 IN_PARENT False",
+    ]
 
 
 def test_launch_inside_an_mpi_job_runs_in_place(tmp_path):
     script = write(tmp_path, "virtex_job.py", VIRTEX_SCRIPT)
     result = run_mpi(2, [PY, script, "injob", "2"]).check()
     assert sorted(lines(result.output, "JOB")) == [
-        "JOB injob RANK 0 SIZE 2 AVG 0.5 IN_PARENT True", "JOB injob RANK 1 SIZE 2 AVG 0.5 IN_PARENT True"]
+        "JOB injob RANK 0 SIZE 2 AVG 0.5 IN_PARENT True",
+        "JOB injob RANK 1 SIZE 2 AVG 0.5 IN_PARENT True",
+    ]

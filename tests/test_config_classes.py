@@ -38,22 +38,19 @@ def test_module_reference() -> None:
     assert load_class("collections:OrderedDict", key="roles.buffer") is collections.OrderedDict
 
 
-def test_file_reference_relative_to_the_config_file(config_dir: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_file_reference_relative_to_the_config_file(
+    config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # not the config directory: resolution must use the file
-    cls = load_class("roles_here.py:GridTrainer", key="roles.trainer",
-                     file=str(config_dir / "run.yaml"))
+    cls = load_class("roles_here.py:GridTrainer", key="roles.trainer", file=str(config_dir / "run.yaml"))
     assert cls.__name__ == "GridTrainer"
-    again = load_class("roles_here.py:GridTrainer", key="roles.trainer",
-                       file=str(config_dir / "run.yaml"))
+    again = load_class("roles_here.py:GridTrainer", key="roles.trainer", file=str(config_dir / "run.yaml"))
     assert again is cls  # the file is loaded once
-    inner = load_class("roles_here.py:GridTrainer.Inner", key="roles.trainer",
-                       file=str(config_dir / "run.yaml"))
+    inner = load_class("roles_here.py:GridTrainer.Inner", key="roles.trainer", file=str(config_dir / "run.yaml"))
     assert inner is cls.Inner
 
 
-def test_file_reference_falls_back_to_cwd(config_dir: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_file_reference_falls_back_to_cwd(config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(config_dir)
     other = tmp_path / "elsewhere.yaml"
     cls = load_class("roles_here.py:Base", key="roles.actor", file=str(other))
@@ -67,7 +64,7 @@ def test_config_role_class(config_dir: Path) -> None:
     assert cfg.role_class("actor") is None
     base = load_class("roles_here.py:Base", key="k", file=str(config_dir / "run.yaml"))
     assert cfg.role_class("trainer", base=base) is cls
-    with pytest.raises(ConfigError, match="unknown role 'trainr'.*did you mean 'trainer'"):
+    with pytest.raises(ConfigError, match=r"unknown role 'trainr'.*did you mean 'trainer'"):
         cfg.role_class("trainr")
 
 
@@ -95,9 +92,13 @@ def test_failures_name_the_key_and_file(config_dir: Path, ref: str, words: str) 
 
 
 def test_base_class_is_enforced(config_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="must be a subclass of collections.OrderedDict"):
-        load_class("roles_here.py:GridTrainer", key="roles.trainer",
-                   file=str(config_dir / "run.yaml"), base=collections.OrderedDict)
+    with pytest.raises(ConfigError, match=r"must be a subclass of collections.OrderedDict"):
+        load_class(
+            "roles_here.py:GridTrainer",
+            key="roles.trainer",
+            file=str(config_dir / "run.yaml"),
+            base=collections.OrderedDict,
+        )
 
 
 def test_absolute_path(config_dir: Path) -> None:

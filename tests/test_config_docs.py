@@ -13,7 +13,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 def test_doc_contains_the_generated_reference() -> None:
     assert config_reference_markdown() in DOC.read_text(), (
         "docs/configuration.md is out of date: paste the output of "
-        "gflowdist.config.config_reference_markdown() under '## Reference'")
+        "gflowdist.config.config_reference_markdown() under '## Reference'"
+    )
 
 
 def test_reference_lists_every_key_with_its_default() -> None:

@@ -30,12 +30,22 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 
 def test_defaults_match_the_documented_values() -> None:
     cfg = Config()
-    assert (cfg.run.name, cfg.run.seed, cfg.run.steps, cfg.run.out_dir, cfg.run.log_every) == \
-        ("run", 0, 100, "runs", 10)
-    assert (cfg.launch.engine, cfg.launch.nprocs, cfg.launch.mpiexec, cfg.launch.mpiexec_args) == \
-        ("auto", 4, None, ())
-    assert (cfg.layout.trainers, cfg.layout.actors, cfg.layout.buffers, cfg.layout.coordinator,
-            cfg.layout.agent_groups, cfg.layout.placement) == ("rest", 0, 1, True, 1, "block")
+    assert (cfg.run.name, cfg.run.seed, cfg.run.steps, cfg.run.out_dir, cfg.run.log_every) == (
+        "run",
+        0,
+        100,
+        "runs",
+        10,
+    )
+    assert (cfg.launch.engine, cfg.launch.nprocs, cfg.launch.mpiexec, cfg.launch.mpiexec_args) == ("auto", 4, None, ())
+    assert (
+        cfg.layout.trainers,
+        cfg.layout.actors,
+        cfg.layout.buffers,
+        cfg.layout.coordinator,
+        cfg.layout.agent_groups,
+        cfg.layout.placement,
+    ) == ("rest", 0, 1, True, 1, "block")
     assert cfg.replay.capacity == 10000
     assert cfg.replay.replay_fraction == 0.5 and cfg.replay.max_in_flight == 8
     assert cfg.replay.samples_per_insert is None and cfg.replay.tolerance == 0.0
@@ -120,11 +130,19 @@ def test_direct_construction_is_validated_too() -> None:
 
 
 def test_overrides_parse_yaml_values() -> None:
-    cfg = Config().apply_overrides([
-        "layout.buffers=2", "run.seed=3", "params.lr=0.01", "layout.coordinator=false",
-        "launch.mpiexec_args=[--bind-to, core]", "params.model.hidden=64", "replay.max_staleness=null",
-        "layout.trainers=rest", "run.name=exp 1",
-    ])
+    cfg = Config().apply_overrides(
+        [
+            "layout.buffers=2",
+            "run.seed=3",
+            "params.lr=0.01",
+            "layout.coordinator=false",
+            "launch.mpiexec_args=[--bind-to, core]",
+            "params.model.hidden=64",
+            "replay.max_staleness=null",
+            "layout.trainers=rest",
+            "run.name=exp 1",
+        ]
+    )
     assert cfg.layout.buffers == 2 and cfg.run.seed == 3
     assert cfg.params["lr"] == 0.01 and cfg.params["model"] == {"hidden": 64}
     assert cfg.layout.coordinator is False
@@ -153,12 +171,14 @@ OVERRIDE_ERRORS = [
     ("layout.bufers=2", "layout.bufers", ["unknown key 'bufers'", "did you mean 'buffers'"]),
     ("layot.buffers=2", "layot.buffers", ["unknown section 'layot'", "did you mean 'layout'"]),
     ("layout=2", "layout", ["unknown key", "valid keys"]),
-    ("layout.buffers=two", "layout.buffers", ["expected an integer >= 0 or 'rest'", "str 'two'",
-                                              "override 'layout.buffers=two'"]),
+    (
+        "layout.buffers=two",
+        "layout.buffers",
+        ["expected an integer >= 0 or 'rest'", "str 'two'", "override 'layout.buffers=two'"],
+    ),
     ("run.steps=true", "run.steps", ["expected an integer >= 1", "bool True"]),
     ("params=3", "params", ["params.<name>=value"]),
-    ("faults.heartbeat_s=20", "faults.peer_timeout_s", ["greater than faults.heartbeat_s",
-                                                         "after overrides"]),
+    ("faults.heartbeat_s=20", "faults.peer_timeout_s", ["greater than faults.heartbeat_s", "after overrides"]),
     ("params.lr=[1, 2", "params.lr", ["cannot parse the value"]),
 ]
 
@@ -174,7 +194,7 @@ def test_override_errors_name_the_key(override: str, key: str | None, words: lis
 
 def test_override_inside_a_non_mapping_param_is_refused() -> None:
     cfg = Config().apply_overrides(["params.lr=0.1"])
-    with pytest.raises(ConfigError, match="cannot set a key inside float 0.1") as info:
+    with pytest.raises(ConfigError, match=r"cannot set a key inside float 0.1") as info:
         cfg.apply_overrides(["params.lr.x=1"])
     assert info.value.key == "params.lr"
 
@@ -192,47 +212,68 @@ MALFORMED = [
     ("run: {seed: -1}", "run.seed", ["expected an integer >= 0", "int -1"]),
     ("run: {name: a/b}", "run.name", ["without '/'", "str 'a/b'"]),
     ("run: {name: ''}", "run.name", ["non-empty name"]),
-    ("launch: {engine: tourch}", "launch.engine",
-     ["one of 'auto', 'mpi', 'torch'", "str 'tourch'", "did you mean 'torch'"]),
+    (
+        "launch: {engine: tourch}",
+        "launch.engine",
+        ["one of 'auto', 'mpi', 'torch'", "str 'tourch'", "did you mean 'torch'"],
+    ),
     ("launch: {nprocs: 0}", "launch.nprocs", ["expected an integer >= 1", "int 0"]),
     ("launch: {nprocs: '4'}", "launch.nprocs", ["expected an integer >= 1", "str '4'"]),
-    ("launch: {mpiexec_args: --bind-to core}", "launch.mpiexec_args",
-     ["a list of strings", "write a list"]),
+    ("launch: {mpiexec_args: --bind-to core}", "launch.mpiexec_args", ["a list of strings", "write a list"]),
     ("launch: {mpiexec_args: [1, 2]}", "launch.mpiexec_args", ["a list of strings", "list [1, 2]"]),
     ("launch: {mpiexec: 3}", "launch.mpiexec", ["null or a non-empty string", "int 3"]),
     ("layout: {buffers: -1}", "layout.buffers", ["an integer >= 0 or 'rest'", "int -1"]),
     ("layout: {buffers: rst}", "layout.buffers", ["did you mean 'rest'"]),
-    ("layout: {trainers: rest, buffers: rest}", "layout.buffers",
-     ["at most one count may be 'rest'", "trainers and buffers"]),
+    (
+        "layout: {trainers: rest, buffers: rest}",
+        "layout.buffers",
+        ["at most one count may be 'rest'", "trainers and buffers"],
+    ),
     ("layout: {coordinator: 1}", "layout.coordinator", ["true or false", "int 1"]),
     ("layout: {agent_groups: 0}", "layout.agent_groups", ["expected an integer >= 1", "int 0"]),
-    ("layout: {placement: node_local}", "layout.placement",
-     ["one of 'block', 'node-local'", "did you mean 'node-local'"]),
-    ("roles: {trainer: my_module.Trainer}", "roles.trainer",
-     ["'package.module:Class' or 'path/to/file.py:Class'", "str 'my_module.Trainer'"]),
+    (
+        "layout: {placement: node_local}",
+        "layout.placement",
+        ["one of 'block', 'node-local'", "did you mean 'node-local'"],
+    ),
+    (
+        "roles: {trainer: my_module.Trainer}",
+        "roles.trainer",
+        ["'package.module:Class' or 'path/to/file.py:Class'", "str 'my_module.Trainer'"],
+    ),
     ("roles: {learner: a:B}", "roles.learner", ["unknown key 'learner'"]),
     ("replay: {capacity: 0}", "replay.capacity", ["expected an integer >= 1", "int 0"]),
     ("replay: {sampler: priority}", "replay.sampler", ["did you mean 'prioritized'"]),
     ("replay: {writer: roundrobin}", "replay.writer", ["did you mean 'round_robin'"]),
-    ("replay: {replay_fraction: 1.5}", "replay.replay_fraction",
-     ["a finite number >= 0.0 and < 1.0", "float 1.5"]),
+    ("replay: {replay_fraction: 1.5}", "replay.replay_fraction", ["a finite number >= 0.0 and < 1.0", "float 1.5"]),
     ("replay: {replay_fraction: 1}", "replay.replay_fraction", ["a finite number >= 0.0 and < 1.0", "int 1"]),
-    ("replay: {batch_size: 16}", "replay.batch_size",
-     ["replay.batch_size: was removed", "set replay_fraction instead"]),
+    (
+        "replay: {batch_size: 16}",
+        "replay.batch_size",
+        ["replay.batch_size: was removed", "set replay_fraction instead"],
+    ),
     ("replay: {replay_fraction: .nan}", "replay.replay_fraction", ["a finite number"]),
-    ("replay: {samples_per_insert: 0}", "replay.samples_per_insert",
-     ["null or a finite number > 0.0", "int 0"]),
+    ("replay: {samples_per_insert: 0}", "replay.samples_per_insert", ["null or a finite number > 0.0", "int 0"]),
     ("replay: {tolerance: 2.0}", "replay.tolerance", ["only applies when replay.samples_per_insert"]),
-    ("replay: {samples_per_insert: 4, tolerance: 2}", "replay.tolerance", [">= max(1, samples_per_insert)",
-                                                                          "block inserts and samples forever"]),
+    (
+        "replay: {samples_per_insert: 4, tolerance: 2}",
+        "replay.tolerance",
+        [">= max(1, samples_per_insert)", "block inserts and samples forever"],
+    ),
     ("replay: {writer: dedup}", "replay.dedup_key", ["required by writer 'dedup'"]),
-    ("replay: {capacity: 10, min_size_to_sample: 11}", "replay.min_size_to_sample",
-     ["<= replay.capacity (10)", "never start"]),
+    (
+        "replay: {capacity: 10, min_size_to_sample: 11}",
+        "replay.min_size_to_sample",
+        ["<= replay.capacity (10)", "never start"],
+    ),
     ("replay: {max_in_flight: 0}", "replay.max_in_flight", ["expected an integer >= 1"]),
     ("sync: {mode: gradient}", "sync.mode", ["did you mean 'gradients'"]),
     ("sync: {every: 0}", "sync.every", ["expected an integer >= 1"]),
-    ("faults: {heartbeat_s: 2, peer_timeout_s: 1}", "faults.peer_timeout_s",
-     ["greater than faults.heartbeat_s (2.0)", "found 1.0"]),
+    (
+        "faults: {heartbeat_s: 2, peer_timeout_s: 1}",
+        "faults.peer_timeout_s",
+        ["greater than faults.heartbeat_s (2.0)", "found 1.0"],
+    ),
     ("faults: {heartbeat_s: 0}", "faults.heartbeat_s", ["a finite number > 0.0"]),
     ("faults: {max_message_bytes: 0}", "faults.max_message_bytes", ["expected an integer >= 1"]),
     ("params: [1, 2]", "params", ["a mapping with string keys", "list [1, 2]"]),
@@ -242,8 +283,7 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("text, key, words", MALFORMED, ids=[row[1] + ":" + row[0] for row in MALFORMED])
-def test_malformed_config_gives_the_exact_error(tmp_path: Path, text: str, key: str,
-                                                words: list[str]) -> None:
+def test_malformed_config_gives_the_exact_error(tmp_path: Path, text: str, key: str, words: list[str]) -> None:
     path = write(tmp_path, text + "\n")
     with pytest.raises(ConfigError) as info:
         Config.from_yaml(path)
@@ -292,8 +332,10 @@ def test_yaml_never_builds_python_objects(tmp_path: Path) -> None:
         Config.from_yaml(path)
 
 
-@pytest.mark.parametrize("text, value", [("1e-3", 0.001), ("1.5E+2", 150.0), ("-2e1", -20.0),
-                                         ("1_000", 1000), ("0.5", 0.5), ("rest", "rest")])
+@pytest.mark.parametrize(
+    "text, value",
+    [("1e-3", 0.001), ("1.5E+2", 150.0), ("-2e1", -20.0), ("1_000", 1000), ("0.5", 0.5), ("rest", "rest")],
+)
 def test_number_forms(text: str, value: object) -> None:
     parsed = parse_yaml(f"x: {text}")["x"]
     assert parsed == value and type(parsed) is type(value)
@@ -304,8 +346,10 @@ def test_replay_rate_limit_consistent_when_both_set() -> None:
     assert cfg.samples_per_insert == 4.0 and cfg.tolerance == 16.0
 
 
-@pytest.mark.parametrize("fraction, fresh, replayed", [
-    (0.0, 16, 0), (0.2, 16, 4), (0.5, 32, 32), (0.25, 30, 10), (0.75, 8, 24), (0.2, 1, 1), (0.5, 7, 7)])
+@pytest.mark.parametrize(
+    "fraction, fresh, replayed",
+    [(0.0, 16, 0), (0.2, 16, 4), (0.5, 32, 32), (0.25, 30, 10), (0.75, 8, 24), (0.2, 1, 1), (0.5, 7, 7)],
+)
 def test_replay_fraction_is_the_replayed_share_of_the_learner_batch(fraction, fresh, replayed):
     got = ReplayConfig(replay_fraction=fraction).replayed_per_step(fresh)
     assert got == replayed

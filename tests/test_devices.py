@@ -8,19 +8,25 @@ from gflowdist.config import Config, ConfigError
 from gflowdist.devices import choose_device, local_rank
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"LOCAL_RANK": "3", "RANK": "7"}, (3, "LOCAL_RANK=3 (torchrun)")),
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_RANK": "6"}, (2, "OMPI_COMM_WORLD_LOCAL_RANK=2 (Open MPI)")),
-    ({"MPI_LOCALRANKID": "1", "PMI_RANK": "5"}, (1, "MPI_LOCALRANKID=1 (MPICH hydra)")),
-    ({"MV2_COMM_WORLD_LOCAL_RANK": "1"}, (1, "MV2_COMM_WORLD_LOCAL_RANK=1 (MVAPICH2)")),
-    ({"PMI_LOCAL_RANK": "4"}, (4, "PMI_LOCAL_RANK=4 (Cray PMI)")),
-    ({"SLURM_LOCALID": "2", "SLURM_PROCID": "10"}, (2, "SLURM_LOCALID=2 (Slurm)")),
-    # mpiexec inside an sbatch script: the batch step's SLURM_LOCALID=0 is inherited by every rank
-    ({"SLURM_LOCALID": "0", "MPI_LOCALRANKID": "3"}, (3, "MPI_LOCALRANKID=3 (MPICH hydra)")),
-    ({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, (1, "OMPI_COMM_WORLD_LOCAL_RANK=1 (Open MPI)")),
-    # torchrun inside an allocation
-    ({"SLURM_LOCALID": "0", "LOCAL_RANK": "2"}, (2, "LOCAL_RANK=2 (torchrun)")),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"LOCAL_RANK": "3", "RANK": "7"}, (3, "LOCAL_RANK=3 (torchrun)")),
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_RANK": "6"},
+            (2, "OMPI_COMM_WORLD_LOCAL_RANK=2 (Open MPI)"),
+        ),
+        ({"MPI_LOCALRANKID": "1", "PMI_RANK": "5"}, (1, "MPI_LOCALRANKID=1 (MPICH hydra)")),
+        ({"MV2_COMM_WORLD_LOCAL_RANK": "1"}, (1, "MV2_COMM_WORLD_LOCAL_RANK=1 (MVAPICH2)")),
+        ({"PMI_LOCAL_RANK": "4"}, (4, "PMI_LOCAL_RANK=4 (Cray PMI)")),
+        ({"SLURM_LOCALID": "2", "SLURM_PROCID": "10"}, (2, "SLURM_LOCALID=2 (Slurm)")),
+        # mpiexec inside an sbatch script: the batch step's SLURM_LOCALID=0 is inherited by every rank
+        ({"SLURM_LOCALID": "0", "MPI_LOCALRANKID": "3"}, (3, "MPI_LOCALRANKID=3 (MPICH hydra)")),
+        ({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, (1, "OMPI_COMM_WORLD_LOCAL_RANK=1 (Open MPI)")),
+        # torchrun inside an allocation
+        ({"SLURM_LOCALID": "0", "LOCAL_RANK": "2"}, (2, "LOCAL_RANK=2 (torchrun)")),
+    ],
+)
 def test_local_rank_comes_from_the_launcher_that_started_the_rank(env, expected):
     assert local_rank(env, global_rank=99) == expected
 
@@ -58,23 +64,28 @@ def test_auto_without_gpus_and_cpu_with_gpus_stay_on_the_cpu():
 
 
 def test_cuda_without_a_visible_gpu_is_an_error_naming_the_key():
-    with pytest.raises(ConfigError, match="launch.devices: asks for cuda, but this rank sees no CUDA device"):
+    with pytest.raises(ConfigError, match=r"launch.devices: asks for cuda, but this rank sees no CUDA device"):
         choose_device("cuda", 1, 0, where="MPI_LOCALRANKID=1 (MPICH hydra)")
 
 
 def test_a_device_list_is_indexed_by_local_rank_and_cycled():
     setting = ("cuda:1", "cuda:0", "cpu")
-    assert [choose_device(setting, local, 2).device for local in range(5)] == \
-        ["cuda:1", "cuda:0", "cpu", "cuda:1", "cuda:0"]
+    assert [choose_device(setting, local, 2).device for local in range(5)] == [
+        "cuda:1",
+        "cuda:0",
+        "cpu",
+        "cuda:1",
+        "cuda:0",
+    ]
     assert choose_device(("cuda", "cpu"), 2, 4).device == "cuda:2"  # "cuda" in a list: by local rank
-    with pytest.raises(ConfigError, match="entry 0 of launch.devices .* is cuda:3, but this rank sees 2 visible"):
+    with pytest.raises(ConfigError, match=r"entry 0 of launch.devices .* is cuda:3, but this rank sees 2 visible"):
         choose_device(("cuda:3",), 0, 2)
 
 
 def test_launch_devices_is_checked_when_the_config_loads():
     assert Config.from_dict({"launch": {"devices": ["cuda:0", "cpu"]}}).launch.devices == ("cuda:0", "cpu")
     assert Config().launch.devices == "auto"
-    with pytest.raises(ConfigError, match="launch.devices: .* found str 'gpu' \\(did you mean 'cpu'\\?\\)"):
+    with pytest.raises(ConfigError, match=r"launch.devices: .* found str 'gpu' \(did you mean 'cpu'\?\)"):
         Config.from_dict({"launch": {"devices": "gpu"}})
     with pytest.raises(ConfigError, match="the entry str 'cuda:x' is not cpu, cuda or cuda:N"):
         Config.from_dict({"launch": {"devices": ["cuda:x"]}})
@@ -90,8 +101,18 @@ def test_the_rank_is_put_on_its_gpu_before_anything_else(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
-    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK",
-                 "SLURM_LOCALID", "RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"):
+    for name in (
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "PMI_LOCAL_RANK",
+        "SLURM_LOCALID",
+        "RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMIX_RANK",
+        "MV2_COMM_WORLD_RANK",
+        "SLURM_PROCID",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MPI_LOCALRANKID", "6")
     monkeypatch.setenv("PMI_RANK", "15")
@@ -133,8 +154,9 @@ def test_the_launcher_judges_devices_only_for_ranks_that_run_on_its_host():
     assert not devices_judged_here(_launch(devices="auto"), 3, env={})  # auto never fails
     assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["-f", "hosts.txt"]), 3, env={})
     assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["--hostfile=h"]), 3, env={})
-    assert not devices_judged_here(_launch(devices="cuda", mpiexec_args=["-genv", "CUDA_VISIBLE_DEVICES", "1"]), 3,
-                                   env={})
+    assert not devices_judged_here(
+        _launch(devices="cuda", mpiexec_args=["-genv", "CUDA_VISIBLE_DEVICES", "1"]), 3, env={}
+    )
     assert not devices_judged_here(_launch(devices="cuda"), 3, env={"SLURM_JOB_ID": "42"})  # mpiexec spreads them
     assert devices_judged_here(_launch(devices="cuda", engine="torch"), 3, env={"SLURM_JOB_ID": "42"})  # local
 
@@ -146,9 +168,11 @@ def test_the_launcher_names_the_first_rank_it_cannot_place_and_the_fix(monkeypat
     check_devices(_launch(devices=["cuda:0", "cuda:1"]), 4, 2)  # local ranks 2 and 3 cycle back: fine
     with pytest.raises(ConfigError) as info:
         check_devices(_launch(devices=["cuda:0", "cuda:3"]), 4, 2)
-    assert str(info.value) == ("config.yaml: launch.devices: entry 1 of launch.devices (local rank 1: 4 ranks, all on "
-                               "this host) is cuda:3, but this host sees 2 visible CUDA devices: list only cuda:0 to "
-                               "cuda:1 (or cuda, or auto)")
+    assert str(info.value) == (
+        "config.yaml: launch.devices: entry 1 of launch.devices (local rank 1: 4 ranks, all on "
+        "this host) is cuda:3, but this host sees 2 visible CUDA devices: list only cuda:0 to "
+        "cuda:1 (or cuda, or auto)"
+    )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ConfigError, match=r"run where torch sees a GPU \(CUDA_VISIBLE_DEVICES='' is set\)$"):
         check_devices(_launch(devices="cuda"), 1, 0)

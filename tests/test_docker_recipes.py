@@ -89,8 +89,17 @@ def hostfile_entries(path: Path = HOSTFILE) -> list[tuple[str, int]]:
 def test_dockerfile_starts_from_python_slim_and_copies_only_what_exists():
     instructions = dockerfile_instructions()
     assert instructions[0] == ("FROM", "python:3.11-slim")
-    assert {keyword for keyword, _ in instructions} <= {"FROM", "ARG", "RUN", "WORKDIR", "COPY", "ENV",
-                                                          "EXPOSE", "ENTRYPOINT", "CMD"}
+    assert {keyword for keyword, _ in instructions} <= {
+        "FROM",
+        "ARG",
+        "RUN",
+        "WORKDIR",
+        "COPY",
+        "ENV",
+        "EXPOSE",
+        "ENTRYPOINT",
+        "CMD",
+    }
     copies = [arguments for keyword, arguments in instructions if keyword == "COPY"]
     assert copies, "the image copies the project in"
     for arguments in copies:
@@ -108,8 +117,11 @@ def test_every_run_instruction_parses_as_shell():
 
 def test_torch_is_pinned_and_installed_before_gflowdist():
     runs = [arguments for keyword, arguments in dockerfile_instructions() if keyword == "RUN"]
-    args = {arguments.split("=", 1)[0]: arguments.split("=", 1)[1]
-            for keyword, arguments in dockerfile_instructions() if keyword == "ARG"}
+    args = {
+        arguments.split("=", 1)[0]: arguments.split("=", 1)[1]
+        for keyword, arguments in dockerfile_instructions()
+        if keyword == "ARG"
+    }
     assert args["TORCH_VERSION"] == "2.13.0"
     torch_run = next(i for i, run in enumerate(runs) if '"torch==${TORCH_VERSION}"' in run)
     project_run = next(i for i, run in enumerate(runs) if '".[mpich]"' in run)
@@ -212,18 +224,31 @@ def test_run_hypergrid_launches_through_hydra_ssh_onto_the_hostfile_hosts(tmp_pa
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# launching node first\nnode0:2\nnode1:1\n")  # 3 ranks: the smallest layout
     log = tmp_path / "ssh.log"
-    env = base_env(PATH=f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin", FAKE_SSH_LOG=str(log),
-                   HOSTFILE=str(hostfile), NPROCS="3", OUT_DIR=str(tmp_path / "runs"), GFLOWDIST_DIR=str(REPO),
-                   SSH_WAIT_S="5", **{MARKER_VARIABLE: new_marker()})
-    proc = subprocess.Popen([str(DOCKER / "run-hypergrid.sh"), "run.steps=4", "run.log_every=2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=tmp_path, start_new_session=True)
+    env = base_env(
+        PATH=f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin",
+        FAKE_SSH_LOG=str(log),
+        HOSTFILE=str(hostfile),
+        NPROCS="3",
+        OUT_DIR=str(tmp_path / "runs"),
+        GFLOWDIST_DIR=str(REPO),
+        SSH_WAIT_S="5",
+        **{MARKER_VARIABLE: new_marker()},
+    )
+    proc = subprocess.Popen(
+        [str(DOCKER / "run-hypergrid.sh"), "run.steps=4", "run.log_every=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     proc.gflowdist_marker = env[MARKER_VARIABLE]
     try:
         output, _ = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:
         kill_session(proc)
-        raise AssertionError(f"run-hypergrid.sh did not finish:\n{proc.communicate()[0]}")
+        raise AssertionError(f"run-hypergrid.sh did not finish:\n{proc.communicate()[0]}") from None
     finally:
         kill_session(proc)
     assert proc.returncode == 0, output
@@ -245,7 +270,6 @@ def test_run_hypergrid_gives_up_on_a_host_that_never_answers(tmp_path):
     (bin_dir / "ssh").write_text("#!/bin/sh\nexit 255\n")
     (bin_dir / "ssh").chmod(0o755)
     env = base_env(PATH=f"{bin_dir}:/usr/bin:/bin", HOSTFILE=str(HOSTFILE), SSH_WAIT_S="1")
-    done = subprocess.run([str(DOCKER / "run-hypergrid.sh")], capture_output=True, text=True, env=env,
-                          timeout=30)
+    done = subprocess.run([str(DOCKER / "run-hypergrid.sh")], capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 1
     assert "node0 did not answer over ssh within 1 s" in done.stderr

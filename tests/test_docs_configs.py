@@ -23,8 +23,12 @@ from gflowdist.runtime import BufferManager
 
 REPO = Path(__file__).resolve().parents[1]
 TOP_LEVEL = {*SECTIONS, "params"}
-PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"] + sorted((REPO / "examples").rglob("*.md")) \
-    + sorted((REPO / "docker").rglob("*.md"))
+PAGES = [
+    *sorted((REPO / "docs").rglob("*.md")),
+    REPO / "README.md",
+    *sorted((REPO / "examples").rglob("*.md")),
+    *sorted((REPO / "docker").rglob("*.md")),
+]
 
 
 def config_blocks() -> list[tuple[str, str]]:
@@ -58,8 +62,9 @@ def test_every_config_block_loads(name, block):
 
 
 def test_params_are_read_only_all_the_way_down_and_roles_get_the_same_object():
-    config = Config.from_dict({"roles": {"trainer": "x.py:T"},
-                               "params": {"model": {"hidden": 64}, "sizes": [1, 2], "lr": 0.1}})
+    config = Config.from_dict(
+        {"roles": {"trainer": "x.py:T"}, "params": {"model": {"hidden": 64}, "sizes": [1, 2], "lr": 0.1}}
+    )
     with pytest.raises(TypeError):
         config.params["lr"] = 1.0
     with pytest.raises(TypeError):

@@ -32,14 +32,19 @@ DOCS = REPO / "docs"
 MKDOCS_YML = REPO / "mkdocs.yml"
 QUICKSTART = DOCS / "quickstart.md"
 README = REPO / "README.md"
-INSTALL_HINT = ("the docs tools are not installed: pip install -e '.[docs]' "
-                "(or: pip install 'mkdocs>=1.6' 'mkdocstrings[python]>=0.25')")
+INSTALL_HINT = (
+    "the docs tools are not installed: pip install -e '.[docs]' "
+    "(or: pip install 'mkdocs>=1.6' 'mkdocstrings[python]>=0.25')"
+)
 
 
 def require_docs_tools() -> None:
-    missing = [name for name in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
-               if importlib.util.find_spec(name.split(".")[0]) is None
-               or (name.startswith("mkdocstrings_handlers") and importlib.util.find_spec(name) is None)]
+    missing = [
+        name
+        for name in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
+        if importlib.util.find_spec(name.split(".")[0]) is None
+        or (name.startswith("mkdocstrings_handlers") and importlib.util.find_spec(name) is None)
+    ]
     if missing:
         pytest.fail(f"{INSTALL_HINT}; missing: {', '.join(missing)}", pytrace=False)
 
@@ -59,14 +64,21 @@ def section(text: str, heading: str) -> str:
 def run_marked(argv: list[str], *, cwd: Path, timeout: float) -> tuple[int, str]:
     """Run ``argv`` in its own session; every process it started is killed before returning."""
     marker = new_marker()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                            env=base_env(**{MARKER_VARIABLE: marker}), start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd,
+        env=base_env(**{MARKER_VARIABLE: marker}),
+        start_new_session=True,
+    )
     proc.gflowdist_marker = marker
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_session(proc)
-        raise AssertionError(f"{' '.join(argv)} did not finish in {timeout} s:\n{proc.communicate()[0]}")
+        raise AssertionError(f"{' '.join(argv)} did not finish in {timeout} s:\n{proc.communicate()[0]}") from None
     finally:
         kill_session(proc)
     return proc.returncode, output
@@ -74,8 +86,11 @@ def run_marked(argv: list[str], *, cwd: Path, timeout: float) -> tuple[int, str]
 
 def test_the_site_builds_in_strict_mode(tmp_path):
     require_docs_tools()
-    code, output = run_marked([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(MKDOCS_YML),
-                               "-d", str(tmp_path / "site")], cwd=REPO, timeout=240)
+    code, output = run_marked(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(MKDOCS_YML), "-d", str(tmp_path / "site")],
+        cwd=REPO,
+        timeout=240,
+    )
     assert code == 0, f"mkdocs build --strict failed:\n{output}"
     assert (tmp_path / "site" / "api" / "runtime" / "index.html").exists()
     runtime = (tmp_path / "site" / "api" / "runtime" / "index.html").read_text()
@@ -99,8 +114,17 @@ def test_the_nav_names_only_pages_that_exist_or_are_planned():
     assert listed - pages - planned == set(), f"nav names pages that do not exist: {sorted(listed - pages)}"
     assert planned & pages == set(), f"written pages still listed as planned: {sorted(planned & pages)}"
     assert pages - listed == set(), f"pages missing from the nav of mkdocs.yml: {sorted(pages - listed)}"
-    assert {"index.md", "quickstart.md", "concepts.md", "configuration.md", "cluster.md", "performance.md",
-            "troubleshooting.md", "migration.md", "migration-torchgfn.md"} <= listed
+    assert {
+        "index.md",
+        "quickstart.md",
+        "concepts.md",
+        "configuration.md",
+        "cluster.md",
+        "performance.md",
+        "troubleshooting.md",
+        "migration.md",
+        "migration-torchgfn.md",
+    } <= listed
 
 
 def test_planned_pages_wait_and_unlisted_pages_are_appended(tmp_path):
@@ -110,15 +134,23 @@ def test_planned_pages_wait_and_unlisted_pages_are_appended(tmp_path):
         (tmp_path / name).write_text(f"# {name}\n")
     (tmp_path / "_ext").mkdir()
     (tmp_path / "_ext" / "notes.md").write_text("not a page\n")
-    config = SimpleNamespace(docs_dir=str(tmp_path), extra={"planned_pages": ["later.md", "guide.md"]},
-                             nav=[{"Home": "index.md"}, {"Guides": [{"Guide": "guide.md"}, {"Later": "later.md"}]}])
+    config = SimpleNamespace(
+        docs_dir=str(tmp_path),
+        extra={"planned_pages": ["later.md", "guide.md"]},
+        nav=[{"Home": "index.md"}, {"Guides": [{"Guide": "guide.md"}, {"Later": "later.md"}]}],
+    )
     config = nav_hooks.on_config(config)
-    assert config.nav == [{"Home": "index.md"}, {"Guides": [{"Guide": "guide.md"}]},
-                          {nav_hooks.MORE: ["new.md", "sub/deep.md"]}]
+    assert config.nav == [
+        {"Home": "index.md"},
+        {"Guides": [{"Guide": "guide.md"}]},
+        {nav_hooks.MORE: ["new.md", "sub/deep.md"]},
+    ]
     page = SimpleNamespace(file=SimpleNamespace(src_uri="sub/deep.md"))
     markdown = "See [later](../later.md#top), [the guide](../guide.md) and [web](https://x.org/later.md)."
-    assert nav_hooks.on_page_markdown(markdown, page=page) == \
-        "See later, [the guide](../guide.md) and [web](https://x.org/later.md)."
+    assert (
+        nav_hooks.on_page_markdown(markdown, page=page)
+        == "See later, [the guide](../guide.md) and [web](https://x.org/later.md)."
+    )
 
 
 def quickstart_files() -> tuple[str, str]:
@@ -132,8 +164,9 @@ def test_readme_shows_the_quickstart_roles_and_the_quickstart_shows_the_readme_c
     assert fenced_blocks(readme, "python")[0] == code, "README's roles example differs from docs/quickstart.md"
     assert fenced_blocks(readme, "yaml")[0] == config, "README's config differs from docs/quickstart.md"
     commands = readme.split("```", 2)[1]
-    assert f"```{commands}```" in QUICKSTART.read_text(), \
+    assert f"```{commands}```" in QUICKSTART.read_text(), (
         "docs/quickstart.md must show the README's first code block unchanged: copy it over"
+    )
 
 
 def test_quickstart_roles_run_under_gflowdist_with_three_ranks(tmp_path):
@@ -143,8 +176,21 @@ def test_quickstart_roles_run_under_gflowdist_with_three_ranks(tmp_path):
     config = yaml.safe_load(config_text)
     steps = 12
     exit_code, output = run_marked(
-        [sys.executable, "-m", "gflowdist", "run", "config.yaml", "-n", "3", f"run.steps={steps}",
-         "run.log_every=4", f"run.out_dir={tmp_path / 'runs'}"], cwd=tmp_path, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "gflowdist",
+            "run",
+            "config.yaml",
+            "-n",
+            "3",
+            f"run.steps={steps}",
+            "run.log_every=4",
+            f"run.out_dir={tmp_path / 'runs'}",
+        ],
+        cwd=tmp_path,
+        timeout=180,
+    )
     assert exit_code == 0, output
     produced = steps * config["params"]["batch"]  # 1 trainer: one rollout of `batch` arms per step
     assert f"done: {produced} trajectories produced, {produced} admitted, 0 dropped, ledger balanced" in output
@@ -165,24 +211,27 @@ def test_docstring_roles_become_links_and_a_dangling_one_is_reported(tmp_path, c
     rst_roles = load_ext("rst_roles")
     package = tmp_path / "fakepkg"
     package.mkdir()
-    (package / "__init__.py").write_text('"""See :class:`~fakepkg.core.Thing` and :mod:`fakepkg.core`."""\n'
-                                         "from fakepkg.core import Thing\n")
+    (package / "__init__.py").write_text(
+        '"""See :class:`~fakepkg.core.Thing` and :mod:`fakepkg.core`."""\nfrom fakepkg.core import Thing\n'
+    )
     (package / "core.py").write_text(
         '"""Holds :class:`Thing`; :meth:`Thing.go` runs it; :func:`importlib.import_module` is elsewhere.\n\n'
         'Example::\n\n    Thing().go()\n"""\n\n\n'
         'class Thing:\n    """Calls :meth:`go`, unlike :func:`fakepkg.core.gone`."""\n\n'
-        '    def go(self):\n        """Go."""\n')
+        '    def go(self):\n        """Go."""\n'
+    )
 
     class FakeRoles(rst_roles.RstRoles):
         package = "fakepkg"
 
     with caplog.at_level(logging.WARNING, logger=rst_roles.log.name):
-        loaded = griffe.load("fakepkg", search_paths=[str(tmp_path)],
-                             extensions=griffe.load_extensions(FakeRoles()))
+        loaded = griffe.load("fakepkg", search_paths=[str(tmp_path)], extensions=griffe.load_extensions(FakeRoles()))
     assert loaded.docstring.value == "See [`Thing`][fakepkg.core.Thing] and [`fakepkg.core`][fakepkg.core]."
     core = loaded["core"].docstring.value
-    assert core.startswith("Holds [`Thing`][fakepkg.core.Thing]; [`Thing.go`][fakepkg.core.Thing.go] runs it; "
-                           "`importlib.import_module` is elsewhere.")
+    assert core.startswith(
+        "Holds [`Thing`][fakepkg.core.Thing]; [`Thing.go`][fakepkg.core.Thing.go] runs it; "
+        "`importlib.import_module` is elsewhere."
+    )
     assert "Example:\n\n    Thing().go()" in core
     assert loaded["core.Thing"].docstring.value == "Calls [`go`][fakepkg.core.Thing.go], unlike `fakepkg.core.gone`."
     warnings = [record.getMessage() for record in caplog.records]

@@ -18,9 +18,17 @@ from tests.support.launching import REPO
 
 EXAMPLE = REPO / "examples" / "apex_cartpole"
 STEPS, BATCH = 300, 32
-SMALL = ["run.steps=%d" % STEPS, "run.log_every=20", "replay.capacity=4000", "replay.min_size_to_sample=256",
-         "replay.learner_batch=%d" % BATCH, "sync.weights_to_coordinator_every=100", "params.eval_episodes=2",
-         "params.hidden=32", "params.target_return=100000"]
+SMALL = [
+    f"run.steps={STEPS}",
+    "run.log_every=20",
+    "replay.capacity=4000",
+    "replay.min_size_to_sample=256",
+    f"replay.learner_batch={BATCH}",
+    "sync.weights_to_coordinator_every=100",
+    "params.eval_episodes=2",
+    "params.hidden=32",
+    "params.target_return=100000",
+]
 
 
 def test_apex_job_closes_the_priority_loop_and_balances_its_ledger(job_factory):

@@ -25,13 +25,13 @@ import torch
 
 pytest.importorskip("gfn", reason="torchgfn is an optional extra: pip install 'torchgfn==2.4.1'")
 
-from gfn.containers import Trajectories  # noqa: E402
+from gfn.containers import Trajectories
 
-from gflowdist.errors import GflowdistError  # noqa: E402
-from gflowdist.transport import EncodeError, MessageType, decode, encode  # noqa: E402
-from tests.support.jobs import read_json  # noqa: E402
-from tests.support.launching import REPO  # noqa: E402
-from tests.support.scripts import load_script  # noqa: E402
+from gflowdist.errors import GflowdistError
+from gflowdist.transport import EncodeError, MessageType, decode, encode
+from tests.support.jobs import read_json
+from tests.support.launching import REPO
+from tests.support.scripts import load_script
 
 EXAMPLE = REPO / "examples" / "torchgfn_hypergrid"
 CONFIG = EXAMPLE / "config.yaml"
@@ -66,8 +66,12 @@ def test_batch_holds_torchgfn_trajectories_batch_first_and_padded(setup):
     batch = wire.trajectories_to_batch(trajectories, T)
     n, D = len(trajectories), env.ndim
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
-        "states": (n, T + 1, D), "actions": (n, T, 1), "terminating_idx": (n,),
-        "log_rewards": (n,), "terminal": (n, D)}
+        "states": (n, T + 1, D),
+        "actions": (n, T, 1),
+        "terminating_idx": (n,),
+        "log_rewards": (n,),
+        "terminal": (n, D),
+    }
     states, actions = trajectories.states.tensor, trajectories.actions.tensor
     for i in range(n):
         L = int(batch["terminating_idx"][i])
@@ -88,8 +92,9 @@ def test_round_trip_through_the_codec_keeps_torchgfn_tb_loss(setup):
     received = message.body["batch"]
     assert all(torch.equal(received[k], batch[k]) for k in wire.BATCH_KEYS)
     rebuilt = wire.batch_to_trajectories(env, received)
-    assert torch.allclose(gflownet.loss(env, rebuilt, reduction="none"),
-                          gflownet.loss(env, trajectories, reduction="none"))
+    assert torch.allclose(
+        gflownet.loss(env, rebuilt, reduction="none"), gflownet.loss(env, trajectories, reduction="none")
+    )
 
 
 def test_torchgfn_objects_do_not_cross_the_wire(setup):
@@ -134,8 +139,19 @@ def _damaged(batch: dict, how: str) -> dict:
     return bad
 
 
-@pytest.mark.parametrize("how", ["missing key", "extra key", "zero length", "length beyond T",
-                                 "short actions", "wrong state shape", "float lengths", "not a tensor"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "missing key",
+        "extra key",
+        "zero length",
+        "length beyond T",
+        "short actions",
+        "wrong state shape",
+        "float lengths",
+        "not a tensor",
+    ],
+)
 def test_malformed_batches_are_refused(setup, how):
     env, _, _, T = setup
     batch = wire.trajectories_to_batch(sample(setup, 8), T)
@@ -151,8 +167,7 @@ def test_a_trajectory_longer_than_max_length_is_refused(setup):
 
 def test_buffer_scores_novelty_and_tracks_torchgfn_modes(setup):
     env, _, _, T = setup
-    buffer = roles.TorchgfnHyperGridBuffer(rank=0, config=SimpleNamespace(params=PARAMS),
-                                           generator=torch.Generator())
+    buffer = roles.TorchgfnHyperGridBuffer(rank=0, config=SimpleNamespace(params=PARAMS), generator=torch.Generator())
     buffer.setup()
     batch = wire.trajectories_to_batch(sample(setup, 64, epsilon=0.9), T)
     bonus = buffer.novelty_bonus
@@ -181,9 +196,11 @@ def test_all_states_and_true_distribution_follow_torchgfn(setup):
 
 def test_without_torchgfn_the_roles_name_the_package_to_install():
     """A fresh interpreter where ``import gfn`` fails, as if torchgfn were not installed."""
-    code = ("import sys; sys.modules['gfn'] = None\n"
-            "from gflowdist.config.classes import load_class\n"
-            f"load_class({str(EXAMPLE / 'roles.py')!r} + ':TorchgfnHyperGridTrainer', key='roles.trainer')")
+    code = (
+        "import sys; sys.modules['gfn'] = None\n"
+        "from gflowdist.config.classes import load_class\n"
+        f"load_class({str(EXAMPLE / 'roles.py')!r} + ':TorchgfnHyperGridTrainer', key='roles.trainer')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]

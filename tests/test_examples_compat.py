@@ -25,13 +25,16 @@ def finals(output: str) -> dict[int, str]:
     return {rank: checksum for rank, (_, checksum) in found.items()}
 
 
-@pytest.mark.parametrize("example, args", [
-    ("spinup_vpg.py", ["--epochs", "2", "--steps", "200"]),
-    ("virtex_style.py", ["--num-procs", "2", "--steps", "10"]),
-    ("omnisafe_style.py", ["--steps", "20"]),
-])
+@pytest.mark.parametrize(
+    "example, args",
+    [
+        ("spinup_vpg.py", ["--epochs", "2", "--steps", "200"]),
+        ("virtex_style.py", ["--num-procs", "2", "--steps", "10"]),
+        ("omnisafe_style.py", ["--steps", "20"]),
+    ],
+)
 def test_example_under_mpiexec(example, args):
-    result = run_mpi(2, [PY, str(REPO / "examples" / example)] + args, timeout=180).check()
+    result = run_mpi(2, [PY, str(REPO / "examples" / example), *args], timeout=180).check()
     checksums = finals(result.output)
     assert checksums[0] == checksums[1], result.output
 

@@ -17,12 +17,12 @@ from gflowdist.replay import ReplayBuffer
 from gflowdist.replay.samplers import UniformSampler
 from gflowdist.replay.storage import TensorStorage
 from gflowdist.replay.writers import RoundRobinWriter
+from gflowdist.rundir import write_config
 from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops.buffer import BufferLoop
 from gflowdist.transport import Message
-from gflowdist.rundir import write_config
 from tests.support.checkpoints import fake_checkpoint
 from tests.support.jobs import TOY
 
@@ -76,12 +76,18 @@ def test_a_nonzero_exit_explained_by_a_lost_actor_is_a_success(tmp_path):
 def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_and_got_and_serves_the_others():
     sent, notes = [], []
     roles = {0: "trainer", 1: "trainer", 3: "buffer"}
-    context = SimpleNamespace(placement=SimpleNamespace(clients=(0, 1)),
-                              describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)")
-    w = SimpleNamespace(rank=3, ledger=Ledger(), context=context, lost={},
-                        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=None)),
-                        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
-                        note=lambda event, category, **args: notes.append((event, category, args)))
+    context = SimpleNamespace(
+        placement=SimpleNamespace(clients=(0, 1)), describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"
+    )
+    w = SimpleNamespace(
+        rank=3,
+        ledger=Ledger(),
+        context=context,
+        lost={},
+        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=None)),
+        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
+        note=lambda event, category, **args: notes.append((event, category, args)),
+    )
     manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
     replay = ReplayBuffer(TensorStorage(100), UniformSampler(), RoundRobinWriter())
     loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), replay)
@@ -98,13 +104,15 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     assert notes == [("batch refused", "fault", {"sender": 1, "trajectories": 4})]  # on the buffer's trace
     [(_, told, to)] = sent
     assert to == 1 and told["cmd"] == "refused" and told["seq"] == 0
-    assert told["text"] == ("buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
-                            "(trainer on vm): field 'states': got per-item shape [17, 2] torch.float32, the storage "
-                            "holds [16, 2] torch.float32")
+    assert told["text"] == (
+        "buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
+        "(trainer on vm): field 'states': got per-item shape [17, 2] torch.float32, the storage "
+        "holds [16, 2] torch.float32"
+    )
 
 
 def test_going_on_without_a_lost_actor_is_refused_on_the_torch_engine_naming_the_key():
-    with pytest.raises(ConfigError, match="is continue, but launch.engine is torch: gloo cannot go on") as err:
+    with pytest.raises(ConfigError, match=r"is continue, but launch.engine is torch: gloo cannot go on") as err:
         Config.from_dict({"faults": {"on_actor_loss": "continue"}, "launch": {"engine": "torch"}})
     assert err.value.key == "faults.on_actor_loss"
     config = Config.from_dict({"faults": {"on_actor_loss": "continue"}})  # engine auto: decided at start-up
@@ -122,8 +130,12 @@ def test_a_checkpoint_ack_that_counts_a_refusal_not_heard_yet_waits_for_it_and_f
     from gflowdist.runtime.wiring import Wiring
 
     def fake(arrives_after: int | None, mode: str = "fail"):
-        me = SimpleNamespace(refusals_heard=0, polls=0, rank=1,
-                             config=SimpleNamespace(faults=SimpleNamespace(peer_timeout_s=0.5, on_bad_batch=mode)))
+        me = SimpleNamespace(
+            refusals_heard=0,
+            polls=0,
+            rank=1,
+            config=SimpleNamespace(faults=SimpleNamespace(peer_timeout_s=0.5, on_bad_batch=mode)),
+        )
 
         def check_control():
             me.polls += 1

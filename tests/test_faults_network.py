@@ -71,9 +71,15 @@ SCENARIOS = {"coordinator-on-cut-host": 1, "coordinator-on-surviving-host": 0}
 def cut_run(request, tmp_path_factory) -> CutRun:
     with hosts(2) as hs:
         folder = tmp_path_factory.mktemp(request.param)
-        job = Job(folder, "run.steps=100000", "params.delay_s=0.005", f"faults.peer_timeout_s={PEER_TIMEOUT_S}",
-                  "faults.heartbeat_s=0.2", f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(2))}",
-                  env=hs.mpi_env())
+        job = Job(
+            folder,
+            "run.steps=100000",
+            "params.delay_s=0.005",
+            f"faults.peer_timeout_s={PEER_TIMEOUT_S}",
+            "faults.heartbeat_s=0.2",
+            f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(2))}",
+            env=hs.mpi_env(),
+        )
         victim = hs.hosts[SCENARIOS[request.param]]
         try:
             run = job.wait_for_metrics(4, timeout=120)
@@ -90,14 +96,24 @@ def cut_run(request, tmp_path_factory) -> CutRun:
             exit_after = time.monotonic() - cut
             if message_after is None and LOST.search(job.output):
                 message_after = exit_after
-            result = CutRun(victim.name, rows, code, job.output, message_after, exit_after,
-                            job.processes_left(), namespace_processes(hs))
+            result = CutRun(
+                victim.name,
+                rows,
+                code,
+                job.output,
+                message_after,
+                exit_after,
+                job.processes_left(),
+                namespace_processes(hs),
+            )
         finally:
             job.kill()
             job.log.close()
             hs.restore_link(victim)
-        print(f"\n{request.param}: cut {victim.name}; first 'lost rank' line after "
-              f"{result.message_after} s, launcher exit {result.code} after {result.exit_after:.1f} s")
+        print(
+            f"\n{request.param}: cut {victim.name}; first 'lost rank' line after "
+            f"{result.message_after} s, launcher exit {result.code} after {result.exit_after:.1f} s"
+        )
         return result
 
 

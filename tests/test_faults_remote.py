@@ -47,8 +47,11 @@ def test_exception_in_a_remote_trainer_ends_the_job_with_its_traceback(netns_hos
     assert [rows[r]["host"] for r in (0, 1)] == [hs.hosts[0].name] * 2 and rows[0]["role"] == "trainer"
     summary = out.split("gflowdist: the job failed (exit ", 1)
     assert len(summary) == 2, out
-    failed = re.search(r"gflowdist: rank (\d) \(trainer on (\S+)\) failed at step \d+: RuntimeError: toy trainer "
-                       r"failure on purpose", summary[1])
+    failed = re.search(
+        r"gflowdist: rank (\d) \(trainer on (\S+)\) failed at step \d+: RuntimeError: toy trainer "
+        r"failure on purpose",
+        summary[1],
+    )
     assert failed and int(failed[1]) in (0, 1) and failed[2] == hs.hosts[0].name, summary[1]
     # the traceback reaches the launcher: it goes through the user's rollout in toy_roles.py
     assert "Traceback (most recent call last)" in summary[1] and "toy_roles.py" in summary[1]
@@ -62,8 +65,9 @@ def test_sigterm_to_the_launcher_stops_every_rank_then_resume_continues(netns_ho
     # Trainers that average gradients may stop one step apart and hang in the all-reduce (about one
     # run in three here; see the strict xfail below): this run has them not average, so that it
     # checks signal -> checkpoint -> report -> resume deterministically.
-    job = job_factory("run.steps=100000", "params.delay_s=0.02", keep_all, NO_AVERAGING, *_on_hosts(hs),
-                      env=hs.mpi_env())
+    job = job_factory(
+        "run.steps=100000", "params.delay_s=0.02", keep_all, NO_AVERAGING, *_on_hosts(hs), env=hs.mpi_env()
+    )
     run = job.wait_for_metrics(4, timeout=120)
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(60) == 128 + signal.SIGTERM, job.output
@@ -83,8 +87,9 @@ def test_sigterm_to_the_launcher_stops_every_rank_then_resume_continues(netns_ho
     assert before_size == ledger["totals"]["admitted"] == N * sum(stopped.values())
 
     target = max(stopped.values()) + 10
-    resumed = job_factory(f"run.steps={target}", keep_all, NO_AVERAGING, "--resume", str(run),
-                          *_on_hosts(hs), env=hs.mpi_env())
+    resumed = job_factory(
+        f"run.steps={target}", keep_all, NO_AVERAGING, "--resume", str(run), *_on_hosts(hs), env=hs.mpi_env()
+    )
     resumed.out_dir = run.parent
     assert resumed.wait(120) == 0, resumed.output
     _nothing_left(resumed, hs)

@@ -59,9 +59,14 @@ def _check_refused_and_served(job, expected_malformed: int) -> list[str]:
 
 def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_counted(job_factory):
     oversized = LIMIT // TRAJECTORY_BYTES + 1  # its frames alone exceed the limit
-    job = job_factory(f"run.steps={STEPS}", f"faults.max_message_bytes={LIMIT}", *ABUSER,
-                      "params.abuse=oversized", f"params.abuse_trajectories={oversized}",
-                      f"params.garbage_every={EVERY}")
+    job = job_factory(
+        f"run.steps={STEPS}",
+        f"faults.max_message_bytes={LIMIT}",
+        *ABUSER,
+        "params.abuse=oversized",
+        f"params.abuse_trajectories={oversized}",
+        f"params.garbage_every={EVERY}",
+    )
     # one garbage message with batches EVERY, 2 EVERY, ... (all read before the sender's "done"
     # notice, which follows them on the same tag), plus the oversized one
     rejected = _check_refused_and_served(job, STEPS // EVERY + 1)
@@ -70,7 +75,12 @@ def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_coun
 
 
 def test_a_header_claiming_a_terabyte_is_refused_before_allocation(job_factory):
-    job = job_factory(f"run.steps={STEPS}", f"faults.max_message_bytes={LIMIT}", *ABUSER,
-                      "params.abuse=claim", f"params.abuse_bytes={1 << 40}")
+    job = job_factory(
+        f"run.steps={STEPS}",
+        f"faults.max_message_bytes={LIMIT}",
+        *ABUSER,
+        "params.abuse=claim",
+        f"params.abuse_bytes={1 << 40}",
+    )
     rejected = _check_refused_and_served(job, 1)
     assert str(1 << 40) in rejected[0] and str(LIMIT) in rejected[0], rejected

@@ -30,8 +30,7 @@ def scalar_reward(x: tuple[int, ...], H: int, R0=0.1, R1=0.5, R2=2.0) -> float:
 def torchgfn_style_reward(x: torch.Tensor, H: int) -> torch.Tensor:
     """torchgfn's "original" reward as it evaluates it: float32 a_d, thresholds +-1e-12."""
     a = (x / (H - 1) - 0.5).abs()
-    return (0.1 + (0.25 + 1e-12 < a).prod(-1) * 0.5
-            + ((0.3 + 1e-12 < a) * (a < 0.4 - 1e-12)).prod(-1) * 2.0)
+    return 0.1 + (0.25 + 1e-12 < a).prod(-1) * 0.5 + ((0.3 + 1e-12 < a) * (a < 0.4 - 1e-12)).prod(-1) * 2.0
 
 
 def make(D=2, H=8, seed=0, **kw):
@@ -41,6 +40,7 @@ def make(D=2, H=8, seed=0, **kw):
 
 
 # --- environment -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("D,H", SMALL_GRIDS)
 def test_reward_and_modes_match_a_scalar_loop(D, H):
@@ -70,8 +70,7 @@ def test_reward_matches_torchgfn_except_its_float32_boundary():
 def test_default_grid_has_four_modes_in_the_band_corners():
     env = gfn.HyperGrid()
     band = [v for v in range(8) if Fraction(3, 10) < abs(Fraction(v, 7) - Fraction(1, 2)) < Fraction(2, 5)]
-    expected = {gfn.state_index(torch.tensor(x), env).item()
-                for x in itertools.product(band, repeat=2)}
+    expected = {gfn.state_index(torch.tensor(x), env).item() for x in itertools.product(band, repeat=2)}
     assert set(gfn.modes_mask(env).nonzero().squeeze(-1).tolist()) == expected
 
 
@@ -92,10 +91,17 @@ def test_state_index_and_unravel_are_inverse():
     assert gfn.state_index(torch.tensor([1, 2, 3]), env).item() == 1 * 25 + 2 * 5 + 3
 
 
-@pytest.mark.parametrize("kwargs,key", [({"ndim": 0}, "ndim"), ({"height": 1}, "height"),
-                                        ({"R0": 0.0}, "R0"), ({"R2": 0.0}, "R2"),
-                                        ({"R1": -1.0}, "R1"),
-                                        ({"ndim": 64, "height": 2}, "height")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"ndim": 0}, "ndim"),
+        ({"height": 1}, "height"),
+        ({"R0": 0.0}, "R0"),
+        ({"R2": 0.0}, "R2"),
+        ({"R1": -1.0}, "R1"),
+        ({"ndim": 64, "height": 2}, "height"),
+    ],
+)
 def test_bad_environment_config_names_the_key(kwargs, key):
     with pytest.raises(ConfigError) as err:
         gfn.HyperGrid(**kwargs)
@@ -103,6 +109,7 @@ def test_bad_environment_config_names_the_key(kwargs, key):
 
 
 # --- sampler ---------------------------------------------------------------------------
+
 
 def check_valid(batch: dict, env: gfn.HyperGrid) -> None:
     """Every trajectory of the batch obeys the environment, element by element."""
@@ -165,9 +172,13 @@ def test_batch_is_plain_tensors_with_documented_dtypes_and_shapes():
     n, T, D = 7, env.max_actions, env.ndim
     batch = gfn.sample_trajectories(model, env, n)
     assert T == D * (env.height - 1) + 1
-    expected = {"states": (torch.int64, (n, T + 1, D)), "actions": (torch.int64, (n, T)),
-                "lengths": (torch.int64, (n,)), "log_rewards": (torch.float32, (n,)),
-                "terminal": (torch.int64, (n, D))}
+    expected = {
+        "states": (torch.int64, (n, T + 1, D)),
+        "actions": (torch.int64, (n, T)),
+        "lengths": (torch.int64, (n,)),
+        "log_rewards": (torch.float32, (n,)),
+        "terminal": (torch.int64, (n, D)),
+    }
     assert set(batch) == set(expected)
     for key, (dtype, shape) in expected.items():
         assert type(batch[key]) is torch.Tensor, key
@@ -176,13 +187,16 @@ def test_batch_is_plain_tensors_with_documented_dtypes_and_shapes():
     assert gfn.check_batch(batch, env) == n
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda b: b.pop("terminal"),
-    lambda b: b.update(extra=torch.zeros(1)),
-    lambda b: b.update(log_rewards=b["log_rewards"].double()),
-    lambda b: b.update(actions=b["actions"][:, :-1]),
-    lambda b: b.update(states=b["states"].tolist()),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b.pop("terminal"),
+        lambda b: b.update(extra=torch.zeros(1)),
+        lambda b: b.update(log_rewards=b["log_rewards"].double()),
+        lambda b: b.update(actions=b["actions"][:, :-1]),
+        lambda b: b.update(states=b["states"].tolist()),
+    ],
+)
 def test_check_batch_rejects_malformed_batches(mutate):
     env, model = make()
     batch = gfn.sample_trajectories(model, env, 3)
@@ -192,6 +206,7 @@ def test_check_batch_rejects_malformed_batches(mutate):
 
 
 # --- loss ------------------------------------------------------------------------------
+
 
 def naive_tb_loss(model, env, batch) -> torch.Tensor:
     """Trajectory balance one trajectory and one step at a time."""
@@ -249,6 +264,7 @@ def test_tb_loss_scores_a_replayed_batch_with_the_current_model():
 
 # --- metrics ---------------------------------------------------------------------------
 
+
 def brute_force_terminal_distribution(model, env) -> dict[tuple, float]:
     """P_T by enumerating every path of a tiny grid, recursively."""
     out: dict[tuple, float] = {}
@@ -258,7 +274,7 @@ def brute_force_terminal_distribution(model, env) -> dict[tuple, float]:
         out[x] = out.get(x, 0.0) + prob * p[env.ndim].item()
         for d in range(env.ndim):
             if x[d] < env.height - 1:
-                walk(x[:d] + (x[d] + 1,) + x[d + 1:], prob * p[d].item())
+                walk((*x[:d], x[d] + 1, *x[d + 1 :]), prob * p[d].item())
 
     with torch.no_grad():
         walk((0,) * env.ndim, 1.0)
@@ -317,6 +333,7 @@ def test_count_modes_counts_distinct_mode_states():
 
 # --- training --------------------------------------------------------------------------
 
+
 def test_training_reduces_l1_against_the_untrained_model():
     args = bare.Args(n_steps=300, window=1000, log_every=0, seed=0)
     threads = torch.get_num_threads()
@@ -334,8 +351,9 @@ def test_training_reduces_l1_against_the_untrained_model():
 
 def test_bare_main_runs_with_tiny_settings(capsys):
     threads = torch.get_num_threads()  # main() pins one thread, as a script should
-    m = bare.main(["--n-steps", "6", "--log-every", "3", "--window", "32", "--uniform-pb",
-                   "--epsilon", "0.1", "--height", "5"])
+    m = bare.main(
+        ["--n-steps", "6", "--log-every", "3", "--window", "32", "--uniform-pb", "--epsilon", "0.1", "--height", "5"]
+    )
     torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "step=3" in out and "step=6" in out and "modes found" in out

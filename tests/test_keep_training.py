@@ -41,9 +41,11 @@ FAST = ("faults.heartbeat_s=0.2", "faults.peer_timeout_s=4", "faults.restart_del
 STEPS = 40
 #: trainer 1's batches turn float64 from policy version 5: the buffer's storage holds float32
 RETYPE = ("params.retype_rank=1", "params.retype_at=5")
-REFUSAL = (r"buffer rank {buffer} \(buffer on \S+\) refused a batch of 8 trajectories \(seq 40-47\) from rank 1 "
-           r"\(trainer on \S+\): field 'y': got per-item shape \[\] torch.float64, the storage holds \[\] "
-           r"torch.float32")
+REFUSAL = (
+    r"buffer rank {buffer} \(buffer on \S+\) refused a batch of 8 trajectories \(seq 40-47\) from rank 1 "
+    r"\(trainer on \S+\): field 'y': got per-item shape \[\] torch.float64, the storage holds \[\] "
+    r"torch.float32"
+)
 
 
 def _keys(run: Path) -> list[tuple[int, int]]:
@@ -73,19 +75,41 @@ def _kill_when(triggers: dict, timeout: float = 150) -> None:
 
 def test_training_goes_on_through_a_lost_trainer_a_lost_actor_bad_batches_and_a_nan_loss(job_factory):
     # trainers sleep 0.1 s a rollout where a kill is due (from step 12; the whole run): time for the kill
-    restart = job_factory(f"run.steps={STEPS}", "run.log_every=1", "params.delay_s=0.03",
-                          "params.slow_from=12", "params.slow_s=0.1",
-                          "faults.checkpoint_every=8", "--max-restarts", "1", *FAST)
-    going_on = job_factory(f"run.steps={STEPS}", "layout.actors=1", "-n", "5", "params.delay_s=0.03",
-                           "params.slow_s=0.1", "faults.on_actor_loss=continue", *RETYPE,
-                           "faults.on_bad_batch=drop", "params.nan_rank=0", "params.nan_at=7",
-                           "faults.on_nonfinite_loss=skip", *FAST)
+    restart = job_factory(
+        f"run.steps={STEPS}",
+        "run.log_every=1",
+        "params.delay_s=0.03",
+        "params.slow_from=12",
+        "params.slow_s=0.1",
+        "faults.checkpoint_every=8",
+        "--max-restarts",
+        "1",
+        *FAST,
+    )
+    going_on = job_factory(
+        f"run.steps={STEPS}",
+        "layout.actors=1",
+        "-n",
+        "5",
+        "params.delay_s=0.03",
+        "params.slow_s=0.1",
+        "faults.on_actor_loss=continue",
+        *RETYPE,
+        "faults.on_bad_batch=drop",
+        "params.nan_rank=0",
+        "params.nan_at=7",
+        "faults.on_nonfinite_loss=skip",
+        *FAST,
+    )
     twice = job_factory("run.steps=20", *RETYPE, "faults.checkpoint_every=2", "--max-restarts", "2", *FAST)
-    _kill_when({
-        # trainer 1 (trainers 0-1, buffer 2, coordinator 3) at step 12, after a periodic checkpoint
-        restart: ("trainer 1's step 12 and a checkpoint", lambda run: candidates(run) and (1, 12) in _keys(run), 1),
-        # the actor (trainers 0-1, actor 2, buffer 3, coordinator 4) once the trainers are training
-        going_on: ("the first metrics rows", lambda run: len(_keys(run)) >= 2, 2)})
+    _kill_when(
+        {
+            # trainer 1 (trainers 0-1, buffer 2, coordinator 3) at step 12, after a periodic checkpoint
+            restart: ("trainer 1's step 12 and a checkpoint", lambda run: candidates(run) and (1, 12) in _keys(run), 1),
+            # the actor (trainers 0-1, actor 2, buffer 3, coordinator 4) once the trainers are training
+            going_on: ("the first metrics rows", lambda run: len(_keys(run)) >= 2, 2),
+        }
+    )
     codes = [job.wait(240) for job in (restart, going_on, twice)]
 
     _check_restarted(restart, restart.run_dir(), codes[0])
@@ -99,8 +123,11 @@ def _check_restarted(job, run: Path, code: int) -> None:
     assert "lost rank 1 (trainer on" in out and "restart 1 of 1" in out, out
     restarts = read_json(run / "restarts.json")
     assert len(restarts) == 1 and restarts[0]["previous_ended"].startswith("lost rank 1 (trainer on"), restarts
-    note = re.search(r"generation 1 \(restart 1 of 1\); the one before ended: lost rank 1 \(trainer on \S+\): "
-                     r"[^;]*; resumed from gen-0000-step-0+(\d+) at step (\d+), (\d+) steps? repeated", out)
+    note = re.search(
+        r"generation 1 \(restart 1 of 1\); the one before ended: lost rank 1 \(trainer on \S+\): "
+        r"[^;]*; resumed from gen-0000-step-0+(\d+) at step (\d+), (\d+) steps? repeated",
+        out,
+    )
     assert note and note[1] == note[2] and int(note[3]) >= 0, out
     assert re.search(rf"^gen 1  step \d+/{STEPS}", out, re.M), out
     assert "generation 1 (restart 1 of 1)" in (run / "report.txt").read_text()
@@ -115,8 +142,11 @@ def _check_restarted(job, run: Path, code: int) -> None:
 def _check_went_on(job, run: Path, code: int) -> None:
     out = job.output
     assert code == 0, out
-    assert re.search(r"gflowdist: lost rank 2 \(actor on \S+\): no heartbeat for [\d.]+ s \(faults.peer_timeout_s = "
-                     r"4\); going on without it \(faults.on_actor_loss = continue\)", out), out
+    assert re.search(
+        r"gflowdist: lost rank 2 \(actor on \S+\): no heartbeat for [\d.]+ s \(faults.peer_timeout_s = "
+        r"4\); going on without it \(faults.on_actor_loss = continue\)",
+        out,
+    ), out
     assert "lost rank 2 (actor)" in out  # on the progress line
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["2"], ledger

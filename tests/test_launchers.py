@@ -65,14 +65,16 @@ def test_mpi_fork_keeps_module_mode_original_loses_it(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "helper.py").write_text("VALUE = 41\n")
-    (package / "job.py").write_text(textwrap.dedent("""
+    (package / "job.py").write_text(
+        textwrap.dedent("""
         from .helper import VALUE
         import sys
         from gflowdist.compat.spinup import mpi_fork, num_procs, proc_id
         sys.stdout.reconfigure(line_buffering=True, write_through=False)  # a line per write (see above)
         mpi_fork(2)
         print(f"RANK {proc_id()} SIZE {num_procs()} VALUE {VALUE + 1}", flush=True)
-    """))
+    """)
+    )
     result = run_plain([PY, "-m", "pkgx.job"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout
     assert sorted(lines(result.stdout, "RANK")) == ["RANK 0 SIZE 2 VALUE 42", "RANK 1 SIZE 2 VALUE 42"]
@@ -98,6 +100,8 @@ def test_fork_failing_worker_fails_the_parent(tmp_path):
 
 def test_fork_inside_a_torch_job_starts_nothing(tmp_path):
     result = run_torch(2, [PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT)], timeout=120).check()
-    assert sorted(w.rsplit(" CPUS", 1)[0] for w in lines(result.output, "WORKER")) == \
-        ["WORKER 0 SIZE 2 SUM 2", "WORKER 1 SIZE 2 SUM 2"]
+    assert sorted(w.rsplit(" CPUS", 1)[0] for w in lines(result.output, "WORKER")) == [
+        "WORKER 0 SIZE 2 SUM 2",
+        "WORKER 1 SIZE 2 SUM 2",
+    ]
     assert "PARENT DONE" not in result.output

@@ -15,8 +15,7 @@ EXAMPLE = re.compile(r"<!-- plan: (\d+) (\{.*?\})(?: hosts=(\S+))? -->\n```text\
 
 
 def examples() -> list[tuple[int, dict, str | None, str]]:
-    found = [(int(w), json.loads(cfg), hosts, table)
-             for w, cfg, hosts, table in EXAMPLE.findall(DOC.read_text())]
+    found = [(int(w), json.loads(cfg), hosts, table) for w, cfg, hosts, table in EXAMPLE.findall(DOC.read_text())]
     return found
 
 
@@ -25,7 +24,6 @@ def test_doc_has_examples() -> None:
 
 
 @pytest.mark.parametrize("world, layout_cfg, hosts, table", examples())
-def test_example_matches_plan_layout(world: int, layout_cfg: dict, hosts: str | None,
-                                     table: str) -> None:
+def test_example_matches_plan_layout(world: int, layout_cfg: dict, hosts: str | None, table: str) -> None:
     layout = plan_layout(world, layout_cfg, parse_host_list(hosts) if hosts else None)
     assert layout.describe() == table

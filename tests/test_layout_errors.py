@@ -12,22 +12,39 @@ from gflowdist.layout import Role, parse_host_list, plan_layout
 
 IMPOSSIBLE = [
     # (world size, layout, hosts, words the message must contain)
-    (4, {"trainers": 3, "buffers": 2}, None,
-     ["layout needs 3 trainers + 2 buffers + 1 coordinator = 6 ranks but the job has 4"]),
-    (8, {"trainers": 2, "buffers": 1}, None,
-     ["accounts for 2 trainers + 1 buffer + 1 coordinator = 4 ranks but the job has 8", "'rest'"]),
-    (4, {"buffers": 3}, None,
-     ["no rank is left for the 'rest' trainers", "4 ranks - 3 buffers - 1 coordinator = 0"]),
-    (2, {"trainers": 2, "buffers": "rest"}, None,
-     ["2 trainers + 1 coordinator = 3 ranks before the 'rest' buffers, but the job has 2"]),
-    (4, {"trainers": 0, "buffers": "rest", "coordinator": False}, None,
-     ["0 trainers", "at least one trainer"]),
-    (8, {"agent_groups": 4}, None,
-     ["6 trainers cannot be split into 4 equal agent groups", "not a multiple of 4"]),
-    (3, {"agent_groups": 2, "buffers": 0, "coordinator": False}, None,
-     ["3 trainers cannot be split into 2 equal agent groups"]),
-    (4, {"trainers": 1, "buffers": 3, "coordinator": False}, None,
-     ["3 buffers but only 1 trainer + 0 actors = 1 client", "at least one client"]),
+    (
+        4,
+        {"trainers": 3, "buffers": 2},
+        None,
+        ["layout needs 3 trainers + 2 buffers + 1 coordinator = 6 ranks but the job has 4"],
+    ),
+    (
+        8,
+        {"trainers": 2, "buffers": 1},
+        None,
+        ["accounts for 2 trainers + 1 buffer + 1 coordinator = 4 ranks but the job has 8", "'rest'"],
+    ),
+    (4, {"buffers": 3}, None, ["no rank is left for the 'rest' trainers", "4 ranks - 3 buffers - 1 coordinator = 0"]),
+    (
+        2,
+        {"trainers": 2, "buffers": "rest"},
+        None,
+        ["2 trainers + 1 coordinator = 3 ranks before the 'rest' buffers, but the job has 2"],
+    ),
+    (4, {"trainers": 0, "buffers": "rest", "coordinator": False}, None, ["0 trainers", "at least one trainer"]),
+    (8, {"agent_groups": 4}, None, ["6 trainers cannot be split into 4 equal agent groups", "not a multiple of 4"]),
+    (
+        3,
+        {"agent_groups": 2, "buffers": 0, "coordinator": False},
+        None,
+        ["3 trainers cannot be split into 2 equal agent groups"],
+    ),
+    (
+        4,
+        {"trainers": 1, "buffers": 3, "coordinator": False},
+        None,
+        ["3 buffers but only 1 trainer + 0 actors = 1 client", "at least one client"],
+    ),
     (4, {"actors": 1, "buffers": 0}, None, ["1 actor but no buffer"]),
     (4, {"trainers": "rest", "actors": "rest"}, None, ["at most one count may be 'rest'"]),
     (4, {"buffers": -1}, None, ["invalid layout", "layout.buffers", "int -1"]),
@@ -40,13 +57,24 @@ IMPOSSIBLE = [
     (2, {"buffers": 0}, ["a", ""], ["host name of rank 1 must be a non-empty string"]),
     (4, {}, "abcd", ["one host name per rank, found a string"]),
     (8, {"buffers": 2, "placement": "node-local"}, None, ["needs the host name of every rank"]),
-    (8, {"buffers": 3, "placement": "node-local"}, ["a"] * 4 + ["b"] * 4,
-     ["number of buffers (3) to be a multiple of the number of hosts (2: a, b)"]),
-    (8, {"buffers": 2, "placement": "node-local"}, ["a"] * 7 + ["b"],
-     ["host 'b' has 0 ranks besides the coordinator", "at least 2"]),
-    (10, {"buffers": 2, "placement": "node-local", "coordinator": False}, ["a"] * 7 + ["b"] * 3,
-     ["unequal loads", "buffer 6 on 'a' would serve 6 clients but buffer 9 on 'b' 2",
-      "differ by at most one"]),
+    (
+        8,
+        {"buffers": 3, "placement": "node-local"},
+        ["a"] * 4 + ["b"] * 4,
+        ["number of buffers (3) to be a multiple of the number of hosts (2: a, b)"],
+    ),
+    (
+        8,
+        {"buffers": 2, "placement": "node-local"},
+        ["a"] * 7 + ["b"],
+        ["host 'b' has 0 ranks besides the coordinator", "at least 2"],
+    ),
+    (
+        10,
+        {"buffers": 2, "placement": "node-local", "coordinator": False},
+        ["a"] * 7 + ["b"] * 3,
+        ["unequal loads", "buffer 6 on 'a' would serve 6 clients but buffer 9 on 'b' 2", "differ by at most one"],
+    ),
 ]
 
 
@@ -74,8 +102,7 @@ def test_wrong_config_type() -> None:
 
 def test_fallback_does_not_hide_count_errors() -> None:
     with pytest.raises(LayoutError, match="layout needs"):
-        plan_layout(2, {"trainers": 3, "placement": "node-local"}, ["a", "b"],
-                    fallback_to_block=True)
+        plan_layout(2, {"trainers": 3, "placement": "node-local"}, ["a", "b"], fallback_to_block=True)
 
 
 def test_fallback_without_hosts_says_so() -> None:
@@ -88,22 +115,28 @@ def test_fallback_without_hosts_says_so() -> None:
 # --- host lists --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, hosts", [
-    ("a,b,a,b", ("a", "b", "a", "b")),
-    ("a:2,b:2", ("a", "a", "b", "b")),
-    ("a:2, b", ("a", "a", "b")),
-    ("node-1:3", ("node-1",) * 3),
-])
+@pytest.mark.parametrize(
+    "spec, hosts",
+    [
+        ("a,b,a,b", ("a", "b", "a", "b")),
+        ("a:2,b:2", ("a", "a", "b", "b")),
+        ("a:2, b", ("a", "a", "b")),
+        ("node-1:3", ("node-1",) * 3),
+    ],
+)
 def test_parse_host_list(spec: str, hosts: tuple[str, ...]) -> None:
     assert parse_host_list(spec) == hosts
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("a,,b", "empty host name"),
-    ("a:0", "positive integer, found '0'"),
-    ("a:x", "positive integer, found 'x'"),
-    (":2", "empty host name"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("a,,b", "empty host name"),
+        ("a:0", "positive integer, found '0'"),
+        ("a:x", "positive integer, found 'x'"),
+        (":2", "empty host name"),
+    ],
+)
 def test_bad_host_list(spec: str, words: str) -> None:
     with pytest.raises(LayoutError, match=words):
         parse_host_list(spec)
@@ -115,8 +148,7 @@ def test_bad_host_list(spec: str, words: str) -> None:
 @pytest.fixture
 def mixed():
     """13 ranks: T=6, A=4, B=2, coordinator, 2 agent groups."""
-    return plan_layout(13, {"actors": 4, "buffers": 2, "agent_groups": 2},
-                       hosts=["h0"] * 7 + ["h1"] * 6)
+    return plan_layout(13, {"actors": 4, "buffers": 2, "agent_groups": 2}, hosts=["h0"] * 7 + ["h1"] * 6)
 
 
 def test_readers(mixed) -> None:

@@ -23,14 +23,12 @@ def mixes(world: int, groups: tuple[int, ...] = (1, 2, 3, 4)) -> list[tuple[int,
     """(buffers, actors, coordinator, groups) combinations tried for one world size."""
     buffer_counts = sorted({0, 1, 2, 3, 4, 5, world // 4, world // 2})
     actor_counts = sorted({0, 1, 2, 3, world // 3, world // 2})
-    return [(b, a, c, g) for b in buffer_counts for a in actor_counts for c in (0, 1)
-            for g in groups]
+    return [(b, a, c, g) for b in buffer_counts for a in actor_counts for c in (0, 1) for g in groups]
 
 
 def expected_valid(world: int, buffers: int, actors: int, coordinator: int, groups: int) -> bool:
     trainers = world - buffers - actors - coordinator
-    return (trainers >= 1 and trainers % groups == 0 and not (actors and not buffers)
-            and buffers <= trainers + actors)
+    return trainers >= 1 and trainers % groups == 0 and not (actors and not buffers) and buffers <= trainers + actors
 
 
 def torchgfn_reference(world: int, buffers: int, coordinator: int) -> dict[str, object]:
@@ -62,16 +60,23 @@ def torchgfn_reference(world: int, buffers: int, coordinator: int) -> dict[str, 
     }
 
 
-def check_invariants(layout: Layout, world: int, trainers: int, actors: int, buffers: int,
-                     coordinator: int, groups: int) -> None:
+def check_invariants(
+    layout: Layout, world: int, trainers: int, actors: int, buffers: int, coordinator: int, groups: int
+) -> None:
     # every rank exactly one role, and the lists agree with the roles
     assert len(layout.roles) == world
-    listed = list(layout.trainers) + list(layout.actors) + list(layout.buffers) + \
-        ([layout.coordinator] if layout.coordinator is not None else [])
+    listed = (
+        list(layout.trainers)
+        + list(layout.actors)
+        + list(layout.buffers)
+        + ([layout.coordinator] if layout.coordinator is not None else [])
+    )
     assert sorted(listed) == list(range(world))
-    assert Counter(layout.roles) == Counter({Role.TRAINER: trainers, Role.ACTOR: actors,
-                                             Role.BUFFER: buffers,
-                                             Role.COORDINATOR: coordinator}) - Counter()
+    assert (
+        Counter(layout.roles)
+        == Counter({Role.TRAINER: trainers, Role.ACTOR: actors, Role.BUFFER: buffers, Role.COORDINATOR: coordinator})
+        - Counter()
+    )
     for role in Role:
         assert all(layout.roles[rank] is role for rank in layout.ranks_of(role))
     assert layout.coordinator == (world - 1 if coordinator else None)
@@ -91,8 +96,7 @@ def check_invariants(layout: Layout, world: int, trainers: int, actors: int, buf
     assert len(layout.agent_groups) == groups
     assert [r for group in layout.agent_groups for r in group] == list(layout.trainers)
     assert {len(group) for group in layout.agent_groups} == {trainers // groups}
-    assert all(layout.group_of[r] == index for index, group in enumerate(layout.agent_groups)
-               for r in group)
+    assert all(layout.group_of[r] == index for index, group in enumerate(layout.agent_groups) for r in group)
     assert layout.pop_ranks == tuple(group[0] for group in layout.agent_groups)
     # actors: one trainer each, trainers serve floor(A/T) or ceil(A/T)
     assert set(layout.trainer_of) == set(layout.actors)
@@ -127,8 +131,7 @@ def check_block_structure(layout: Layout, trainers: int, buffers: int) -> None:
 @pytest.mark.parametrize("world", WORLD_SIZES)
 def test_block_matrix(world: int) -> None:
     for buffers, actors, coordinator, groups in mixes(world):
-        cfg = {"buffers": buffers, "actors": actors, "coordinator": bool(coordinator),
-               "agent_groups": groups}
+        cfg = {"buffers": buffers, "actors": actors, "coordinator": bool(coordinator), "agent_groups": groups}
         trainers = world - buffers - actors - coordinator
         if not expected_valid(world, buffers, actors, coordinator, groups):
             with pytest.raises(LayoutError):
@@ -145,8 +148,7 @@ def test_block_matrix(world: int) -> None:
             assert layout.coordinator == reference["coordinator"]
             size = trainers // groups
             ref_trainers = reference["trainers"]
-            assert layout.agent_groups == tuple(
-                tuple(ref_trainers[i * size:(i + 1) * size]) for i in range(groups))
+            assert layout.agent_groups == tuple(tuple(ref_trainers[i * size : (i + 1) * size]) for i in range(groups))
         if groups > 1:
             continue
         # the same counts written without "rest", or with "rest" on another role
@@ -163,8 +165,8 @@ def random_hosts(rng: random.Random, world: int) -> list[str]:
         sizes = split_evenly(world, count) if rng.random() < 0.5 else None
         if sizes is None:
             cuts = sorted(rng.sample(range(1, world), count - 1)) if count > 1 else []
-            sizes = [b - a for a, b in zip([0, *cuts], [*cuts, world])]
-        return [name for name, size in zip(names, sizes) for _ in range(size)]
+            sizes = [b - a for a, b in zip([0, *cuts], [*cuts, world], strict=False)]
+        return [name for name, size in zip(names, sizes, strict=False) for _ in range(size)]
     hosts = names + [rng.choice(names) for _ in range(world - count)]  # round-robin-ish
     rng.shuffle(hosts)
     return hosts
@@ -177,18 +179,24 @@ def test_node_local_matrix(world: int) -> None:
         hosts = random_hosts(rng, world)
         host_names = list(dict.fromkeys(hosts))
         for buffers, actors, coordinator, groups in mixes(world, groups=(1, 2)):
-            cfg = {"buffers": buffers, "actors": actors, "coordinator": bool(coordinator),
-                   "agent_groups": groups, "placement": "node-local"}
+            cfg = {
+                "buffers": buffers,
+                "actors": actors,
+                "coordinator": bool(coordinator),
+                "agent_groups": groups,
+                "placement": "node-local",
+            }
             trainers = world - buffers - actors - coordinator
             if not expected_valid(world, buffers, actors, coordinator, groups):
                 with pytest.raises(LayoutError):
                     plan_layout(world, cfg, hosts)
                 continue
             per_host = buffers // len(host_names)
-            sizes = {h: sum(1 for r, name in enumerate(hosts) if name == h and
-                            not (coordinator and r == world - 1)) for h in host_names}
-            must_fail = buffers % len(host_names) != 0 or any(
-                size < 2 * per_host for size in sizes.values())
+            sizes = {
+                h: sum(1 for r, name in enumerate(hosts) if name == h and not (coordinator and r == world - 1))
+                for h in host_names
+            }
+            must_fail = buffers % len(host_names) != 0 or any(size < 2 * per_host for size in sizes.values())
             must_work = buffers == 0 or (not must_fail and len(set(sizes.values())) == 1)
             try:
                 layout = plan_layout(world, cfg, hosts)

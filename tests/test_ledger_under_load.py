@@ -33,10 +33,20 @@ SEEDS = [0, 1, 2, 3, 4]
 STEPS = 80
 N = 2
 CAPACITY = 1000  # replay.capacity of tests/jobs/toy.yaml
-ARGS = ["-n", "4", "layout.actors=1", f"run.steps={STEPS}", f"params.n={N}", "params.delay_s=0.01",
-        "replay.max_in_flight=2", "replay.prefetch=2", "replay.replay_fraction=0.5",
-        # liveness is not under test here: generous limits for a deliberately loaded machine
-        "faults.peer_timeout_s=30", "faults.heartbeat_s=0.5"]
+ARGS = [
+    "-n",
+    "4",
+    "layout.actors=1",
+    f"run.steps={STEPS}",
+    f"params.n={N}",
+    "params.delay_s=0.01",
+    "replay.max_in_flight=2",
+    "replay.prefetch=2",
+    "replay.replay_fraction=0.5",
+    # liveness is not under test here: generous limits for a deliberately loaded machine
+    "faults.peer_timeout_s=30",
+    "faults.heartbeat_s=0.5",
+]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import (HYPERGRID, HostRanksJob, layout_rows, listening_sockets, namespace_processes,
-                                pid_of_rank, read_json)
+from tests.support.jobs import (
+    HYPERGRID,
+    HostRanksJob,
+    layout_rows,
+    listening_sockets,
+    namespace_processes,
+    pid_of_rank,
+    read_json,
+)
 from tests.support.launching import REPO
 from tests.support.netns import netns_unavailable
 
@@ -40,8 +47,7 @@ STEPS = 60
 RANKS = 6
 #: host index of each rank: hydra deals a hostfile of one slot per host round-robin
 PLACEMENT = [rank % 2 for rank in range(RANKS)]
-ARGS = ["-n", str(RANKS), f"run.steps={STEPS}", "run.log_every=10", "layout.buffers=2",
-        "layout.placement=node-local"]
+ARGS = ["-n", str(RANKS), f"run.steps={STEPS}", "run.log_every=10", "layout.buffers=2", "layout.placement=node-local"]
 
 
 def _hypergrid_config():
@@ -103,7 +109,7 @@ def check_hypergrid_run(run, host_names: list[str]) -> None:
 def check_bridge_traffic(hs, before, after) -> None:
     """Both hosts hold trainers of the one agent group: each must receive a gradient per step."""
     need = STEPS * _gradient_bytes(_hypergrid_config())
-    for host, (rx0, _), (rx1, _) in zip(hs.hosts, before, after):
+    for host, (rx0, _), (rx1, _) in zip(hs.hosts, before, after, strict=False):
         assert rx1 - rx0 >= need, f"{host.name} received {rx1 - rx0} bytes over its veth, expected >= {need}"
 
 
@@ -111,8 +117,9 @@ def test_hypergrid_on_two_hosts_with_mpi(netns_hosts, job_factory):
     hs = netns_hosts
     before = [hs.link_bytes(h) for h in hs.hosts]
     # one slot per host in the hostfile: hydra deals ranks 0, 2, 4 to host 0 and 1, 3, 5 to host 1
-    job = job_factory(*ARGS, f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(1))}",
-                      config=HYPERGRID, env=hs.mpi_env())
+    job = job_factory(
+        *ARGS, f"launch.mpiexec_args={json.dumps(hs.mpiexec_options(1))}", config=HYPERGRID, env=hs.mpi_env()
+    )
     # while it trains: what the ranks and mpiexec listen on (docs/security.md)
     running = job.wait_for_metrics(1, timeout=180)
     rank_listeners = {r: listening_sockets(pid_of_rank(running, r)) for r in range(RANKS)}
@@ -151,8 +158,16 @@ def torch_run(netns_hosts, tmp_path_factory) -> dict:
             time.sleep(0.05)
         codes = job.wait(240)
         after = [hs.link_bytes(h) for h in hs.hosts]
-        return {"job": job, "codes": codes, "output": job.output, "before": before, "after": after,
-                "listening": listening, "left": job.processes_left(), "in_namespaces": namespace_processes(hs)}
+        return {
+            "job": job,
+            "codes": codes,
+            "output": job.output,
+            "before": before,
+            "after": after,
+            "listening": listening,
+            "left": job.processes_left(),
+            "in_namespaces": namespace_processes(hs),
+        }
     finally:
         job.close()
 

@@ -15,14 +15,32 @@ import textwrap
 import pytest
 
 from tests.support.launching import pytest_summaries
-from tests.support.netns import (LAUNCHER, NetnsError, cleanup_stale, create, destroy, hosts, leftovers,
-                                 missing_caps, netns_unavailable)
+from tests.support.netns import (
+    LAUNCHER,
+    NetnsError,
+    cleanup_stale,
+    create,
+    destroy,
+    hosts,
+    leftovers,
+    missing_caps,
+    netns_unavailable,
+)
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")
 
-SUITE = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=90",
-         "tests/ranked/test_comm.py"]
+SUITE = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-x",
+    "-p",
+    "no:cacheprovider",
+    "--timeout=90",
+    "tests/ranked/test_comm.py",
+]
 MARK = "RANK-REPORT "
 #: doubles each rank contributes to the all-reduce (8 MiB): every host must receive at least that
 ALLREDUCE_N = 1 << 20
@@ -58,7 +76,7 @@ def test_mpi_ranks_run_on_their_own_hosts_and_talk_over_the_bridge(netns_hosts):
     after = [hs.link_bytes(h) for h in hs.hosts]
     lines = [line for line in result.output.splitlines() if line.startswith(MARK)]
     assert len(lines) == 1, result.output
-    reports = json.loads(lines[0][len(MARK):])
+    reports = json.loads(lines[0][len(MARK) :])
     assert [r["rank"] for r in reports] == [0, 1, 2, 3], result.output
     by_host = {h.name: [r["rank"] for r in reports if r["host"] == h.name] for h in hs.hosts}
     assert by_host == {hs.hosts[0].name: [0, 1], hs.hosts[1].name: [2, 3]}  # hostfile h0:2, h1:2
@@ -69,7 +87,7 @@ def test_mpi_ranks_run_on_their_own_hosts_and_talk_over_the_bridge(netns_hosts):
         assert r["allreduce_ok"]
     assert reports[0]["ip"] != reports[2]["ip"]
     # each host needs the other host's contribution to every element: >= 8 bytes per double in
-    for h, (rx0, _), (rx1, _) in zip(hs.hosts, before, after):
+    for h, (rx0, _), (rx1, _) in zip(hs.hosts, before, after, strict=False):
         assert rx1 - rx0 >= 8 * ALLREDUCE_N, f"{h.name} received only {rx1 - rx0} bytes over its veth"
 
 
@@ -101,23 +119,24 @@ def test_cut_link_isolates_a_host_and_restore_heals_it(netns_hosts):
 
 def test_launcher_sets_host_name_and_rejects_unknown_hosts(netns_hosts):
     host = netns_hosts.hosts[1]
-    ok = subprocess.run([str(LAUNCHER), "-x", host.name, "hostname"], capture_output=True,
-                        text=True, timeout=20)
+    ok = subprocess.run([str(LAUNCHER), "-x", host.name, "hostname"], capture_output=True, text=True, timeout=20)
     assert (ok.returncode, ok.stdout.strip()) == (0, host.name)
-    bad = subprocess.run([str(LAUNCHER), "-x", "gfn-no-such-host", "hostname"], capture_output=True,
-                         text=True, timeout=20)
+    bad = subprocess.run(
+        [str(LAUNCHER), "-x", "gfn-no-such-host", "hostname"], capture_output=True, text=True, timeout=20
+    )
     assert bad.returncode == 255 and "no network namespace named 'gfn-no-such-host'" in bad.stderr
 
 
 def test_three_hosts_are_removed_with_their_processes_when_the_test_fails():
     with pytest.raises(ZeroDivisionError):
         with hosts(3) as hs:
-            names = [subprocess.run(hs.exec_argv(h, ["hostname"]), capture_output=True, text=True,
-                                    timeout=20).stdout.strip() for h in hs.hosts]
+            names = [
+                subprocess.run(hs.exec_argv(h, ["hostname"]), capture_output=True, text=True, timeout=20).stdout.strip()
+                for h in hs.hosts
+            ]
             assert names == [h.name for h in hs.hosts] and len(set(names)) == 3
-            sleeper = subprocess.Popen(hs.exec_argv(hs.hosts[2], ["sleep", "600"]),
-                                       start_new_session=True)
-            1 / 0
+            sleeper = subprocess.Popen(hs.exec_argv(hs.hosts[2], ["sleep", "600"]), start_new_session=True)
+            raise ZeroDivisionError("the body fails on purpose")
     assert sleeper.wait(timeout=10) == -9
     assert leftovers(hs.tag) == []
 
@@ -128,8 +147,9 @@ def test_sets_of_dead_processes_are_cleaned_up_as_stale():
     tag, own = f"gfn{dead.pid}z", f"gfn{os.getpid()}z"
     try:
         hostfile = create(tag, 1).hostfile(1)
-        assert sorted(leftovers(tag)) == sorted([f"{tag}h0", f"{tag}br", f"{tag}v0", f"/etc/netns/{tag}h0",
-                                                 str(hostfile.parent)])
+        assert sorted(leftovers(tag)) == sorted(
+            [f"{tag}h0", f"{tag}br", f"{tag}v0", f"/etc/netns/{tag}h0", str(hostfile.parent)]
+        )
         assert tag in cleanup_stale()
         assert leftovers(tag) == []
         create(own, 1)  # a live pid's set is left alone

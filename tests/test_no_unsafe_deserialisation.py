@@ -27,14 +27,29 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-FORBIDDEN_MODULES = frozenset({"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve",
-                               "joblib"})
-FORBIDDEN_CALLS = frozenset({"pandas.read_pickle", "yaml.unsafe_load", "yaml.unsafe_load_all", "yaml.full_load",
-                             "yaml.full_load_all", "numpy.load_pickle"})
+FORBIDDEN_MODULES = frozenset({"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"})
+FORBIDDEN_CALLS = frozenset(
+    {
+        "pandas.read_pickle",
+        "yaml.unsafe_load",
+        "yaml.unsafe_load_all",
+        "yaml.full_load",
+        "yaml.full_load_all",
+        "numpy.load_pickle",
+    }
+)
 TORCH_LOADS = frozenset({"torch.load", "torch.serialization.load"})
 YAML_LOADS = frozenset({"yaml.load", "yaml.load_all"})
-SAFE_YAML_LOADERS = frozenset({"yaml.SafeLoader", "yaml.CSafeLoader", "yaml.BaseLoader", "yaml.CBaseLoader",
-                               "yaml.loader.SafeLoader", "yaml.cyaml.CSafeLoader"})
+SAFE_YAML_LOADERS = frozenset(
+    {
+        "yaml.SafeLoader",
+        "yaml.CSafeLoader",
+        "yaml.BaseLoader",
+        "yaml.CBaseLoader",
+        "yaml.loader.SafeLoader",
+        "yaml.cyaml.CSafeLoader",
+    }
+)
 DYNAMIC_IMPORTS = frozenset({"__import__", "importlib.import_module"})
 
 
@@ -89,8 +104,13 @@ class _Scanner(ast.NodeVisitor):
         name = self.resolve(node.func)
         keywords = {keyword.arg: keyword.value for keyword in node.keywords}
         spread = None in keywords
-        if name in DYNAMIC_IMPORTS and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str) and _root(node.args[0].value) in FORBIDDEN_MODULES:
+        if (
+            name in DYNAMIC_IMPORTS
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and _root(node.args[0].value) in FORBIDDEN_MODULES
+        ):
             self._flag(node, f"{name}({node.args[0].value!r})")
         elif name in FORBIDDEN_CALLS:
             self._flag(node, f"{name}(...)")
@@ -131,57 +151,66 @@ def find_unsafe(source: str, filename: str = "<snippet>") -> list[str]:
 def test_src_has_no_unsafe_deserialisation():
     files = sorted(SRC.rglob("*.py"))
     assert files, f"no Python files under {SRC}"
-    problems = [f"{path.relative_to(SRC)}: {problem}" for path in files
-                for problem in find_unsafe(path.read_text(encoding="utf-8"), str(path))]
+    problems = [
+        f"{path.relative_to(SRC)}: {problem}"
+        for path in files
+        for problem in find_unsafe(path.read_text(encoding="utf-8"), str(path))
+    ]
     assert problems == []
 
 
-@pytest.mark.parametrize("source", [
-    "import pickle",
-    "import pickle as p",
-    "import cloudpickle",
-    "import dill.settings",
-    "import marshal",
-    "import _pickle",
-    "import shelve",
-    "from pickle import loads",
-    "from dill import loads as l",
-    "__import__('pickle')",
-    "import importlib\nimportlib.import_module('cloudpickle')",
-    "from importlib import import_module\nimport_module('marshal')",
-    "import torch\ntorch.load(f)",
-    "import torch\ntorch.load(f, weights_only=False)",
-    "import torch\ntorch.load(f, **opts)",
-    "import torch as T\nT.load(f, map_location='cpu')",
-    "from torch import load\nload(f)",
-    "from torch import load as tl\ntl(f)",
-    "import torch.serialization\ntorch.serialization.load(f)",
-    "import numpy as np\nnp.load(f, allow_pickle=True)",
-    "import numpy\nnumpy.load(f, allow_pickle=flag)",
-    "import pandas as pd\npd.read_pickle(f)",
-    "import yaml\nyaml.load(text)",
-    "import yaml\nyaml.load(text, Loader=yaml.Loader)",
-    "import yaml\nyaml.load(text, yaml.UnsafeLoader)",
-    "import yaml\nyaml.unsafe_load(text)",
-    "import yaml\nyaml.full_load(text)",
-    "import yaml\nclass L(yaml.FullLoader): pass\nyaml.load(text, Loader=L)",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import pickle",
+        "import pickle as p",
+        "import cloudpickle",
+        "import dill.settings",
+        "import marshal",
+        "import _pickle",
+        "import shelve",
+        "from pickle import loads",
+        "from dill import loads as l",
+        "__import__('pickle')",
+        "import importlib\nimportlib.import_module('cloudpickle')",
+        "from importlib import import_module\nimport_module('marshal')",
+        "import torch\ntorch.load(f)",
+        "import torch\ntorch.load(f, weights_only=False)",
+        "import torch\ntorch.load(f, **opts)",
+        "import torch as T\nT.load(f, map_location='cpu')",
+        "from torch import load\nload(f)",
+        "from torch import load as tl\ntl(f)",
+        "import torch.serialization\ntorch.serialization.load(f)",
+        "import numpy as np\nnp.load(f, allow_pickle=True)",
+        "import numpy\nnumpy.load(f, allow_pickle=flag)",
+        "import pandas as pd\npd.read_pickle(f)",
+        "import yaml\nyaml.load(text)",
+        "import yaml\nyaml.load(text, Loader=yaml.Loader)",
+        "import yaml\nyaml.load(text, yaml.UnsafeLoader)",
+        "import yaml\nyaml.unsafe_load(text)",
+        "import yaml\nyaml.full_load(text)",
+        "import yaml\nclass L(yaml.FullLoader): pass\nyaml.load(text, Loader=L)",
+    ],
+)
 def test_scanner_catches(source):
     assert find_unsafe(source) != []
 
 
-@pytest.mark.parametrize("source", [
-    '"""We never pickle: see pickle docs."""\n# import pickle',
-    "import torch\ntorch.load(f, weights_only=True, map_location='cpu')",
-    "from torch import load\nload(f, weights_only=True)",
-    "import numpy as np\nnp.load(f)",
-    "import numpy as np\nnp.load(f, allow_pickle=False)",
-    "import yaml\nyaml.safe_load(text)",
-    "import yaml\nyaml.load(text, Loader=yaml.SafeLoader)",
-    "import yaml\nclass L(yaml.SafeLoader): pass\nclass M(L): pass\nyaml.load(text, Loader=M)",
-    "import msgpack\nmsgpack.unpackb(b)",
-    "import json\njson.loads(s)",
-    "def load(f): return f\nload(1)",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        '"""We never pickle: see pickle docs."""\n# import pickle',
+        "import torch\ntorch.load(f, weights_only=True, map_location='cpu')",
+        "from torch import load\nload(f, weights_only=True)",
+        "import numpy as np\nnp.load(f)",
+        "import numpy as np\nnp.load(f, allow_pickle=False)",
+        "import yaml\nyaml.safe_load(text)",
+        "import yaml\nyaml.load(text, Loader=yaml.SafeLoader)",
+        "import yaml\nclass L(yaml.SafeLoader): pass\nclass M(L): pass\nyaml.load(text, Loader=M)",
+        "import msgpack\nmsgpack.unpackb(b)",
+        "import json\njson.loads(s)",
+        "def load(f): return f\nload(1)",
+    ],
+)
 def test_scanner_allows(source):
     assert find_unsafe(source) == []

@@ -33,8 +33,9 @@ else:
 
 
 def start(action: str) -> tuple[subprocess.Popen, int, int]:
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM, action], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, action], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     child, keeper = (int(v) for v in proc.stdout.readline().split())
     return proc, child, keeper
 
@@ -60,7 +61,7 @@ def test_an_exit_status_is_passed_on():
 
 
 def test_the_keeper_ignores_signals_and_waits_for_the_child():
-    proc, child, keeper = start("keeper-signals")
+    proc, _child, keeper = start("keeper-signals")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         os.kill(keeper, sig)
     assert finish(proc) == 0

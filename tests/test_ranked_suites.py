@@ -14,15 +14,23 @@ import pytest
 
 from tests.support.launching import pytest_summaries, run_mpi, run_torch
 
-CONFIGS = [("mpi", 1, ()), ("mpi", 2, ()), ("mpi", 4, ()), ("torch", 2, ()), ("torch", 3, ()),
-           # the context suite also at sizes with a coordinator and two agent groups
-           ("mpi", 5, ("test_context.py",)), ("torch", 4, ("test_context.py",)),
-           # native groups (the context's and a user's Split) also at an odd MPI size
-           ("mpi", 3, ("test_compat_native_groups.py",))]
+CONFIGS = [
+    ("mpi", 1, ()),
+    ("mpi", 2, ()),
+    ("mpi", 4, ()),
+    ("torch", 2, ()),
+    ("torch", 3, ()),
+    # the context suite also at sizes with a coordinator and two agent groups
+    ("mpi", 5, ("test_context.py",)),
+    ("torch", 4, ("test_context.py",)),
+    # native groups (the context's and a user's Split) also at an odd MPI size
+    ("mpi", 3, ("test_compat_native_groups.py",)),
+]
 
 
-@pytest.mark.parametrize("engine,nprocs,only", CONFIGS,
-                         ids=[f"{e}-{n}" + "".join(f"-{o[:-3]}" for o in only) for e, n, only in CONFIGS])
+@pytest.mark.parametrize(
+    "engine,nprocs,only", CONFIGS, ids=[f"{e}-{n}" + "".join(f"-{o[:-3]}" for o in only) for e, n, only in CONFIGS]
+)
 def test_ranked_suites(engine, nprocs, only):
     targets = [f"tests/ranked/{name}" for name in only] or ["tests/ranked"]
     argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120", *targets]

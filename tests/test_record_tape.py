@@ -39,15 +39,20 @@ def test_recording_holds_each_choice_and_not_what_is_no_choice(tmp_path) -> None
     header, events, complete = read_recording(tmp_path / "r.msgpack")
     assert header["rank"] == 0 and complete
     assert all(0 <= e[-1] < 60_000 for e in events)  # each event's milliseconds since the tape opened
-    assert [e[:-1] for e in events] == [[Site.CONTROL, 3, 0, int(MessageType.METRICS), -1],
-                                        [Site.STOP, 5, "signal SIGINT"], [Site.SUMMARY, 7], [Site.LOSS, 5, 0.25]]
+    assert [e[:-1] for e in events] == [
+        [Site.CONTROL, 3, 0, int(MessageType.METRICS), -1],
+        [Site.STOP, 5, "signal SIGINT"],
+        [Site.SUMMARY, 7],
+        [Site.LOSS, 5, 0.25],
+    ]
 
 
 def test_replay_takes_only_what_was_recorded_where_it_was_recorded() -> None:
     ch = _channel()
     ch.isend(MessageType.TRAJECTORIES, {"n": 1}, 0)  # seq 0
-    tape = _replay([[Site.SUMMARY, 0, 100], [Site.DATA, 0, 0, int(MessageType.TRAJECTORIES), 0, 200],
-                    [Site.STOP, 2, "why", 300]])
+    tape = _replay(
+        [[Site.SUMMARY, 0, 100], [Site.DATA, 0, 0, int(MessageType.TRAJECTORIES), 0, 200], [Site.STOP, 2, "why", 300]]
+    )
     assert tape.take(Site.DATA, ch, 0) is None  # the summary comes first: this poll finds nothing
     assert tape.decide(Site.SUMMARY, 0, False)
     assert tape.take(Site.DATA, ch, 0).body == {"n": 1}
@@ -65,8 +70,11 @@ def test_a_choice_about_one_of_several_ranks_replays_for_that_rank_only(tmp_path
     _, events, _ = read_recording(tmp_path / "r.msgpack")
     assert [e[:-1] for e in events] == [[Site.WEIGHTS, 4, 3], [Site.WEIGHTS, 4, 4]]
     replay = _replay(events, role="trainer")  # the clock now says the opposite of what was recorded
-    assert [replay.decide(Site.WEIGHTS, 4, not skip, who=a) for a, skip in ((2, False), (3, True), (4, True))] \
-        == [False, True, True]
+    assert [replay.decide(Site.WEIGHTS, 4, not skip, who=a) for a, skip in ((2, False), (3, True), (4, True))] == [
+        False,
+        True,
+        True,
+    ]
     replay.finish()
 
 
@@ -74,12 +82,18 @@ def test_replay_names_a_different_message_a_missing_one_and_a_different_loss() -
     ch = _channel()
     ch.isend(MessageType.SAMPLE_REQUEST, {"n": 1}, 0)
     tape = _replay([[Site.DATA, 5, 0, int(MessageType.TRAJECTORIES), 0, 1000]])
-    with pytest.raises(ReplayDivergence, match=r"rank 0 \(buffer on h\) at message 5: expected DATA: "
-                                               r"TRAJECTORIES seq 0 from rank 0 at 5, got SAMPLE_REQUEST"):
+    with pytest.raises(
+        ReplayDivergence,
+        match=r"rank 0 \(buffer on h\) at message 5: expected DATA: "
+        r"TRAJECTORIES seq 0 from rank 0 at 5, got SAMPLE_REQUEST",
+    ):
         tape.take(Site.DATA, ch, 5)
     waiting = _replay([[Site.INBOX, 3, 0, int(MessageType.WEIGHTS), 0, 10]], role="actor")
-    with pytest.raises(ReplayDivergence, match=r"at iteration 3: waited \d+\.\d s for INBOX: WEIGHTS seq 0 from rank 0 "
-                                               r"at 3 \(the recorded run took 0.0 s to it\)"):
+    with pytest.raises(
+        ReplayDivergence,
+        match=r"at iteration 3: waited \d+\.\d s for INBOX: WEIGHTS seq 0 from rank 0 "
+        r"at 3 \(the recorded run took 0.0 s to it\)",
+    ):
         waiting.take(Site.INBOX, _channel(), 3, wait=True)
     patient = _replay([[Site.DATA, 1, 0, int(MessageType.TRAJECTORIES), 0, 5000]])
     time.sleep(0.3)  # past deadline_s, but the recorded run took 5 s to this message: a replay waits up to 50 s

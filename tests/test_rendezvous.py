@@ -59,7 +59,7 @@ def store_listeners(tmp_path_factory) -> dict[tuple[str, str], list[str]]:
     found = {}
     for line in result.output.splitlines():
         if line.startswith(MARK):
-            how, use_libuv, port, listening = json.loads(line[len(MARK):])
+            how, use_libuv, port, listening = json.loads(line[len(MARK) :])
             found[how, use_libuv] = [addr for addr, p in listening if p == port]
     assert sorted(found) == sorted(PHASES), result.output
     return found
@@ -98,8 +98,9 @@ def test_master_addr_of_another_host_is_a_config_error(torch_env, monkeypatch):
 
     foreign = _foreign_address()
     monkeypatch.setenv("MASTER_ADDR", foreign)
-    with pytest.raises(ConfigError, match=rf"MASTER_ADDR: '{re.escape(foreign)}' is not an address of this host") \
-            as info:
+    with pytest.raises(
+        ConfigError, match=rf"MASTER_ADDR: '{re.escape(foreign)}' is not an address of this host"
+    ) as info:
         init_default_group("gloo", timeout=timedelta(seconds=5))
     assert info.value.key == "MASTER_ADDR"
 
@@ -163,8 +164,11 @@ def test_client_without_a_store_gets_a_deadline_naming_the_address(torch_env, mo
     from gflowdist.errors import DeadlineError
 
     monkeypatch.setenv("RANK", "1")  # nobody serves the store on this port
-    with pytest.raises(DeadlineError, match=rf"rank 1: the rendezvous store at 127\.0\.0\.1:{torch_env} "
-                                            r"\(MASTER_ADDR:MASTER_PORT\) did not answer within 1 s") as info:
+    with pytest.raises(
+        DeadlineError,
+        match=rf"rank 1: the rendezvous store at 127\.0\.0\.1:{torch_env} "
+        r"\(MASTER_ADDR:MASTER_PORT\) did not answer within 1 s",
+    ) as info:
         init_default_group("gloo", timeout=timedelta(seconds=1))
     assert info.value.peer == 0
 
@@ -173,8 +177,11 @@ def test_store_without_its_clients_gets_a_deadline_and_frees_the_port(torch_env)
     from gflowdist.comm.rendezvous import init_default_group
     from gflowdist.errors import DeadlineError
 
-    with pytest.raises(DeadlineError, match=rf"rank 0: not every one of the 2 ranks reached the rendezvous store at "
-                                            rf"127\.0\.0\.1:{torch_env}"):
+    with pytest.raises(
+        DeadlineError,
+        match=rf"rank 0: not every one of the 2 ranks reached the rendezvous store at "
+        rf"127\.0\.0\.1:{torch_env}",
+    ):
         init_default_group("gloo", timeout=timedelta(seconds=1))
     with socket.create_server(("127.0.0.1", torch_env)):  # the store closed the socket it was handed
         pass

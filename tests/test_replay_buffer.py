@@ -10,14 +10,21 @@ import pytest
 import torch
 
 from gflowdist.errors import ConfigError, DeadlineError
-from gflowdist.replay import (DedupWriter, FifoSampler, KeepHighestWriter, PrioritizedSampler,
-                              RateLimitedError, RateLimiter, ReplayBuffer, RoundRobinWriter,
-                              TensorStorage, UniformSampler)
+from gflowdist.replay import (
+    DedupWriter,
+    FifoSampler,
+    KeepHighestWriter,
+    PrioritizedSampler,
+    RateLimitedError,
+    RateLimiter,
+    ReplayBuffer,
+    RoundRobinWriter,
+    TensorStorage,
+    UniformSampler,
+)
 
-SAMPLERS = {"uniform": UniformSampler, "prioritized": lambda: PrioritizedSampler(0.8, 0.5),
-            "fifo": FifoSampler}
-WRITERS = {"round_robin": RoundRobinWriter, "keep_highest": KeepHighestWriter,
-           "dedup": lambda: DedupWriter("terminal")}
+SAMPLERS = {"uniform": UniformSampler, "prioritized": lambda: PrioritizedSampler(0.8, 0.5), "fifo": FifoSampler}
+WRITERS = {"round_robin": RoundRobinWriter, "keep_highest": KeepHighestWriter, "dedup": lambda: DedupWriter("terminal")}
 CAPACITY = 12
 
 
@@ -25,16 +32,23 @@ def trajectories(seq: list[int], rng: random.Random) -> dict[str, torch.Tensor]:
     """HyperGrid-shaped items; ``tag`` repeats the seq so metadata alignment can be checked."""
     size = len(seq)
     terminal = torch.tensor([[rng.randrange(4), rng.randrange(4)] for _ in range(size)])
-    return {"states": terminal.view(size, 1, 2).expand(size, 21, 2).clone(),
-            "actions": torch.zeros(size, 20, dtype=torch.int64),
-            "log_reward": torch.tensor([rng.random() for _ in range(size)]),
-            "terminal": terminal,
-            "tag": torch.tensor(seq)}
+    return {
+        "states": terminal.view(size, 1, 2).expand(size, 21, 2).clone(),
+        "actions": torch.zeros(size, 20, dtype=torch.int64),
+        "log_reward": torch.tensor([rng.random() for _ in range(size)]),
+        "terminal": terminal,
+        "tag": torch.tensor(seq),
+    }
 
 
 def make_buffer(sampler: str, writer: str, seed: int = 0, **kwargs) -> ReplayBuffer:
-    return ReplayBuffer(TensorStorage(CAPACITY), SAMPLERS[sampler](), WRITERS[writer](),
-                        generator=torch.Generator().manual_seed(seed), **kwargs)
+    return ReplayBuffer(
+        TensorStorage(CAPACITY),
+        SAMPLERS[sampler](),
+        WRITERS[writer](),
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
 
 
 def drive(buffer: ReplayBuffer, steps: int, rng: random.Random, next_seq: int = 0):
@@ -46,8 +60,9 @@ def drive(buffer: ReplayBuffer, steps: int, rng: random.Random, next_seq: int = 
             next_seq += size
             batch = trajectories(seqs, rng)
             before = len(buffer)
-            result = buffer.extend(batch, producer=rng.randrange(3), seq=seqs[0],
-                                   policy_version=next_seq // 10, scores=batch["log_reward"])
+            result = buffer.extend(
+                batch, producer=rng.randrange(3), seq=seqs[0], policy_version=next_seq // 10, scores=batch["log_reward"]
+            )
             yield "extend", (before, batch, result)
         else:
             n = rng.randint(1, 6)
@@ -66,8 +81,7 @@ def test_invariants_hold_for_every_combination(sampler, writer):
             before, batch, result = payload
             offered = batch["tag"].numel()
             assert result.offered == offered
-            assert (result.admitted + result.rejected_duplicate
-                    + result.rejected_low_score) == offered
+            assert (result.admitted + result.rejected_duplicate + result.rejected_low_score) == offered
             assert len(buffer) == before + result.admitted - result.evicted
             assert 0 <= len(buffer) <= CAPACITY
             live = buffer.storage.live_indices()
@@ -79,8 +93,7 @@ def test_invariants_hold_for_every_combination(sampler, writer):
             if writer != "keep_highest":
                 assert result.rejected_low_score == 0
             stored = result.slots >= 0
-            assert torch.equal(buffer.metadata["seq"][result.slots[stored]],
-                               batch["tag"][stored])
+            assert torch.equal(buffer.metadata["seq"][result.slots[stored]], batch["tag"][stored])
         else:
             batch, info = payload
             n = batch["tag"].numel()
@@ -96,8 +109,7 @@ def test_invariants_hold_for_every_combination(sampler, writer):
                 assert buffer.update_priorities(info["keys"], torch.rand(n) * 4) == n
     stats = buffer.stats()
     assert stats["sampled"] > 0
-    assert stats["offered"] == (stats["admitted"] + stats["rejected_duplicate"]
-                                + stats["rejected_low_score"])
+    assert stats["offered"] == (stats["admitted"] + stats["rejected_duplicate"] + stats["rejected_low_score"])
     assert stats["size"] == stats["admitted"] - stats["evicted"] - stats["consumed"]
     if sampler == "fifo":
         assert len(served) == len(set(served)) > 0  # each item served once
@@ -112,15 +124,15 @@ def test_state_round_trip_gives_identical_subsequent_samples(sampler, writer):
         pass
     if isinstance(buffer.sampler, PrioritizedSampler):
         live = buffer.storage.live_indices()
-        buffer.sampler.update_priorities(live, torch.rand(live.numel(), generator=torch.Generator()
-                                                          .manual_seed(1)))
+        buffer.sampler.update_priorities(live, torch.rand(live.numel(), generator=torch.Generator().manual_seed(1)))
     state = buffer.state_dict()
     restored = make_buffer(sampler, writer, seed=99)  # other seed: state carries the generator
     restored.load_state_dict(state)
     assert restored.stats() == buffer.stats()
     continuation = random.Random(11), random.Random(11)
-    for (kind_a, a), (kind_b, b) in zip(drive(buffer, 30, continuation[0], 10_000),
-                                        drive(restored, 30, continuation[1], 10_000)):
+    for (kind_a, a), (kind_b, b) in zip(
+        drive(buffer, 30, continuation[0], 10_000), drive(restored, 30, continuation[1], 10_000), strict=False
+    ):
         assert kind_a == kind_b
         if kind_a == "sample":
             for got, want in ((a[0], b[0]), (a[1], b[1])):
@@ -132,16 +144,16 @@ def test_state_round_trip_gives_identical_subsequent_samples(sampler, writer):
 
 def _encode_tensor(value):
     if isinstance(value, torch.Tensor):
-        return msgpack.ExtType(1, msgpack.packb(
-            [str(value.dtype), list(value.shape), value.contiguous().numpy().tobytes()]))
+        return msgpack.ExtType(
+            1, msgpack.packb([str(value.dtype), list(value.shape), value.contiguous().numpy().tobytes()])
+        )
     raise TypeError(f"unexpected {type(value).__name__} in a replay state dict")
 
 
 def _decode_tensor(code, data):
     dtype_name, shape, raw = msgpack.unpackb(data)
     dtype = getattr(torch, dtype_name.removeprefix("torch."))
-    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape) if raw else \
-        torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape) if raw else torch.zeros(shape, dtype=dtype)
 
 
 @pytest.mark.parametrize("sampler, writer", [("prioritized", "dedup"), ("fifo", "keep_highest")])
@@ -152,8 +164,7 @@ def test_state_dict_survives_msgpack_with_tensors_as_raw_bytes(sampler, writer):
         pass
     wire = msgpack.packb(buffer.state_dict(), default=_encode_tensor)  # raises on non-plain
     restored = make_buffer(sampler, writer, rate_limiter=RateLimiter(2, 2.0, 40.0))
-    restored.load_state_dict(msgpack.unpackb(wire, ext_hook=_decode_tensor,
-                                             strict_map_key=False))
+    restored.load_state_dict(msgpack.unpackb(wire, ext_hook=_decode_tensor, strict_map_key=False))
     assert restored.stats() == buffer.stats()
     n = min(2, len(buffer))
     if buffer.can_sample(n):
@@ -165,8 +176,7 @@ def test_loading_into_a_differently_built_buffer_is_refused():
     with pytest.raises(ConfigError, match="saved with sampler 'uniform'"):
         make_buffer("fifo", "round_robin").load_state_dict(state)
     with pytest.raises(ConfigError, match="rate limiter"):
-        make_buffer("uniform", "round_robin",
-                    rate_limiter=RateLimiter(1)).load_state_dict(state)
+        make_buffer("uniform", "round_robin", rate_limiter=RateLimiter(1)).load_state_dict(state)
 
 
 def test_extend_stamps_metadata_and_seq_runs_consecutively():
@@ -205,20 +215,22 @@ def test_wait_until_can_sample_makes_progress_or_hits_the_deadline():
 
     def feed() -> None:
         fed.append(1)
-        buffer.extend(trajectories([len(fed)], rng), producer=0, seq=len(fed),
-                      policy_version=0)
+        buffer.extend(trajectories([len(fed)], rng), producer=0, seq=len(fed), policy_version=0)
 
     buffer.wait_until_can_sample(3, timeout=5.0, progress=feed)
     assert len(fed) == 3 and len(buffer) == 3
 
 
-@pytest.mark.parametrize("preset, sampler, writer", [
-    (lambda: ReplayBuffer.uniform(5), UniformSampler, RoundRobinWriter),
-    (lambda: ReplayBuffer.prioritized(5, 0.5, 0.5), PrioritizedSampler, RoundRobinWriter),
-    (lambda: ReplayBuffer.fifo(5), FifoSampler, RoundRobinWriter),
-    (lambda: ReplayBuffer.keep_highest(5), UniformSampler, KeepHighestWriter),
-    (lambda: ReplayBuffer.dedup(5, "terminal"), UniformSampler, DedupWriter),
-])
+@pytest.mark.parametrize(
+    "preset, sampler, writer",
+    [
+        (lambda: ReplayBuffer.uniform(5), UniformSampler, RoundRobinWriter),
+        (lambda: ReplayBuffer.prioritized(5, 0.5, 0.5), PrioritizedSampler, RoundRobinWriter),
+        (lambda: ReplayBuffer.fifo(5), FifoSampler, RoundRobinWriter),
+        (lambda: ReplayBuffer.keep_highest(5), UniformSampler, KeepHighestWriter),
+        (lambda: ReplayBuffer.dedup(5, "terminal"), UniformSampler, DedupWriter),
+    ],
+)
 def test_presets_compose_the_documented_parts(preset, sampler, writer):
     buffer = preset()
     assert type(buffer.sampler) is sampler and type(buffer.writer) is writer
@@ -226,8 +238,14 @@ def test_presets_compose_the_documented_parts(preset, sampler, writer):
 
 
 def replay_cfg(**overrides) -> SimpleNamespace:
-    base = dict(capacity=16, sampler="uniform", writer="round_robin", min_size_to_sample=0,
-                samples_per_insert=None, tolerance=0.0)
+    base = dict(
+        capacity=16,
+        sampler="uniform",
+        writer="round_robin",
+        min_size_to_sample=0,
+        samples_per_insert=None,
+        tolerance=0.0,
+    )
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -235,18 +253,22 @@ def replay_cfg(**overrides) -> SimpleNamespace:
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 def test_from_config_builds_every_combination(sampler, writer):
     buffer = ReplayBuffer.from_config(
-        replay_cfg(sampler=sampler, writer=writer, min_size_to_sample=2,
-                   samples_per_insert=2.0, tolerance=8.0), dedup_key="terminal")
+        replay_cfg(sampler=sampler, writer=writer, min_size_to_sample=2, samples_per_insert=2.0, tolerance=8.0),
+        dedup_key="terminal",
+    )
     assert buffer.sampler.name == sampler and buffer.writer.name == writer
     assert buffer.rate_limiter.window == (-4.0, 12.0)
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"sampler": "lifo"}, "replay.sampler: must be one of"),
-    ({"writer": "dedup"}, "needs a key"),
-    ({"writer": "newest"}, "replay.writer: must be one of"),
-    ({"samples_per_insert": 1.0, "tolerance": 0.0}, "would block sample and/or insert"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"sampler": "lifo"}, "replay.sampler: must be one of"),
+        ({"writer": "dedup"}, "needs a key"),
+        ({"writer": "newest"}, "replay.writer: must be one of"),
+        ({"samples_per_insert": 1.0, "tolerance": 0.0}, "would block sample and/or insert"),
+    ],
+)
 def test_from_config_rejects_impossible_settings(overrides, words):
     with pytest.raises(ConfigError, match=words):
         ReplayBuffer.from_config(replay_cfg(**overrides))

@@ -18,17 +18,17 @@ EPS = 1e-6
 
 
 def items(first: int, count: int) -> dict[str, torch.Tensor]:
-    return {"obs": torch.arange(first, first + count, dtype=torch.float32).view(-1, 1),
-            "tag": torch.arange(first, first + count)}
+    return {
+        "obs": torch.arange(first, first + count, dtype=torch.float32).view(-1, 1),
+        "tag": torch.arange(first, first + count),
+    }
 
 
 def buffer_of(capacity: int, **kwargs) -> ReplayBuffer:
-    return ReplayBuffer.prioritized(capacity, generator=torch.Generator().manual_seed(4),
-                                    **kwargs)
+    return ReplayBuffer.prioritized(capacity, generator=torch.Generator().manual_seed(4), **kwargs)
 
 
-def frequencies_match(tags: torch.Tensor, priorities: torch.Tensor, alpha: float,
-                      draws: int) -> bool:
+def frequencies_match(tags: torch.Tensor, priorities: torch.Tensor, alpha: float, draws: int) -> bool:
     counts = torch.bincount(tags, minlength=priorities.numel()).double()
     scaled = (priorities.double() + EPS) ** alpha
     expected = scaled / scaled.sum()
@@ -46,7 +46,7 @@ def test_sampling_follows_priorities_updated_through_keys():
     # one update per item, through the keys a sample handed out
     _, info = buffer.sample(64)
     first = {}
-    for key, slot in zip(info["keys"].tolist(), info["indices"].tolist()):
+    for key, slot in zip(info["keys"].tolist(), info["indices"].tolist(), strict=False):
         first.setdefault(slot, key)
     assert sorted(first) == list(range(size))  # 64 draws of 8 equal items hit each one
     priorities = torch.tensor([0.1, 0.5, 1.0, 2.0, 3.0, 0.3, 4.0, 8.0])
@@ -65,7 +65,7 @@ def test_weights_match_the_formula_while_beta_anneals():
     priorities = torch.tensor([0.2, 1.0, 3.0, 5.0, 0.7])
     buffer.extend(items(0, size), producer=1, seq=0, policy_version=0, priorities=priorities)
     stored = priorities.double() + EPS
-    prob = stored ** alpha / (stored ** alpha).sum()
+    prob = stored**alpha / (stored**alpha).sum()
     for step, beta in ((0, 0.4), (50, 0.7), (100, 1.0), (1000, 1.0)):
         _, info = buffer.sample(400, step=step)
         raw = (size * prob) ** (-beta)
@@ -81,7 +81,7 @@ def test_updates_for_overwritten_items_are_ignored_and_counted():
     buffer = buffer_of(4, alpha=1.0, beta=1.0)
     buffer.extend(items(0, 4), producer=0, seq=0, policy_version=0)
     _, info = buffer.sample(32)
-    old = {slot: key for slot, key in zip(info["indices"].tolist(), info["keys"].tolist())}
+    old = {slot: key for slot, key in zip(info["indices"].tolist(), info["keys"].tolist(), strict=False)}
     buffer.extend(items(4, 2), producer=0, seq=4, policy_version=1)  # round robin: slots 0, 1 reused
     keys = torch.tensor([old[slot] for slot in range(4)])
     applied = buffer.update_priorities(keys, torch.tensor([9.0, 9.0, 3.0, 5.0]))
@@ -114,11 +114,14 @@ def test_initial_priorities_set_the_sampling_distribution():
     assert buffer.counters["initial_priorities"] == 6
 
 
-@pytest.mark.parametrize("priorities, error, words", [
-    (torch.tensor([1.0, -1.0]), ValueError, "finite and >= 0"),
-    (torch.tensor([1.0, float("nan")]), ValueError, "finite and >= 0"),
-    (torch.tensor([1.0, 2.0, 3.0]), ValueError, "3 priorities for 2 items"),
-])
+@pytest.mark.parametrize(
+    "priorities, error, words",
+    [
+        (torch.tensor([1.0, -1.0]), ValueError, "finite and >= 0"),
+        (torch.tensor([1.0, float("nan")]), ValueError, "finite and >= 0"),
+        (torch.tensor([1.0, 2.0, 3.0]), ValueError, "3 priorities for 2 items"),
+    ],
+)
 def test_bad_initial_priorities_are_refused_before_anything_is_stored(priorities, error, words):
     buffer = buffer_of(4)
     with pytest.raises(error, match=words):
@@ -129,8 +132,7 @@ def test_bad_initial_priorities_are_refused_before_anything_is_stored(priorities
 def test_a_buffer_without_priorities_refuses_them():
     buffer = ReplayBuffer.uniform(4)
     with pytest.raises(TypeError, match="need sampler 'prioritized'"):
-        buffer.extend(items(0, 2), producer=0, seq=0, policy_version=0,
-                      priorities=torch.ones(2))
+        buffer.extend(items(0, 2), producer=0, seq=0, policy_version=0, priorities=torch.ones(2))
     assert len(buffer) == 0
     with pytest.raises(TypeError, match="uniform sampler has no priorities"):
         buffer.update_priorities(torch.tensor([0]), torch.tensor([1.0]))
@@ -138,8 +140,7 @@ def test_a_buffer_without_priorities_refuses_them():
 
 def test_beta_schedule_is_linear_then_flat():
     schedule = BetaSchedule(0.4, 1.0, 10)
-    assert [schedule.value(t) for t in (-3, 0, 5, 10, 99)] == pytest.approx(
-        [0.4, 0.4, 0.7, 1.0, 1.0])
+    assert [schedule.value(t) for t in (-3, 0, 5, 10, 99)] == pytest.approx([0.4, 0.4, 0.7, 1.0, 1.0])
     assert BetaSchedule(0.5).value(10**9) == 0.5
     with pytest.raises(ConfigError, match="nothing to anneal towards"):
         BetaSchedule(0.5, None, 3)

@@ -36,13 +36,16 @@ def test_reverb_rule_at_the_window_edges():
     assert limiter.can_insert(3)  # 1 + 6 = 7 <= 7
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"samples_per_insert": 1.0, "tolerance": 0.0}, "would block sample and/or insert calls"),
-    ({"samples_per_insert": 4.0, "tolerance": 3.0}, r"max\(1, samples_per_insert\) = 4"),
-    ({"samples_per_insert": 0.0, "tolerance": 3.0}, "replay.samples_per_insert"),
-    ({"samples_per_insert": None, "tolerance": 2.0}, "only applies when"),
-    ({"min_size_to_sample": -1}, "replay.min_size_to_sample"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"samples_per_insert": 1.0, "tolerance": 0.0}, "would block sample and/or insert calls"),
+        ({"samples_per_insert": 4.0, "tolerance": 3.0}, r"max\(1, samples_per_insert\) = 4"),
+        ({"samples_per_insert": 0.0, "tolerance": 3.0}, "replay.samples_per_insert"),
+        ({"samples_per_insert": None, "tolerance": 2.0}, "only applies when"),
+        ({"min_size_to_sample": -1}, "replay.min_size_to_sample"),
+    ],
+)
 def test_settings_are_validated_with_the_consequence(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         RateLimiter(**kwargs)
@@ -116,16 +119,24 @@ def test_wait_calls_progress_until_ready_and_sleeps_between_polls():
         if len(calls) == 4:
             limiter.record_insert(3)
 
-    wait_until(lambda: limiter.can_sample(2), what="sample 2 items", timeout=1.0,
-               progress=progress, poll_interval=0.1, clock=clock, sleep=clock.sleep)
+    wait_until(
+        lambda: limiter.can_sample(2),
+        what="sample 2 items",
+        timeout=1.0,
+        progress=progress,
+        poll_interval=0.1,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     assert len(calls) == 4 and clock.sleeps == pytest.approx([0.1, 0.1, 0.1])
 
 
 def test_wait_never_sleeps_past_the_deadline():
     clock = FakeClock()
-    with pytest.raises(DeadlineError, match="could not insert 1 items within 0.25 s"):
-        wait_until(lambda: False, what="insert 1 items", timeout=0.25, poll_interval=0.1,
-                   clock=clock, sleep=clock.sleep)
+    with pytest.raises(DeadlineError, match=r"could not insert 1 items within 0.25 s"):
+        wait_until(
+            lambda: False, what="insert 1 items", timeout=0.25, poll_interval=0.1, clock=clock, sleep=clock.sleep
+        )
     assert sum(clock.sleeps) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="timeout"):
         wait_until(lambda: True, what="x", timeout=float("nan"))

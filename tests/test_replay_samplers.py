@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from gflowdist.errors import ConfigError
-from gflowdist.replay import (FifoSampler, InsufficientItemsError, PrioritizedSampler,
-                              UniformSampler)
+from gflowdist.replay import FifoSampler, InsufficientItemsError, PrioritizedSampler, UniformSampler
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -51,7 +50,7 @@ def test_prioritized_frequencies_follow_priorities():
     indices, _ = sampler.sample(len(priorities), draws, seeded(1))
     counts = torch.bincount(indices, minlength=len(priorities)).double()
     stored = torch.tensor(priorities, dtype=torch.float64) + 1e-6
-    expected = stored ** alpha / (stored ** alpha).sum()
+    expected = stored**alpha / (stored**alpha).sum()
     assert torch.allclose(sampler.probabilities(len(priorities)), expected)
     band = z * torch.sqrt(expected * (1 - expected) / draws)
     assert bool(((counts / draws - expected).abs() <= band).all()), (counts / draws, expected)
@@ -64,7 +63,7 @@ def test_importance_weights_follow_the_formula():
     sampler = prioritized_with(priorities, alpha, beta)
     indices, info = sampler.sample(n_items, 500, seeded(2))
     stored = torch.tensor(priorities, dtype=torch.float64) + 1e-6
-    prob = stored ** alpha / (stored ** alpha).sum()
+    prob = stored**alpha / (stored**alpha).sum()
     raw = (n_items * prob) ** (-beta)
     expected = (raw / raw.max())[indices].float()
     assert info["weights"].dtype == torch.float32
@@ -93,13 +92,17 @@ def test_priority_updates_are_validated():
         sampler.update_priorities(torch.tensor([0]), torch.tensor([1.0, 2.0]))
 
 
-@pytest.mark.parametrize("kwargs, key", [({"eps": 0.0}, "replay.eps"),
-                                         ({"alpha": -1.0}, "replay.priority_alpha"),
-                                         ({"beta": math.inf}, "replay.priority_beta"),
-                                         ({"beta_final": -0.5, "beta_steps": 10},
-                                          "replay.priority_beta_final"),
-                                         ({"beta_final": 1.0}, "replay.priority_beta_steps"),
-                                         ({"beta_steps": 10}, "replay.priority_beta_steps")])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"eps": 0.0}, "replay.eps"),
+        ({"alpha": -1.0}, "replay.priority_alpha"),
+        ({"beta": math.inf}, "replay.priority_beta"),
+        ({"beta_final": -0.5, "beta_steps": 10}, "replay.priority_beta_final"),
+        ({"beta_final": 1.0}, "replay.priority_beta_steps"),
+        ({"beta_steps": 10}, "replay.priority_beta_steps"),
+    ],
+)
 def test_prioritized_settings_are_validated(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         PrioritizedSampler(**kwargs)
@@ -154,7 +157,7 @@ def test_loading_another_samplers_state_is_refused():
 
 def test_prioritized_checkpoint_with_another_alpha_is_refused():
     state = prioritized_with([1.0, 2.0], alpha=0.5, beta=0.4).state_dict()
-    with pytest.raises(ConfigError, match="raised to alpha 0.5"):
+    with pytest.raises(ConfigError, match=r"raised to alpha 0.5"):
         PrioritizedSampler(alpha=0.7).load_state_dict(state)
 
 

@@ -11,28 +11,29 @@ from gflowdist.replay import ItemSchemaError, TensorStorage
 
 def items(size: int, start: int = 0) -> dict[str, torch.Tensor]:
     ids = torch.arange(start, start + size)
-    return {"states": ids.view(-1, 1, 1).expand(size, 3, 2).clone(),
-            "log_reward": ids.float()}
+    return {"states": ids.view(-1, 1, 1).expand(size, 3, 2).clone(), "log_reward": ids.float()}
 
 
 def test_allocates_at_first_set_from_the_batch_schema():
     storage = TensorStorage(5)
     assert storage.schema == {} and len(storage) == 0
     storage.set(torch.tensor([0, 1]), items(2))
-    assert storage.schema == {"states": ((3, 2), torch.int64),
-                              "log_reward": ((), torch.float32)}
+    assert storage.schema == {"states": ((3, 2), torch.int64), "log_reward": ((), torch.float32)}
     assert storage.fields["states"].shape == (5, 3, 2)
     assert len(storage) == 2
 
 
-@pytest.mark.parametrize("bad, words", [
-    ({"states": torch.zeros(2, 3, 2, dtype=torch.int64)}, "missing ['log_reward']"),
-    ({**items(2), "extra": torch.zeros(2)}, "unexpected ['extra']"),
-    ({**items(2), "states": torch.zeros(2, 4, 2, dtype=torch.int64)}, "per-item shape [4, 2]"),
-    ({**items(2), "states": torch.zeros(2, 3, 2, dtype=torch.int32)}, "torch.int32"),
-    ({**items(2), "log_reward": torch.zeros(3)}, "disagree on the batch size"),
-    ({**items(2), "log_reward": [0.0, 1.0]}, "must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"states": torch.zeros(2, 3, 2, dtype=torch.int64)}, "missing ['log_reward']"),
+        ({**items(2), "extra": torch.zeros(2)}, "unexpected ['extra']"),
+        ({**items(2), "states": torch.zeros(2, 4, 2, dtype=torch.int64)}, "per-item shape [4, 2]"),
+        ({**items(2), "states": torch.zeros(2, 3, 2, dtype=torch.int32)}, "torch.int32"),
+        ({**items(2), "log_reward": torch.zeros(3)}, "disagree on the batch size"),
+        ({**items(2), "log_reward": [0.0, 1.0]}, "must be a torch.Tensor"),
+    ],
+)
 def test_a_batch_that_differs_from_the_schema_is_refused_before_writing(bad, words):
     storage = TensorStorage(4)
     storage.set(torch.tensor([0, 1]), items(2))
@@ -79,7 +80,7 @@ def test_free_counts_only_live_slots_once():
 
 
 def test_capacity_must_be_positive():
-    with pytest.raises(ConfigError, match="replay.capacity"):
+    with pytest.raises(ConfigError, match=r"replay.capacity"):
         TensorStorage(0)
 
 

@@ -8,8 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gflowdist.replay import (DedupWriter, KeepHighestWriter, RoundRobinWriter, TensorStorage,
-                              row_hash)
+from gflowdist.replay import DedupWriter, KeepHighestWriter, RoundRobinWriter, TensorStorage, row_hash
 from gflowdist.replay.writers import WriteResult
 
 
@@ -21,8 +20,7 @@ def items(ids: list[int], keys: list[list[int]] | None = None) -> dict[str, torc
     return batch
 
 
-def check_accounting(storage: TensorStorage, before: int, offered: int,
-                     result: WriteResult) -> None:
+def check_accounting(storage: TensorStorage, before: int, offered: int, result: WriteResult) -> None:
     admitted = int(result.admitted.sum())
     assert admitted + sum(result.rejected.values()) == offered
     assert len(storage) == before + admitted - result.evicted
@@ -65,9 +63,9 @@ def test_round_robin_does_not_count_freed_slots_as_evictions():
 
 
 @settings(max_examples=40, deadline=None)
-@given(capacity=st.integers(1, 8),
-       batches=st.lists(st.integers(1, 12), min_size=1, max_size=8),
-       seed=st.integers(0, 2**16))
+@given(
+    capacity=st.integers(1, 8), batches=st.lists(st.integers(1, 12), min_size=1, max_size=8), seed=st.integers(0, 2**16)
+)
 def test_keep_highest_keeps_exactly_the_top_k(capacity, batches, seed):
     generator = torch.Generator().manual_seed(seed)
     total = sum(batches)
@@ -77,7 +75,7 @@ def test_keep_highest_keeps_exactly_the_top_k(capacity, batches, seed):
     for size in batches:
         ids = list(range(start, start + size))
         before = len(storage)
-        result = writer.extend(storage, items(ids), scores_all[start:start + size])
+        result = writer.extend(storage, items(ids), scores_all[start : start + size])
         check_accounting(storage, before, size, result)
         start += size
         top = torch.topk(scores_all[:start], min(capacity, start)).indices
@@ -110,10 +108,11 @@ def test_keep_highest_fills_freed_slots_first():
 
 
 @settings(max_examples=40, deadline=None)
-@given(capacity=st.integers(1, 10),
-       batches=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=10),
-                        min_size=1, max_size=8),
-       keep_highest=st.booleans())
+@given(
+    capacity=st.integers(1, 10),
+    batches=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=10), min_size=1, max_size=8),
+    keep_highest=st.booleans(),
+)
 def test_dedup_never_stores_two_items_with_the_same_key(capacity, batches, keep_highest):
     storage = TensorStorage(capacity)
     writer = DedupWriter("key", KeepHighestWriter() if keep_highest else RoundRobinWriter())
@@ -121,8 +120,7 @@ def test_dedup_never_stores_two_items_with_the_same_key(capacity, batches, keep_
     for keys in batches:
         ids = list(range(next_id, next_id + len(keys)))
         next_id += len(keys)
-        live_keys = set(storage.get(storage.live_indices())["key"].flatten().tolist()) \
-            if len(storage) else set()
+        live_keys = set(storage.get(storage.live_indices())["key"].flatten().tolist()) if len(storage) else set()
         before = len(storage)
         scores = torch.tensor(ids, dtype=torch.float64)
         result = writer.extend(storage, items(ids, [[k] for k in keys]), scores)
@@ -175,8 +173,7 @@ def test_row_hash_matches_a_pure_python_reference():
     for row in rows:
         total = 0
         for j, value in enumerate(row):
-            total = (total + _splitmix_reference(((value & mask) + j * 0x9E3779B97F4A7C15)
-                                                 & mask)) & mask
+            total = (total + _splitmix_reference(((value & mask) + j * 0x9E3779B97F4A7C15) & mask)) & mask
         expected.append(np.uint64(_splitmix_reference(total)).view(np.int64).item())
     assert row_hash(torch.tensor(rows)).tolist() == expected
 
@@ -192,12 +189,11 @@ def test_row_hash_distinguishes_column_order_and_handles_floats():
     assert floats[0] == floats[2] != floats[1]
 
 
-@pytest.mark.parametrize("make", [RoundRobinWriter, KeepHighestWriter,
-                                  lambda: DedupWriter("key")])
+@pytest.mark.parametrize("make", [RoundRobinWriter, KeepHighestWriter, lambda: DedupWriter("key")])
 def test_writer_state_round_trip_continues_identically(make):
     def run(writer, storage, ids):
-        return writer.extend(storage, items(ids, [[i % 3] for i in ids]),
-                             torch.tensor(ids, dtype=torch.float64))
+        return writer.extend(storage, items(ids, [[i % 3] for i in ids]), torch.tensor(ids, dtype=torch.float64))
+
     storage, writer = TensorStorage(4), make()
     run(writer, storage, [0, 1, 2, 3, 4])
     restored_storage, restored = TensorStorage(4), make()
@@ -215,8 +211,7 @@ def test_dedup_stays_exact_across_index_merges_and_frees():
     next_id = 0
     for step in range(40):
         keys = torch.randint(0, 600, (64,), generator=rng).tolist()
-        live_keys = set(storage.get(storage.live_indices())["key"].flatten().tolist()) \
-            if len(storage) else set()
+        live_keys = set(storage.get(storage.live_indices())["key"].flatten().tolist()) if len(storage) else set()
         ids = list(range(next_id, next_id + 64))
         next_id += 64
         result = writer.extend(storage, items(ids, [[k] for k in keys]), None)

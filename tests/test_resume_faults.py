@@ -62,9 +62,12 @@ def _damage(run: Path) -> dict[str, tuple[Path, str]]:
     name -> (path to be named, word)."""
     final, step8, step6, step4 = (checkpoint_name(0, s) if s else checkpoint_name(0) for s in (None, 8, 6, 4))
     where = run / "checkpoints"
-    victims = {final: (where / final / "rank-00000.pt", truncate), step8: (where / step8 / "rank-00001.pt", random_bytes),
-               step6: (where / step6 / "MANIFEST.json", garbage_manifest),
-               step4: (where / step4 / "rank-00000.pt", nan_into_a_tensor)}
+    victims = {
+        final: (where / final / "rank-00000.pt", truncate),
+        step8: (where / step8 / "rank-00001.pt", random_bytes),
+        step6: (where / step6 / "MANIFEST.json", garbage_manifest),
+        step4: (where / step4 / "rank-00000.pt", nan_into_a_tensor),
+    }
     out = {}
     for name, (path, damage) in victims.items():
         word = damage(path if damage is not garbage_manifest else where / name / "rank-00000.pt")
@@ -86,8 +89,9 @@ class FullDisk:
         shutil.move(self.where, saved)
         self.where.mkdir()
         size = held + 512 * 1024
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.where)],
-                                 capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.where)], capture_output=True, text=True
+        )
         if mounted.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
         for item in saved.iterdir():
@@ -140,7 +144,7 @@ def test_two_jobs_one_out_dir_then_resume_after_damage_and_on_a_full_disk(job_fa
     out = resumed.output
     assert code_a == 0, out
     for name, (path, word) in damaged.items():
-        line = next((l for l in out.splitlines() if f"checkpoint {name} not used:" in l), None)
+        line = next((item for item in out.splitlines() if f"checkpoint {name} not used:" in item), None)
         assert line is not None and str(path) in line and word in line, (name, out)
     assert f"resuming from checkpoint {checkpoint_name(0, 2)} (the newest complete, intact one)" in out, out
     assert "weights_only=False" not in out
@@ -153,8 +157,11 @@ def test_two_jobs_one_out_dir_then_resume_after_damage_and_on_a_full_disk(job_fa
 
     out = full.output
     assert code_b not in (0, 2), out
-    failed = re.search(r"cannot write checkpoint file (\S+/checkpoints/gen-0001-step-000000012/rank-\d{5}\.pt): "
-                       r"No space left on device \[ENOSPC\]", out)
+    failed = re.search(
+        r"cannot write checkpoint file (\S+/checkpoints/gen-0001-step-000000012/rank-\d{5}\.pt): "
+        r"No space left on device \[ENOSPC\]",
+        out,
+    )
     assert failed and failed[1].startswith(str(run_b)), out
     assert "inline_container" not in out
     assert after_b is not None and after_b[0] == checkpoint_name(0), after_b  # still the newest complete one

@@ -34,6 +34,7 @@ def test_a_progress_file_that_cannot_be_written_does_not_end_the_run(tmp_path, c
 
 def test_the_generation_line_says_the_checkpoint_step_and_the_steps_done_after_it():
     assert generation_note(1, None, checkpoint_name(0), 20, 20) == (
-        "generation 1 (resumed); resumed from gen-0000-final at step 20, 0 steps repeated")
+        "generation 1 (resumed); resumed from gen-0000-final at step 20, 0 steps repeated"
+    )
     assert generation_note(1, None, checkpoint_name(0, 15), 15, 21).endswith("at step 15, 6 steps repeated")
     assert generation_note(1, None, checkpoint_name(0, 15), 15, 16).endswith("at step 15, 1 step repeated")

@@ -23,7 +23,7 @@ def play(envs: int, lengths: list[list[int]], acc: NStepTransitions, rng: random
         obs, nxt = np.zeros((envs, 2), np.float32), np.zeros((envs, 2), np.float32)
         rew, term, trunc = np.zeros(envs), np.zeros(envs, bool), np.zeros(envs, bool)
         for e, (episode, step) in enumerate(position):
-            length = lengths[e][episode] if episode < len(lengths[e]) else 10 ** 9
+            length = lengths[e][episode] if episode < len(lengths[e]) else 10**9
             obs[e], nxt[e], rew[e] = (100 * e + episode, step), (100 * e + episode, step + 1), rng.random()
             rewards.setdefault((e, episode), []).append(float(rew[e]))
             ends = step + 1 == length
@@ -40,17 +40,26 @@ def test_n_step_transitions_match_a_brute_force_count(n):
     lengths = [[rng.randint(1, 7) for _ in range(4)] for _ in range(envs)]
     finished = play(envs, lengths, acc, rng)
     batch = acc.take()
-    got = {(int(o[0]), int(o[1])): (float(r), float(d), bool(te), bool(tr), int(no[1]) - int(o[1]))
-           for o, r, d, te, tr, no in zip(batch["obs"].tolist(), batch["reward"], batch["discount"],
-                                          batch["terminated"], batch["truncated"], batch["next_obs"].tolist())}
+    got = {
+        (int(o[0]), int(o[1])): (float(r), float(d), bool(te), bool(tr), int(no[1]) - int(o[1]))
+        for o, r, d, te, tr, no in zip(
+            batch["obs"].tolist(),
+            batch["reward"],
+            batch["discount"],
+            batch["terminated"],
+            batch["truncated"],
+            batch["next_obs"].tolist(),
+            strict=False,
+        )
+    }
     assert len(got) == batch["action"].numel()  # nothing emitted twice
     for (e, episode), rewards in finished.items():
         for t in range(len(rewards)):
             k = min(n, len(rewards) - t)
             ends = t + k == len(rewards)
             ret, discount, terminated, truncated, ahead = got.pop((100 * e + episode, t))
-            assert ret == pytest.approx(sum(gamma ** j * rewards[t + j] for j in range(k)), rel=1e-5)
-            assert discount == pytest.approx(gamma ** k) and ahead == k
+            assert ret == pytest.approx(sum(gamma**j * rewards[t + j] for j in range(k)), rel=1e-5)
+            assert discount == pytest.approx(gamma**k) and ahead == k
             assert (terminated, truncated) == (ends and episode % 2 == 0, ends and episode % 2 == 1)
     # what is left: steps of the never-ending episodes, each with n rewards known
     assert all(not te and not tr and ahead == n for _, _, te, tr, ahead in got.values())
@@ -63,7 +72,7 @@ def test_apex_epsilons_follow_the_ladder():
     assert torch.allclose(eps, want)
     assert torch.equal(apex_epsilons(4, 4, 8), eps[4:])  # actor 1 of 2, 4 envs each
     assert apex_epsilons(0, 1, 1).tolist() == pytest.approx([0.4])
-    with pytest.raises(ConfigError, match="params.epsilon"):
+    with pytest.raises(ConfigError, match=r"params.epsilon"):
         apex_epsilons(0, 1, 1, eps=1.5)
     for first, count in ((6, 4), (-1, 2), (0, 9)):  # rungs outside a ladder of 8
         with pytest.raises(ValueError, match="do not fit a ladder of 8"):
@@ -84,15 +93,15 @@ class RandomCartPole(EnvironmentActor):
 
 
 def test_environment_actor_keeps_episodes_across_rollouts():
-    config = Config.from_dict({"params": {"env_id": "CartPole-v1", "envs_per_actor": 2,
-                                          "rollout_steps": 5, "n_step": 3}})
+    config = Config.from_dict(
+        {"params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "rollout_steps": 5, "n_step": 3}}
+    )
     actor = RandomCartPole(rank=0, config=config, generator=torch.Generator().manual_seed(1))
     actor.setup()
     seen = 0
     for _ in range(40):  # 400 random steps: dozens of short episodes, split across rollouts
         batch = actor.rollout(0)
-        assert set(batch) == {"obs", "action", "reward", "next_obs", "terminated", "truncated",
-                              "discount"}
+        assert set(batch) == {"obs", "action", "reward", "next_obs", "terminated", "truncated", "discount"}
         seen += batch["action"].numel()
     metrics = actor.metrics()
     assert metrics["env_steps"] == 400 and metrics["episodes"] >= 10
@@ -103,9 +112,13 @@ def test_environment_actor_keeps_episodes_across_rollouts():
 
 
 def test_a_paced_actor_waits_for_its_learner():
-    config = Config.from_dict({"replay": {"min_size_to_sample": 100}, "sync": {"weights_to_actors_every": 10},
-                               "params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "rollout_steps": 5,
-                                          "env_steps_per_update": 8}})
+    config = Config.from_dict(
+        {
+            "replay": {"min_size_to_sample": 100},
+            "sync": {"weights_to_actors_every": 10},
+            "params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "rollout_steps": 5, "env_steps_per_update": 8},
+        }
+    )
     actor = RandomCartPole(rank=0, config=config, generator=torch.Generator().manual_seed(2))
     actor.setup()
     for version, allowed in ((0, 100 + 8 * 10), (5, 100 + 8 * 15)):
@@ -115,7 +128,8 @@ def test_a_paced_actor_waits_for_its_learner():
             assert batches < 100
         # a rollout is 2 envs x 5 steps: the actor stops within one rollout past its allowance
         assert allowed <= actor.env_steps < allowed + 10, (version, actor.env_steps)
-    with pytest.raises(ConfigError, match="params.env_steps_per_update"):
-        bad = RandomCartPole(rank=0, config=config.apply_overrides(["params.env_steps_per_update=0"]),
-                             generator=torch.Generator())
+    with pytest.raises(ConfigError, match=r"params.env_steps_per_update"):
+        bad = RandomCartPole(
+            rank=0, config=config.apply_overrides(["params.env_steps_per_update=0"]), generator=torch.Generator()
+        )
         bad.setup()

@@ -20,8 +20,18 @@ def test_normal_run_balances_and_writes_the_run_directory(job_factory):
     job = job_factory()
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
-    for name in ("config.yaml", "layout.txt", "metrics.jsonl", "ledger.json", "finals.json", "report.txt",
-                 "report.json", "report.png", "logs/rank-0.log", "checkpoints/gen-0000-final/MANIFEST.json"):
+    for name in (
+        "config.yaml",
+        "layout.txt",
+        "metrics.jsonl",
+        "ledger.json",
+        "finals.json",
+        "report.txt",
+        "report.json",
+        "report.png",
+        "logs/rank-0.log",
+        "checkpoints/gen-0000-final/MANIFEST.json",
+    ):
         assert (run / name).exists(), name
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and ledger["totals"]["produced"] == 30 * 8 * 2  # steps x n x trainers
@@ -84,7 +94,7 @@ def test_resume_continues_steps_ledger_and_buffer(job_factory):
     assert read_json(run / "ledger.json")["totals"]["produced"] == 20 * 8 * 2
     assert after["2"]["replay"]["admitted"] == 2 * before["2"]["replay"]["admitted"]
     assert after["2"]["replay"]["size"] == 20 * 8 * 2  # trajectories admitted before the checkpoint are kept
-    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(item) for item in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows]
     assert max(steps) == 19 and steps.index(max(steps)) > steps.index(9)
     trainer_rows = [(row["rank"], row["step"]) for row in rows if row["rank"] in (0, 1)]
@@ -110,8 +120,9 @@ def test_sigint_stops_every_rank_and_writes_checkpoint_and_report(job_factory):
 @pytest.mark.parametrize("victim,role", [(1, "trainer"), (2, "buffer"), (3, "coordinator")])
 def test_kill9_of_a_rank_ends_the_job_naming_it(job_factory, victim, role):
     timeout = 3.0
-    job = job_factory("run.steps=100000", "params.delay_s=0.005", f"faults.peer_timeout_s={timeout}",
-                      "faults.heartbeat_s=0.2")
+    job = job_factory(
+        "run.steps=100000", "params.delay_s=0.005", f"faults.peer_timeout_s={timeout}", "faults.heartbeat_s=0.2"
+    )
     run = job.wait_for_metrics(4)
     os.kill(pid_of_rank(run, victim), signal.SIGKILL)
     killed = time.monotonic()

@@ -33,7 +33,6 @@ from gflowdist.transport import encode
 from tests.jobs.toy_roles import make_batch
 from tests.support.jobs import TOY
 
-
 TRAINERS = (0, 1)
 BUFFER = 2
 #: a sequence number and version far above what a few-step toy run reaches (msgpack ints grow with value)
@@ -63,10 +62,12 @@ def _check_ended_on_a_refused_send(job, msg_type: str, dst: int, limit: int, sen
     assert "no heartbeat" not in out and "lost rank" not in out, out
     lines = _failure_lines(out)
     assert lines, out
-    pattern = (rf"gflowdist: rank (\d+) \((\w+) on [^)]+\) failed(?: at step \d+)?: EncodeError: refusing to send "
-               rf"a (\d+)-byte "
-               rf"{msg_type} message from rank \1 to rank {dst} \(tag \d+\): over the limit "
-               rf"faults\.max_message_bytes = {limit} bytes.*Raise faults\.max_message_bytes to at least \3\b")
+    pattern = (
+        rf"gflowdist: rank (\d+) \((\w+) on [^)]+\) failed(?: at step \d+)?: EncodeError: refusing to send "
+        rf"a (\d+)-byte "
+        rf"{msg_type} message from rank \1 to rank {dst} \(tag \d+\): over the limit "
+        rf"faults\.max_message_bytes = {limit} bytes.*Raise faults\.max_message_bytes to at least \3\b"
+    )
     found = [re.search(pattern, line) for line in lines]
     assert any(found), lines
     for match in filter(None, found):
@@ -105,14 +106,16 @@ def test_the_collector_logs_refused_control_messages_rate_limited_and_counts_the
             collector.poll()
         collector.wait_finals()  # nobody else: returns at once, with the totals line
     lines = [r.getMessage() for r in caplog.records if "collector refused" in r.getMessage()]
-    one_by_one = [line for line in lines if "collector refused a control message: malformed message from rank 0"
-                  in line]
+    one_by_one = [
+        line for line in lines if "collector refused a control message: malformed message from rank 0" in line
+    ]
     thinned = [line for line in lines if re.search(r"refused \d+ control messages so far", line)]
     totals = [line for line in lines if "in total" in line]
     assert len(one_by_one) == LOG_FIRST_REFUSALS
     assert "truncated" in one_by_one[0] and "logged every" in one_by_one[-1]
-    assert [int(re.search(r"refused (\d+)", line).group(1)) for line in thinned] == \
-        list(range(LOG_EVERY_REFUSAL, flood + 1, LOG_EVERY_REFUSAL))
+    assert [int(re.search(r"refused (\d+)", line).group(1)) for line in thinned] == list(
+        range(LOG_EVERY_REFUSAL, flood + 1, LOG_EVERY_REFUSAL)
+    )
     assert totals == [f"collector refused {flood} control messages in total (rank 0: {flood})"]
     assert len(lines) == LOG_FIRST_REFUSALS + flood // LOG_EVERY_REFUSAL + 1
     assert collector.protocol_errors == flood and collector.refused == {0: flood}

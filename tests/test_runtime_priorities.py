@@ -17,8 +17,13 @@ from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay import ReplayBuffer
 from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.client import concat_batches
-from gflowdist.runtime.loops.priorities import (apply_priority_update, initial_priorities, priority_update,
-                                                replayed_batch, sample_reply_for)
+from gflowdist.runtime.loops.priorities import (
+    apply_priority_update,
+    initial_priorities,
+    priority_update,
+    replayed_batch,
+    sample_reply_for,
+)
 from gflowdist.transport import MessageType, decode, encode
 
 
@@ -41,12 +46,12 @@ def items(values: list[float]) -> dict[str, torch.Tensor]:
 
 
 def test_the_priority_loop_closes_through_the_codec():
-    replay = ReplayBuffer.prioritized(4, alpha=1.0, beta=1.0, beta_final=0.0, beta_steps=10,
-                                      generator=torch.Generator().manual_seed(0))
+    replay = ReplayBuffer.prioritized(
+        4, alpha=1.0, beta=1.0, beta_final=0.0, beta_steps=10, generator=torch.Generator().manual_seed(0)
+    )
     learner = Learner()
     batch = items([1.0, -2.0, 3.0, -4.0])
-    sent = wire(protocol.trajectories(batch, seq=0, version=0, n=4,
-                                      priorities=initial_priorities(learner, batch, 4)))
+    sent = wire(protocol.trajectories(batch, seq=0, version=0, n=4, priorities=initial_priorities(learner, batch, 4)))
     replay.extend(sent.body["batch"], producer=2, seq=0, policy_version=0, priorities=sent.body["priorities"])
     assert replay.sampler.scaled[:4].tolist() == pytest.approx([3.0 + 1e-6] * 4)
     reply = wire(sample_reply_for(replay, 6, step=10))  # beta annealed to 0 at the learner's step 10
@@ -83,8 +88,13 @@ def test_a_pure_learner_batch_is_the_replay_alone_and_nothing_is_none():
     assert concat_batches(None, None) is None
 
 
-@pytest.mark.parametrize("hook, words", [("priorities", "Short.priorities returned 1 priorities for a batch of 2"),
-                                         ("initial_priorities", "Short.initial_priorities returned 1")])
+@pytest.mark.parametrize(
+    "hook, words",
+    [
+        ("priorities", "Short.priorities returned 1 priorities for a batch of 2"),
+        ("initial_priorities", "Short.initial_priorities returned 1"),
+    ],
+)
 def test_a_hook_returning_the_wrong_count_is_named(hook, words):
     class Short:
         def priorities(self, batch):
@@ -107,12 +117,18 @@ def test_a_malformed_update_names_its_sender():
         apply_priority_update(replay, {"keys": torch.tensor([0, 1]), "priorities": torch.tensor([1.0])}, 5)
 
 
-@pytest.mark.parametrize("data, key, words", [
-    ({"replay": {"priority_beta_final": 1.0}}, "replay.priority_beta_steps", "must be >= 1"),
-    ({"replay": {"priority_beta_steps": 100}}, "replay.priority_beta_steps", "nothing to anneal towards"),
-    ({"sync": {"weights_to_coordinator_every": 10}, "layout": {"coordinator": False}},
-     "sync.weights_to_coordinator_every", "no coordinator to send the weights to"),
-])
+@pytest.mark.parametrize(
+    "data, key, words",
+    [
+        ({"replay": {"priority_beta_final": 1.0}}, "replay.priority_beta_steps", "must be >= 1"),
+        ({"replay": {"priority_beta_steps": 100}}, "replay.priority_beta_steps", "nothing to anneal towards"),
+        (
+            {"sync": {"weights_to_coordinator_every": 10}, "layout": {"coordinator": False}},
+            "sync.weights_to_coordinator_every",
+            "no coordinator to send the weights to",
+        ),
+    ],
+)
 def test_settings_that_cannot_work_are_refused_naming_the_key(data, key, words):
     with pytest.raises(ConfigError, match=words) as err:
         Config.from_dict(data)

@@ -15,21 +15,40 @@ def wire(message: protocol.Outgoing):
     return decode(encode(*message, sender=3, seq=7), sender=3)
 
 
-@pytest.mark.parametrize("message, command, fields", [
-    (protocol.done(), Command.DONE, {}),
-    (protocol.checkpoint("gen-0000-step-000000005"), Command.CHECKPOINT, {"name": "gen-0000-step-000000005"}),
-    (protocol.checkpointed("gen-0000-step-000000005"), Command.CHECKPOINTED,
-     {"name": "gen-0000-step-000000005", "refused": 0}),
-    (protocol.checkpointed("gen-0000-step-000000005", refused=2), Command.CHECKPOINTED,
-     {"name": "gen-0000-step-000000005", "refused": 2}),
-    (protocol.saved("gen-0001-step-000000010", {"bytes": 12, "sha256": "ab" * 32}), Command.SAVED,
-     {"name": "gen-0001-step-000000010", "file": {"bytes": 12, "sha256": "ab" * 32}}),
-    (protocol.refused("buffer rank 2 refused ...", 40), Command.REFUSED,
-     {"text": "buffer rank 2 refused ...", "seq": 40}),
-    (protocol.lost(4, "lost rank 4 (actor on vm)"), Command.LOST, {"rank": 4, "reason": "lost rank 4 (actor on vm)"}),
-    (protocol.stop(), Command.STOP, {}),
-    (protocol.stop("signal SIGINT"), Command.STOP, {"reason": "signal SIGINT"}),
-])
+@pytest.mark.parametrize(
+    "message, command, fields",
+    [
+        (protocol.done(), Command.DONE, {}),
+        (protocol.checkpoint("gen-0000-step-000000005"), Command.CHECKPOINT, {"name": "gen-0000-step-000000005"}),
+        (
+            protocol.checkpointed("gen-0000-step-000000005"),
+            Command.CHECKPOINTED,
+            {"name": "gen-0000-step-000000005", "refused": 0},
+        ),
+        (
+            protocol.checkpointed("gen-0000-step-000000005", refused=2),
+            Command.CHECKPOINTED,
+            {"name": "gen-0000-step-000000005", "refused": 2},
+        ),
+        (
+            protocol.saved("gen-0001-step-000000010", {"bytes": 12, "sha256": "ab" * 32}),
+            Command.SAVED,
+            {"name": "gen-0001-step-000000010", "file": {"bytes": 12, "sha256": "ab" * 32}},
+        ),
+        (
+            protocol.refused("buffer rank 2 refused ...", 40),
+            Command.REFUSED,
+            {"text": "buffer rank 2 refused ...", "seq": 40},
+        ),
+        (
+            protocol.lost(4, "lost rank 4 (actor on vm)"),
+            Command.LOST,
+            {"rank": 4, "reason": "lost rank 4 (actor on vm)"},
+        ),
+        (protocol.stop(), Command.STOP, {}),
+        (protocol.stop("signal SIGINT"), Command.STOP, {"reason": "signal SIGINT"}),
+    ],
+)
 def test_every_command_is_read_back_with_its_fields(message, command, fields):
     msg = wire(message)
     assert msg.type is MessageType.CONTROL and command_of(msg) is command and is_command(msg, command)
@@ -65,12 +84,15 @@ def test_prefetched_sample_requests_name_the_step_that_will_use_them() -> None:
     from gflowdist.runtime.state import TrainerState
 
     asked: list[dict] = []
-    data = SimpleNamespace(isend=lambda kind, body, dst: asked.append(body),
-                           recv=lambda src, timeout=None: wire(protocol.sample_reply(None)))
+    data = SimpleNamespace(
+        isend=lambda kind, body, dst: asked.append(body),
+        recv=lambda src, timeout=None: wire(protocol.sample_reply(None)),
+    )
     replay = SimpleNamespace(prefetch=2, replayed_per_step=lambda fresh: 4)
     timer = SimpleNamespace(phase=lambda name: nullcontext(), wait_on=lambda peer, label: nullcontext())
-    w = SimpleNamespace(config=SimpleNamespace(replay=replay, faults=SimpleNamespace(peer_timeout_s=1.0)),
-                        data=data, timer=timer)
+    w = SimpleNamespace(
+        config=SimpleNamespace(replay=replay, faults=SimpleNamespace(peer_timeout_s=1.0)), data=data, timer=timer
+    )
     requests, state = ReplayRequests(w, buffer=3), TrainerState()
     for version in range(4):
         state.version = version

@@ -14,7 +14,7 @@ from gflowdist.errors import GflowdistError
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 from gflowdist.runtime.job import make_role
 
-HALF_TRAINER = '''
+HALF_TRAINER = """
 from gflowdist.runtime import Trainer
 
 
@@ -24,7 +24,7 @@ class HalfTrainer(Trainer):
 
     def rollout(self, policy_version):
         return {}
-'''
+"""
 
 
 def test_rollout_and_loss_are_abstract_and_nothing_else_is():
@@ -38,17 +38,27 @@ def _trainer_context() -> DistributedContext:
 
 def test_a_trainer_without_loss_is_refused_naming_class_and_method(tmp_path):
     (tmp_path / "half.py").write_text(HALF_TRAINER)
-    config = Config.from_dict({"layout": {"trainers": 1, "buffers": 0, "coordinator": False},
-                               "roles": {"trainer": str(tmp_path / "half.py") + ":HalfTrainer"}})
-    with pytest.raises(GflowdistError, match=r"roles\.trainer: \S+HalfTrainer does not implement loss\(\), "
-                                             r"which every trainer needs"):
+    config = Config.from_dict(
+        {
+            "layout": {"trainers": 1, "buffers": 0, "coordinator": False},
+            "roles": {"trainer": str(tmp_path / "half.py") + ":HalfTrainer"},
+        }
+    )
+    with pytest.raises(
+        GflowdistError,
+        match=r"roles\.trainer: \S+HalfTrainer does not implement loss\(\), "
+        r"which every trainer needs",
+    ):
         make_role(_trainer_context(), config, torch.Generator())
 
 
 def test_an_unset_trainer_is_refused_as_not_set():
     config = Config.from_dict({"layout": {"trainers": 1, "buffers": 0, "coordinator": False}})
-    with pytest.raises(GflowdistError, match=r"roles\.trainer is not set: a trainer needs your class with "
-                                             r"loss\(\) and rollout\(\)"):
+    with pytest.raises(
+        GflowdistError,
+        match=r"roles\.trainer is not set: a trainer needs your class with "
+        r"loss\(\) and rollout\(\)",
+    ):
         make_role(_trainer_context(), config, torch.Generator())
 
 
@@ -61,8 +71,14 @@ def test_the_progress_line_adds_up_counts_and_averages_the_rest():
 
     layout = SimpleNamespace(trainers=[0], actors=[1, 2])
     config = SimpleNamespace(faults=SimpleNamespace(on_actor_loss="fail"), run=SimpleNamespace(steps=10))
-    w = SimpleNamespace(context=SimpleNamespace(layout=layout), comm=SimpleNamespace(size=4), rank=3,
-                        generation=0, config=config, lost={})
+    w = SimpleNamespace(
+        context=SimpleNamespace(layout=layout),
+        comm=SimpleNamespace(size=4),
+        rank=3,
+        generation=0,
+        config=config,
+        lost={},
+    )
     out = io.StringIO()
     collector = Collector(w, metrics_file=None, out=out)
     collector.record_metrics(0, {"step": 4, "loss": 0.5, "trajectories": 0})

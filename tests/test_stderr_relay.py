@@ -19,10 +19,12 @@ def relay_of(text: str) -> tuple[StderrRelay, io.StringIO]:
 
 
 def test_every_line_is_copied_and_failure_lines_are_remembered():
-    text = ("some rank's warning\n"
-            "gflowdist: lost rank 3 (trainer on b): no heartbeat for 3.0 s\n"
-            "  gflowdist: indented, not a failure line\n"
-            "last line without newline")
+    text = (
+        "some rank's warning\n"
+        "gflowdist: lost rank 3 (trainer on b): no heartbeat for 3.0 s\n"
+        "  gflowdist: indented, not a failure line\n"
+        "last line without newline"
+    )
     relay, sink = relay_of(text)
     assert sink.getvalue() == text
     assert relay.failure_lines == ["gflowdist: lost rank 3 (trainer on b): no heartbeat for 3.0 s"]

@@ -52,13 +52,18 @@ def test_last_arriver_and_waits_on_it() -> None:
 
 def test_report_puts_collective_waits_in_matrix_stragglers_and_json() -> None:
     timers, _ = _three_ranks()
-    report = build_report({r: t.to_dict() for r, t in timers.items()},
-                          roles={0: "trainer", 1: "trainer", 2: "trainer"}, hosts={2: "node-b"})
+    report = build_report(
+        {r: t.to_dict() for r, t in timers.items()},
+        roles={0: "trainer", 1: "trainer", 2: "trainer"},
+        hosts={2: "node-b"},
+    )
     assert report.waits.by_label[0][2]["collective:gradients"] == pytest.approx(0.9)
     assert report.waits.waited_on(2) == pytest.approx(0.9 + 0.6)
     # one wait per collective the peer arrived last at (rank 2 at two of the three, rank 0 at one), not 1 per group
-    counts = {w: {p: labels["collective:gradients"] for p, labels in peers.items()}
-              for w, peers in report.waits.counts.items()}
+    counts = {
+        w: {p: labels["collective:gradients"] for p, labels in peers.items()}
+        for w, peers in report.waits.counts.items()
+    }
     assert counts == {0: {2: 2}, 1: {2: 2, 0: 1}, 2: {0: 1}}
     text = report.to_text()
     assert "collective gradients of ranks 0-2: rank 2 on node-b arrived last at 2 of 3" in text
@@ -85,9 +90,11 @@ def test_trace_has_a_track_per_rank_paired_flows_and_named_last_arrivers(tmp_pat
     traces[2].message(TOOK, "TRAJECTORIES", 0, 1, 0, 0.5, 0.7)  # a blocking take, begun before the send
     traces[0].message(SENT, "TRAJECTORIES", 2, 1, 1, 2.0, 0.01)  # never taken: no arrow
     traces[1].instant("checkpoint gen-0000-step-000000002", "checkpoint")
-    trace = chrome_trace({r: t.to_dict() for r, t in traces.items()},
-                         names={r: f"rank {r} trainer @h" for r in traces},
-                         timings={r: t.to_dict() for r, t in timers.items()})
+    trace = chrome_trace(
+        {r: t.to_dict() for r, t in traces.items()},
+        names={r: f"rank {r} trainer @h" for r in traces},
+        timings={r: t.to_dict() for r, t in timers.items()},
+    )
     path = write_trace(tmp_path / "trace.json", trace)
     events = json.loads(path.read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}

@@ -22,13 +22,16 @@ def _timer(phases: dict[str, list[float]], peer: int, seconds: float) -> dict:
 
 
 def test_save_writes_png_with_all_panels(tmp_path: Path) -> None:
-    per_rank = {0: _timer({"rollout": [1.0, 2.0], "train": [0.5]}, 2, 0.5),
-                1: _timer({"rollout": [3.0, 1.0]}, 2, 1.5),
-                2: _timer({"serve": [0.1]}, 0, 0.25)}
-    metrics = [{"step": i, "loss": 1.0 / (i + 1), "modes": i, "kl": float("nan") if i == 2 else i,
-                "reward": 2 * i, "extra": 1} for i in range(5)]
-    report = build_report(per_rank, roles={0: "trainer", 1: "trainer", 2: "buffer"},
-                          metrics=metrics)
+    per_rank = {
+        0: _timer({"rollout": [1.0, 2.0], "train": [0.5]}, 2, 0.5),
+        1: _timer({"rollout": [3.0, 1.0]}, 2, 1.5),
+        2: _timer({"serve": [0.1]}, 0, 0.25),
+    }
+    metrics = [
+        {"step": i, "loss": 1.0 / (i + 1), "modes": i, "kl": float("nan") if i == 2 else i, "reward": 2 * i, "extra": 1}
+        for i in range(5)
+    ]
+    report = build_report(per_rank, roles={0: "trainer", 1: "trainer", 2: "buffer"}, metrics=metrics)
     assert figure_unavailable_reason() is None
     saved = report.save(tmp_path)
     assert saved.png_skipped is None
@@ -44,12 +47,32 @@ def test_figure_of_an_empty_report(tmp_path: Path) -> None:
 def _small_trace() -> dict:
     """Two tracks: a phase on rank 0 from 1 to 3 ms, a message on rank 1 from 10 to 11 ms, an instant at 20 ms."""
     meta = [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r} trainer @h"}} for r in (0, 1)]
-    return {"traceEvents": meta + [
-        {"ph": "X", "name": "rollout", "cat": "phase", "pid": 0, "tid": 0, "ts": 1000.0, "dur": 2000.0, "args": {}},
-        {"ph": "X", "name": "take X <- 0", "cat": "message", "pid": 1, "tid": 0, "ts": 10000.0, "dur": 1000.0,
-         "args": {}},
-        {"ph": "i", "s": "t", "name": "checkpoint", "cat": "checkpoint", "pid": 1, "tid": 0, "ts": 20000.0,
-         "args": {}}]}
+    return {
+        "traceEvents": [
+            *meta,
+            {"ph": "X", "name": "rollout", "cat": "phase", "pid": 0, "tid": 0, "ts": 1000.0, "dur": 2000.0, "args": {}},
+            {
+                "ph": "X",
+                "name": "take X <- 0",
+                "cat": "message",
+                "pid": 1,
+                "tid": 0,
+                "ts": 10000.0,
+                "dur": 1000.0,
+                "args": {},
+            },
+            {
+                "ph": "i",
+                "s": "t",
+                "name": "checkpoint",
+                "cat": "checkpoint",
+                "pid": 1,
+                "tid": 0,
+                "ts": 20000.0,
+                "args": {},
+            },
+        ]
+    }
 
 
 def test_timeline_of_a_stretch_without_phases_and_a_window_outside_the_trace(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from gflowdist.timing import (
 
 def test_one_iteration_times_1_2_3() -> None:
     row = phase_imbalance("rollout", {0: [1.0], 1: [2.0], 2: [3.0]})
-    assert row.useful == 2.0          # mean(1, 2, 3)
-    assert row.waiting == 1.0         # max 3 - mean 2
+    assert row.useful == 2.0  # mean(1, 2, 3)
+    assert row.waiting == 1.0  # max 3 - mean 2
     assert row.waiting_pct == pytest.approx(100.0 / 3.0)
     assert row.straggler == 2 and row.straggler_iterations == 1
     assert row.busy == {0: 1.0, 1: 2.0, 2: 3.0}
@@ -44,8 +44,7 @@ def test_equal_times_name_no_straggler() -> None:
 
 
 def test_straggler_is_the_most_often_slowest_with_ties_to_the_lower_rank() -> None:
-    row = phase_imbalance("p", {0: [2.0, 1.0, 1.0], 1: [1.0, 2.0, 1.0], 2: [1.0, 1.0, 2.0],
-                                3: [1.0, 1.0, 1.0]})
+    row = phase_imbalance("p", {0: [2.0, 1.0, 1.0], 1: [1.0, 2.0, 1.0], 2: [1.0, 1.0, 2.0], 3: [1.0, 1.0, 1.0]})
     assert (row.straggler, row.straggler_iterations) == (0, 1)
     row = phase_imbalance("p", {0: [2.0, 1.0, 1.0], 1: [1.0, 2.0, 2.0]})
     assert (row.straggler, row.straggler_iterations) == (1, 2)
@@ -79,9 +78,13 @@ times_strategy = st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=1, ma
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 5).flatmap(lambda n: st.lists(
-    st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=n, max_size=n),
-    min_size=1, max_size=5)))
+@given(
+    st.integers(1, 5).flatmap(
+        lambda n: st.lists(
+            st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=n, max_size=n), min_size=1, max_size=5
+        )
+    )
+)
 def test_identities_with_equal_counts(rows: list[list[float]]) -> None:
     """useful + waiting = sum_i max_i; useful = mean of totals; waiting = mean of idle."""
     times = dict(enumerate(rows))
@@ -123,7 +126,7 @@ def test_wait_matrix_cells_and_sums() -> None:
         2: StepTimer(),
     }
     m = wait_matrix(timers)
-    assert m.ranks == (0, 1, 3)               # rank 2 neither waited nor was waited on
+    assert m.ranks == (0, 1, 3)  # rank 2 neither waited nor was waited on
     assert m.matrix() == [[0.0, 0.25, 1.5], [0.0, 0.0, 2.0], [4.0, 0.0, 0.0]]
     assert m.waited(0) == 1.75 and m.waited_on(3) == 3.5
     assert m.total() == 1.0 + 0.5 + 0.25 + 2.0 + 4.0
@@ -150,8 +153,7 @@ def test_report_load_imbalance_returns_and_logs_table(caplog: pytest.LogCaptureF
     assert "step_a" in caplog.text and "6.7500s" in caplog.text
 
 
-def test_report_load_imbalance_handles_missing_steps_and_uneven_counts(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_report_load_imbalance_handles_missing_steps_and_uneven_counts(caplog: pytest.LogCaptureFixture) -> None:
     timing = {0: {"a": [1.0, 1.0], "only0": 2.0}, 1: {"a": [3.0]}, "2": {"a": [2.0], "only2": [1]}}
     with caplog.at_level(logging.WARNING, logger="gflowdist.timing.torchgfn_reports"):
         result = report_load_imbalance(timing, 3)
@@ -178,7 +180,7 @@ def test_report_time_info_numbers_and_text() -> None:
     assert info.per_rank[0]["a"].mean == 2.0 and info.per_rank[0]["a"].total == 4.0
     assert info.per_rank[0]["b"].mean is None
     assert info.maximum["a"] == (5.0, 1)
-    assert info.average["a"] == (4.0 + 5.0) / 2      # over the ranks that recorded "a"
+    assert info.average["a"] == (4.0 + 5.0) / 2  # over the ranks that recorded "a"
     assert info.average["c"] == 2.0
     assert "  a: 2.0000 seconds (total: 4.0000 seconds)" in info.text
     assert "  b: no iterations (total: 0.0000 seconds)" in info.text

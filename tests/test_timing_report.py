@@ -46,14 +46,17 @@ LEDGER = {
     3: {"received": 78, "admitted": 70, "dropped": {"duplicate": 5, "capacity": 3}},
 }
 STALENESS = {0: {"0": 20, "1": 8, "2": 2}, 1: {0: 30}}
-METRICS = [{"step": 0, "loss": 2.5, "modes": 0}, {"step": 10, "loss": 1.0, "modes": 3},
-           {"step": 20, "loss": 1.5, "modes": 5}, {"step": 30, "loss": float("nan"), "modes": 4}]
+METRICS = [
+    {"step": 0, "loss": 2.5, "modes": 0},
+    {"step": 10, "loss": 1.0, "modes": 3},
+    {"step": 20, "loss": 1.5, "modes": 5},
+    {"step": 30, "loss": float("nan"), "modes": 4},
+]
 
 
 @pytest.fixture
 def report() -> Report:
-    return build_report(_per_rank(), roles=ROLES, hosts=HOSTS, ledger=LEDGER,
-                        staleness=STALENESS, metrics=METRICS)
+    return build_report(_per_rank(), roles=ROLES, hosts=HOSTS, ledger=LEDGER, staleness=STALENESS, metrics=METRICS)
 
 
 def test_imbalance_is_computed_per_role(report: Report) -> None:
@@ -97,7 +100,7 @@ def test_large_world_prints_top_pairs() -> None:
     total = sum(r + 1.0 for r in range(n))
     assert f"25 ranks: the 20 largest cells, total of all cells {total:.3f} s" in text
     section = text.split("Who waited on whom")[1].split("Staleness")[0]
-    first_row = [line.split() for line in section.splitlines() if "trainer" in line][0]
+    first_row = next(line.split() for line in section.splitlines() if "trainer" in line)
     assert first_row == ["24", "trainer", "0", "trainer", "25.000"]
 
 
@@ -105,8 +108,8 @@ def test_staleness_summary_numbers() -> None:
     s = staleness_summary({"0": 20, "1": 8, "2": 2})
     assert s.count == 30
     assert s.mean == pytest.approx((0 * 20 + 1 * 8 + 2 * 2) / 30)
-    assert s.quantile(0.5) == 0          # need ceil(15) = 15 <= 20 at value 0
-    assert s.quantile(0.95) == 2         # need ceil(28.5) = 29 > 28 at value 1
+    assert s.quantile(0.5) == 0  # need ceil(15) = 15 <= 20 at value 0
+    assert s.quantile(0.95) == 2  # need ceil(28.5) = 29 > 28 at value 1
     assert s.maximum == 2
     assert staleness_summary({}).mean is None and staleness_summary({}).quantile(0.5) is None
     with pytest.raises(GflowdistError, match="not an int"):
@@ -141,8 +144,11 @@ def test_ledger_table_and_balance(report: Report) -> None:
 
 def test_trajectories_used_where_they_were_made_balance() -> None:
     """Trainers without a buffer learn from their own rollouts: counted as used here, not unaccounted."""
-    ledger = {0: {"produced": 48, "used_locally": 48}, 1: {"produced": 48, "used_locally": 40, "sent": 8},
-              2: {"received": 8, "admitted": 8}}
+    ledger = {
+        0: {"produced": 48, "used_locally": 48},
+        1: {"produced": 48, "used_locally": 40, "sent": 8},
+        2: {"received": 8, "admitted": 8},
+    }
     report = build_report({}, roles={0: "trainer", 1: "trainer", 2: "buffer"}, ledger=ledger)
     assert report.ledger is not None and report.ledger.balanced and report.ledger.total.used_locally == 88
     text = report.to_text()
@@ -153,12 +159,15 @@ def test_trajectories_used_where_they_were_made_balance() -> None:
     assert missing.ledger is not None and missing.ledger.unaccounted == 8
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({0: {"produced": 1, "admited": 1}}, "unknown keys"),
-    ({0: {"produced": -1}}, "'produced'"),
-    ({0: {"dropped": 3}}, "'dropped' must be"),
-    ({"zero": {"produced": 1}}, "rank key"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({0: {"produced": 1, "admited": 1}}, "unknown keys"),
+        ({0: {"produced": -1}}, "'produced'"),
+        ({0: {"dropped": 3}}, "'dropped' must be"),
+        ({"zero": {"produced": 1}}, "rank key"),
+    ],
+)
 def test_ledger_rejects_malformed(bad: dict, message: str) -> None:
     with pytest.raises(GflowdistError, match=message):
         build_report({}, roles={}, ledger=bad)
@@ -198,26 +207,23 @@ def test_json_and_msgpack_round_trip(report: Report) -> None:
         Report.from_dict(dict(report.to_dict(), format=0))
     truncated = report.to_dict()
     del truncated["waits"]
-    with pytest.raises(GflowdistError, match="malformed.*waits"):
+    with pytest.raises(GflowdistError, match=r"malformed.*waits"):
         Report.from_dict(truncated)
 
 
 def test_bad_timings_name_the_rank() -> None:
-    with pytest.raises(GflowdistError, match="timings of rank 3: .*unknown keys"):
+    with pytest.raises(GflowdistError, match=r"timings of rank 3: .*unknown keys"):
         build_report({3: {"format": 1, "phase": {}}}, roles={})
 
 
 def test_empty_report_renders() -> None:
     text = build_report({}, roles={}).to_text()
-    for placeholder in ("no phase timings", "no waits recorded", "no staleness",
-                        "no ledger given", "no metrics given"):
+    for placeholder in ("no phase timings", "no waits recorded", "no staleness", "no ledger given", "no metrics given"):
         assert placeholder in text
 
 
-def test_save_without_matplotlib(report: Report, tmp_path: Path,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(figure_module, "figure_unavailable_reason",
-                        lambda: "matplotlib is not importable (test)")
+def test_save_without_matplotlib(report: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(figure_module, "figure_unavailable_reason", lambda: "matplotlib is not importable (test)")
     saved = report.save(tmp_path / "run")
     assert saved.png_skipped == "matplotlib is not importable (test)"
     assert sorted(p.name for p in saved.paths) == ["report.json", "report.txt"]

@@ -68,8 +68,7 @@ def test_phase_time_is_recorded_when_block_raises(clock: FakeClock) -> None:
 
 def test_wait_on_accumulates_per_peer_and_label(clock: FakeClock) -> None:
     timer = StepTimer(clock=clock)
-    for peer, label, seconds in [(3, "sample", 0.5), (3, "sample", 0.25), (3, "weights", 1.0),
-                                 (5, "sample", 2.0)]:
+    for peer, label, seconds in [(3, "sample", 0.5), (3, "sample", 0.25), (3, "weights", 1.0), (5, "sample", 2.0)]:
         with timer.wait_on(peer, label):
             clock.advance(seconds)
     assert timer.waits == {3: {"sample": 0.75, "weights": 1.0}, 5: {"sample": 2.0}}
@@ -128,8 +127,10 @@ def test_record_puts_the_time_on_the_trace_ending_now_or_at_end(clock: FakeClock
     timer.record("idle", 0.5)
     timer.record("collect", 0.25, end=101.0)  # measured elsewhere: it ended before the idle above
     assert timer.phases == {"idle": [0.5], "collect": [0.25]}
-    assert [tuple(e) for e in trace.events] == [(SPAN, "collect", "phase", 100.75, 0.25, None),
-                                                (SPAN, "idle", "phase", 101.5, 0.5, None)]  # in the order they ended
+    assert [tuple(e) for e in trace.events] == [
+        (SPAN, "collect", "phase", 100.75, 0.25, None),
+        (SPAN, "idle", "phase", 101.5, 0.5, None),
+    ]  # in the order they ended
     with pytest.raises(GflowdistError, match="end of phase 'x'"):
         timer.record("x", 0.5, end=float("nan"))
     assert "x" not in timer.phases
@@ -213,13 +214,16 @@ def test_round_trip_via_json_and_int_keys(clock: FakeClock) -> None:
     assert StepTimer.from_dict(int_keys).waits == timer.waits
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(format=99), "format"),
-    (lambda d: d.update(extra=1), "unknown keys"),
-    (lambda d: d.update(waits={"x": {"a": 1.0}}), "rank key"),
-    (lambda d: d.update(phases={"a": "slow"}), "list of seconds"),
-    (lambda d: d.update(wait_counts={"1": {"a": -1}}), "wait count"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format=99), "format"),
+        (lambda d: d.update(extra=1), "unknown keys"),
+        (lambda d: d.update(waits={"x": {"a": 1.0}}), "rank key"),
+        (lambda d: d.update(phases={"a": "slow"}), "list of seconds"),
+        (lambda d: d.update(wait_counts={"1": {"a": -1}}), "wait count"),
+    ],
+)
 def test_from_dict_rejects_malformed(clock: FakeClock, mutate, message: str) -> None:
     data = _filled(clock).to_dict()
     mutate(data)
@@ -236,7 +240,7 @@ def test_throughput_ema(clock: FakeClock) -> None:
     meter = Throughput(alpha=0.5, clock=clock)
     assert meter.rate is None
     clock.advance(1.0)
-    assert meter.update(10) == 10.0            # first measurement taken as is
+    assert meter.update(10) == 10.0  # first measurement taken as is
     clock.advance(1.0)
     assert meter.update(20) == 0.5 * 20 + 0.5 * 10
     assert meter.total == 30
@@ -245,16 +249,16 @@ def test_throughput_ema(clock: FakeClock) -> None:
 
 def test_throughput_keeps_items_reported_without_elapsed_time(clock: FakeClock) -> None:
     meter = Throughput(alpha=1.0, clock=clock)
-    assert meter.update(5) is None             # no time passed: pending
+    assert meter.update(5) is None  # no time passed: pending
     clock.advance(0.5)
-    assert meter.update(5) == 10 / 0.5         # both reports in the first measurement
+    assert meter.update(5) == 10 / 0.5  # both reports in the first measurement
 
 
 def test_throughput_eta_and_validation(clock: FakeClock) -> None:
     meter = Throughput(alpha=1.0, clock=clock)
     assert meter.eta(10) is None
     clock.advance(2.0)
-    meter.update(8)                            # 4 items/s
+    meter.update(8)  # 4 items/s
     assert meter.eta(20) == 5.0
     with pytest.raises(GflowdistError):
         Throughput(alpha=0.0)
@@ -270,9 +274,15 @@ def test_eta_seconds() -> None:
     assert eta_seconds(5, math.inf) is None
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (None, "?"), (5.04, "5.0s"), (65, "1m05s"), (3600 + 120 + 3, "1h02m03s"),
-    (float("nan"), "?"),
-])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (None, "?"),
+        (5.04, "5.0s"),
+        (65, "1m05s"),
+        (3600 + 120 + 3, "1h02m03s"),
+        (float("nan"), "?"),
+    ],
+)
 def test_format_duration(seconds: float | None, text: str) -> None:
     assert format_duration(seconds) == text

@@ -15,7 +15,9 @@ def test_ranks_that_never_free_exit_cleanly():
         assert result.returncode == 0, f"run {attempt}: exited {result.returncode}:\n{result.output}"
         assert "terminate called" not in result.output
         assert sorted(line for line in result.output.splitlines() if line.startswith("EXITING")) == [
-            "EXITING 0", "EXITING 1"]
+            "EXITING 0",
+            "EXITING 1",
+        ]
 
 
 def test_a_users_destroy_process_group_after_compat_collectives_ends_cleanly():
@@ -26,4 +28,7 @@ def test_a_users_destroy_process_group_after_compat_collectives_ends_cleanly():
         assert result.returncode == 0, f"run {attempt}: exited {result.returncode}:\n{result.output}"
         assert "terminate called" not in result.output and "still blocked" not in result.output, result.output
         assert sorted(line for line in result.output.splitlines() if line.startswith("EXITING")) == [
-            "EXITING 0", "EXITING 1", "EXITING 2"]
+            "EXITING 0",
+            "EXITING 1",
+            "EXITING 2",
+        ]

@@ -28,8 +28,12 @@ from tests.support.jobs import HYPERGRID, TOY, read_json
 from tests.support.trace_checks import nested_on_each_track
 
 STEPS = 10  # 16 trajectories per trainer and step (params.trajectories_per_step); sampling from step 2 on
-RUN = [f"run.steps={STEPS}", "run.log_every=1", "faults.checkpoint_every=4",
-       "faults.peer_timeout_s=30"]  # under load two jobs share two cores: a slow rank is not a lost one
+RUN = [
+    f"run.steps={STEPS}",
+    "run.log_every=1",
+    "faults.checkpoint_every=4",
+    "faults.peer_timeout_s=30",
+]  # under load two jobs share two cores: a slow rank is not a lost one
 LR = "  lr: 0.001\n"  # examples/hypergrid/config.yaml's params.lr, as the run directory's config.yaml has it
 
 
@@ -101,8 +105,12 @@ def test_a_recorded_hypergrid_run_replays_to_the_bit_and_a_divergence_is_named(j
     report = read_json(run / "report.json")
     names = {c["name"]: c for c in report["collectives"]}
     assert names["gradients"]["count"] == STEPS and names["gradients"]["straggler"] in (0, 1)
-    assert any(label.startswith("collective:") for peers in report["waits"]["seconds"].values()
-               for labels in peers.values() for label in labels)
+    assert any(
+        label.startswith("collective:")
+        for peers in report["waits"]["seconds"].values()
+        for labels in peers.values()
+        for label in labels
+    )
 
     changed = _changed_copy(run, tmp_path)
     replay = job_factory(str(run), command="replay", config=None)
@@ -115,8 +123,9 @@ def test_a_recorded_hypergrid_run_replays_to_the_bit_and_a_divergence_is_named(j
     assert _metrics(unforced.run_dir()) != _metrics(run)  # so the replay's equality proves something
 
     assert diverged.wait(240) == 4, diverged.output  # exit 4: a replay divergence
-    assert "at trajectory 16 (step 1): BATCH check: the digest of the shipped trajectories is" in diverged.output, \
+    assert "at trajectory 16 (step 1): BATCH check: the digest of the shipped trajectories is" in diverged.output, (
         diverged.output
+    )
     assert "config.yaml changed since the recording: params.lr: 0.001 recorded, 0.002 now" in diverged.output
     assert any(f"replay diverged on rank {r} (trainer on " in diverged.output for r in (0, 1)), diverged.output
     assert recorded.no_process_left() and unforced.no_process_left()
@@ -136,8 +145,14 @@ def test_a_role_file_changed_since_the_recording_is_named(tmp_path, capsys) -> N
 def test_a_recorded_run_with_actors_replays_to_the_bit(job_factory) -> None:
     """Actors: which weights each one took before which rollout (INBOX), and which actor a trainer sent no
     weights to because its earlier ones were still in flight (WEIGHTS), are replayed as recorded."""
-    actors = ["layout.trainers=1", "layout.actors=2", "launch.nprocs=5", "run.steps=40", "run.log_every=5",
-              "faults.peer_timeout_s=30"]
+    actors = [
+        "layout.trainers=1",
+        "layout.actors=2",
+        "launch.nprocs=5",
+        "run.steps=40",
+        "run.log_every=5",
+        "faults.peer_timeout_s=30",
+    ]
     recorded = job_factory(*actors, "--record", config=HYPERGRID)
     assert recorded.wait(240) == 0, recorded.output
     run = recorded.run_dir()

@@ -45,8 +45,13 @@ def test_a_message_over_the_limit_is_refused_naming_size_limit_type_and_destinat
     assert isinstance(err, TransportError) and not isinstance(err, ProtocolError)
     assert err.peer == 0
     text = str(err)
-    for part in (f"{size}-byte TRAJECTORIES message", "to rank 0", f"faults.max_message_bytes = {limit} bytes",
-                 f"Raise faults.max_message_bytes to at least {size}", "nothing was sent"):
+    for part in (
+        f"{size}-byte TRAJECTORIES message",
+        "to rank 0",
+        f"faults.max_message_bytes = {limit} bytes",
+        f"Raise faults.max_message_bytes to at least {size}",
+        "nothing was sent",
+    ):
         assert part in text, text
     # nothing on the wire, nothing counted, no sequence number used
     assert comm.try_recv(None, 5) is None
@@ -105,8 +110,9 @@ def test_a_limit_below_one_byte_is_refused():
 
 def test_the_runtime_channels_send_and_receive_under_faults_max_message_bytes():
     limit = 4096
-    config = Config.from_dict({"layout": {"trainers": 1, "buffers": 0, "coordinator": False},
-                               "faults": {"max_message_bytes": limit}})
+    config = Config.from_dict(
+        {"layout": {"trainers": 1, "buffers": 0, "coordinator": False}, "faults": {"max_message_bytes": limit}}
+    )
     comm = LocalComm()
     context = DistributedContext.create(config.layout, comm=comm)
     w = Wiring.build(context, config, StopFlag())

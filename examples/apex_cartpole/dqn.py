@@ -16,7 +16,8 @@ initial priority of each transition it sends (Ape-X).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +33,9 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_dim: int, actions: int, hidden: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                                 nn.ReLU(), nn.Linear(hidden, actions))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, actions)
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dqn import DQNActor, DQNLearner, evaluate, q_network  # noqa: E402
+from dqn import DQNActor, DQNLearner, evaluate, q_network
 
-from gflowdist.rl import make_vector_env  # noqa: E402
-from gflowdist.runtime import Coordinator, Trainer  # noqa: E402
+from gflowdist.rl import make_vector_env
+from gflowdist.runtime import Coordinator, Trainer
 
 __all__ = ["ApexActor", "ApexLearner", "ApexCoordinator"]
 
@@ -83,15 +83,23 @@ class ApexCoordinator(Coordinator):
         self.net.load_state_dict(state)
         score = evaluate(self.net, str(self.params["env_id"]), self.episodes, seed=10_000 + version)
         started = self.started if self.started is not None else time.monotonic()
-        self.curve.append({"seconds": round(time.monotonic() - started, 2), "learner_steps": version,
-                           "env_steps": sum(self.env_steps.values()), "eval_return": score})
+        self.curve.append(
+            {
+                "seconds": round(time.monotonic() - started, 2),
+                "learner_steps": version,
+                "env_steps": sum(self.env_steps.values()),
+                "eval_return": score,
+            }
+        )
         self.record(version, {"eval_return": score})  # metrics.jsonl, the report's curves, TensorBoard
 
     def progress_fields(self):
         if not self.curve:
             return {}
-        return {"eval_return": f"{self.curve[-1]['eval_return']:.1f}",
-                "env_steps": f"{self.curve[-1]['env_steps']:.0f}"}
+        return {
+            "eval_return": f"{self.curve[-1]['eval_return']:.1f}",
+            "env_steps": f"{self.curve[-1]['env_steps']:.0f}",
+        }
 
     def should_stop(self):
         if self.started is None:  # called on every pass of the coordinator's loop, the first right after setup
@@ -100,5 +108,4 @@ class ApexCoordinator(Coordinator):
 
     def summary(self):
         solved = [point for point in self.curve if point["eval_return"] >= self.target]
-        return {"curve": self.curve, "solved": bool(solved),
-                "solved_at": solved[0] if solved else None}
+        return {"curve": self.curve, "solved": bool(solved), "solved_at": solved[0] if solved else None}

@@ -21,8 +21,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -45,13 +46,13 @@ def build(config: Config) -> tuple[DQNActor, DQNLearner, ReplayBuffer]:
     learner = DQNLearner(config.params, actor.obs_shape[0], actor.num_actions)
     actor.model.load_state_dict(learner.model.state_dict())
     replay = config.replay
-    buffer = ReplayBuffer.prioritized(replay.capacity, replay.priority_alpha, replay.priority_beta,
-                                      generator=torch.Generator().manual_seed(seed + 1))
+    buffer = ReplayBuffer.prioritized(
+        replay.capacity, replay.priority_alpha, replay.priority_beta, generator=torch.Generator().manual_seed(seed + 1)
+    )
     return actor, learner, buffer
 
 
-def train(config: Config, *, time_budget_s: float = float("inf"),
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+def train(config: Config, *, time_budget_s: float = float("inf"), log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run until the evaluation reaches the target, ``run.steps`` learner steps, or the budget.
 
     With one torch thread, as every rank of ``gflowdist run`` has (OMP_NUM_THREADS=1): a
@@ -69,8 +70,9 @@ def _train(config: Config, time_budget_s: float, log: Callable[[str], None]) -> 
     params, replay = config.params, config.replay
     actor, learner, buffer = build(config)
     if actor.pace is None:
-        raise SystemExit("the single-process baseline needs params.env_steps_per_update (its ratio of "
-                         "acting to learning)")
+        raise SystemExit(
+            "the single-process baseline needs params.env_steps_per_update (its ratio of acting to learning)"
+        )
     eval_every = config.sync.weights_to_coordinator_every  # as often as the Ape-X run evaluates
     target = float(params.get("target_return", 475.0))
     weights_every = config.sync.weights_to_actors_every
@@ -81,8 +83,9 @@ def _train(config: Config, time_budget_s: float, log: Callable[[str], None]) -> 
     while not solved and version < config.run.steps and time.perf_counter() - start < time_budget_s:
         if not (actor.paced(version) and len(buffer) >= replay.min_size_to_sample):
             batch = actor.collect()
-            buffer.extend(batch, producer=0, seq=seq, policy_version=version,
-                          priorities=actor.initial_priorities(batch))
+            buffer.extend(
+                batch, producer=0, seq=seq, policy_version=version, priorities=actor.initial_priorities(batch)
+            )
             seq += int(batch["action"].numel())
             continue
         sampled, info = buffer.sample(replay.learner_batch, step=version)
@@ -93,17 +96,29 @@ def _train(config: Config, time_budget_s: float, log: Callable[[str], None]) -> 
         if version % weights_every == 0:
             actor.load_weights(learner.model.state_dict(), version)
         if version % eval_every == 0:
-            point = {"seconds": time.perf_counter() - start, "env_steps": actor.env_steps,
-                     "learner_steps": version,
-                     "eval_return": evaluate(learner.model, str(params["env_id"]),
-                                             int(params.get("eval_episodes", 10)), seed=10_000 + version)}
+            point = {
+                "seconds": time.perf_counter() - start,
+                "env_steps": actor.env_steps,
+                "learner_steps": version,
+                "eval_return": evaluate(
+                    learner.model, str(params["env_id"]), int(params.get("eval_episodes", 10)), seed=10_000 + version
+                ),
+            }
             curve.append(point)
-            log(f"step {version:6d}  env steps {actor.env_steps:7d}  {point['seconds']:6.1f} s  "
-                f"eval return {point['eval_return']:6.1f}")
+            log(
+                f"step {version:6d}  env steps {actor.env_steps:7d}  {point['seconds']:6.1f} s  "
+                f"eval return {point['eval_return']:6.1f}"
+            )
             solved = point["eval_return"] >= target
     seconds = time.perf_counter() - start
-    return {"solved": solved, "seconds": seconds, "env_steps": actor.env_steps, "learner_steps": version,
-            "env_steps_per_s": actor.env_steps / seconds, "curve": curve}
+    return {
+        "solved": solved,
+        "seconds": seconds,
+        "env_steps": actor.env_steps,
+        "learner_steps": version,
+        "env_steps_per_s": actor.env_steps / seconds,
+        "curve": curve,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = Config.from_yaml(args.config, args.overrides)
     result = train(config)
-    print(f"{'solved' if result['solved'] else 'NOT solved'}: {result['seconds']:.1f} s, "
-          f"{result['env_steps']} env steps ({result['env_steps_per_s']:.0f}/s), "
-          f"{result['learner_steps']} learner steps")
+    print(
+        f"{'solved' if result['solved'] else 'NOT solved'}: {result['seconds']:.1f} s, "
+        f"{result['env_steps']} env steps ({result['env_steps_per_s']:.0f}/s), "
+        f"{result['learner_steps']} learner steps"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0 if result["solved"] else 1

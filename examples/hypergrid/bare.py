@@ -21,10 +21,18 @@ import time
 from dataclasses import dataclass
 
 import torch
-
-from hypergrid_gfn import (HyperGrid, HyperGridPolicy, count_modes, exact_terminal_distribution,
-                 l1_distance, modes_mask, sample_trajectories, state_index, tb_loss,
-                 true_distribution)
+from hypergrid_gfn import (
+    HyperGrid,
+    HyperGridPolicy,
+    count_modes,
+    exact_terminal_distribution,
+    l1_distance,
+    modes_mask,
+    sample_trajectories,
+    state_index,
+    tb_loss,
+    true_distribution,
+)
 
 
 @dataclass
@@ -78,18 +86,20 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     env = HyperGrid(ndim=args.ndim, height=args.height)
-    model = HyperGridPolicy(env, hidden=args.hidden, n_layers=args.n_layers,
-                            uniform_pb=args.uniform_pb)
+    model = HyperGridPolicy(env, hidden=args.hidden, n_layers=args.n_layers, uniform_pb=args.uniform_pb)
     others = [p for name, p in model.named_parameters() if name != "log_z"]
-    optimizer = torch.optim.Adam([{"params": others, "lr": args.lr},
-                                  {"params": [model.log_z], "lr": args.lr_logz}])
+    optimizer = torch.optim.Adam([{"params": others, "lr": args.lr}, {"params": [model.log_z], "lr": args.lr_logz}])
     exact = env.n_states <= args.exact_max_states
     n_modes = int(modes_mask(env).sum())
     true_log_z = math.log(float(env.reward(env.all_states()).sum()))
 
     probe = sample_trajectories(model, env, args.window, generator, epsilon=args.epsilon)
-    metrics: dict = {"l1_initial": l1_distance(probe["terminal"], env), "n_modes": n_modes,
-                     "true_log_z": true_log_z, "history": []}
+    metrics: dict = {
+        "l1_initial": l1_distance(probe["terminal"], env),
+        "n_modes": n_modes,
+        "true_log_z": true_log_z,
+        "history": [],
+    }
     if exact:
         metrics["l1_exact_initial"] = _exact_l1(model, env)
 
@@ -105,26 +115,33 @@ def train(args: Args) -> dict:
         optimizer.step()
 
         flat = state_index(batch["terminal"], env)
-        recent = torch.cat([recent, flat])[-args.window:]
+        recent = torch.cat([recent, flat])[-args.window :]
         found.update(flat[mode_of[flat]].tolist())
         if args.log_every and (step % args.log_every == 0 or step == args.n_steps):
-            row = {"step": step, "loss": loss.item(), "log_z": model.log_z.item(),
-                   "l1": l1_distance(torch.bincount(recent, minlength=env.n_states), env),
-                   "modes": len(found)}
+            row = {
+                "step": step,
+                "loss": loss.item(),
+                "log_z": model.log_z.item(),
+                "l1": l1_distance(torch.bincount(recent, minlength=env.n_states), env),
+                "modes": len(found),
+            }
             if exact:
                 row["l1_exact"] = _exact_l1(model, env)
             metrics["history"].append(row)
-            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in row.items()), flush=True)
+            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     seconds = time.perf_counter() - start
 
-    metrics.update({
-        "l1_final": l1_distance(torch.bincount(recent, minlength=env.n_states), env),
-        "modes_found": count_modes(torch.tensor(sorted(found), dtype=torch.long), env),
-        "steps": args.n_steps, "trajectories": args.n_steps * args.batch_size,
-        "seconds": seconds, "traj_per_s": args.n_steps * args.batch_size / seconds,
-        "log_z": model.log_z.item(),
-    })
+    metrics.update(
+        {
+            "l1_final": l1_distance(torch.bincount(recent, minlength=env.n_states), env),
+            "modes_found": count_modes(torch.tensor(sorted(found), dtype=torch.long), env),
+            "steps": args.n_steps,
+            "trajectories": args.n_steps * args.batch_size,
+            "seconds": seconds,
+            "traj_per_s": args.n_steps * args.batch_size / seconds,
+            "log_z": model.log_z.item(),
+        }
+    )
     if exact:
         metrics["l1_exact_final"] = _exact_l1(model, env)
     return metrics
@@ -147,13 +164,17 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     args = parse_args(argv)
     m = train(args)
-    print(f"L1 (sum over {args.height}**{args.ndim} states, last {args.window} terminals): "
-          f"{m['l1_initial']:.4f} untrained -> {m['l1_final']:.4f} after {m['steps']} steps")
+    print(
+        f"L1 (sum over {args.height}**{args.ndim} states, last {args.window} terminals): "
+        f"{m['l1_initial']:.4f} untrained -> {m['l1_final']:.4f} after {m['steps']} steps"
+    )
     if "l1_exact_final" in m:
         print(f"L1 of the exact P_T: {m['l1_exact_initial']:.4f} -> {m['l1_exact_final']:.4f}")
-    print(f"log Z: {m['log_z']:.4f} (true {m['true_log_z']:.4f}); "
-          f"modes found: {m['modes_found']} / {m['n_modes']}; "
-          f"{m['traj_per_s']:.0f} trajectories/s ({m['trajectories']} in {m['seconds']:.1f} s)")
+    print(
+        f"log Z: {m['log_z']:.4f} (true {m['true_log_z']:.4f}); "
+        f"modes found: {m['modes_found']} / {m['n_modes']}; "
+        f"{m['traj_per_s']:.0f} trajectories/s ({m['trajectories']} in {m['seconds']:.1f} s)"
+    )
     return m
 
 

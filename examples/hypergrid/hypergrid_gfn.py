@@ -70,14 +70,15 @@ class HyperGrid:
         if self.height < 2:
             raise ConfigError(f"must be >= 2, got {self.height}", key="height")
         if self.height**self.ndim >= 2**63:
-            raise ConfigError(f"height**ndim = {self.height}**{self.ndim} overflows int64 state "
-                              "indices", key="height")
+            raise ConfigError(f"height**ndim = {self.height}**{self.ndim} overflows int64 state indices", key="height")
         if not self.R0 > 0:
             raise ConfigError(f"must be > 0 so that log R is finite, got {self.R0}", key="R0")
         if not (self.R1 >= 0 and self.R2 > 0):
-            raise ConfigError(f"need R1 >= 0 and R2 > 0 so that the modes (R >= R0+R1+R2) are the "
-                              f"band; got R1={self.R1}, R2={self.R2}",
-                              key="R1" if self.R2 > 0 else "R2")
+            raise ConfigError(
+                f"need R1 >= 0 and R2 > 0 so that the modes (R >= R0+R1+R2) are the "
+                f"band; got R1={self.R1}, R2={self.R2}",
+                key="R1" if self.R2 > 0 else "R2",
+            )
 
     @property
     def n_actions(self) -> int:
@@ -129,8 +130,11 @@ class HyperGrid:
     def all_states(self) -> torch.Tensor:
         """int64 ``[H**D, D]``: row ``i`` is the state with ``state_index == i``."""
         if self.n_states > MAX_ENUMERABLE_STATES:
-            raise ConfigError(f"{self.height}**{self.ndim} = {self.n_states} states is too many to "
-                              f"enumerate (limit {MAX_ENUMERABLE_STATES})", key="height")
+            raise ConfigError(
+                f"{self.height}**{self.ndim} = {self.n_states} states is too many to "
+                f"enumerate (limit {MAX_ENUMERABLE_STATES})",
+                key="height",
+            )
         return unravel(torch.arange(self.n_states), self)
 
 
@@ -168,8 +172,7 @@ class HyperGridPolicy(nn.Module):
     With ``uniform_pb=True`` ``P_B`` has no parameters: ``P_B(s|s') = 1/#{d: s'_d > 0}``.
     """
 
-    def __init__(self, env: HyperGrid, hidden: int = 64, n_layers: int = 2,
-                 uniform_pb: bool = False):
+    def __init__(self, env: HyperGrid, hidden: int = 64, n_layers: int = 2, uniform_pb: bool = False):
         super().__init__()
         self.env = env
         n_in = env.ndim * env.height
@@ -195,9 +198,9 @@ class HyperGridPolicy(nn.Module):
 
 
 @torch.no_grad()
-def sample_trajectories(model: HyperGridPolicy, env: HyperGrid, n: int,
-                        generator: torch.Generator | None = None,
-                        epsilon: float = 0.0) -> dict[str, torch.Tensor]:
+def sample_trajectories(
+    model: HyperGridPolicy, env: HyperGrid, n: int, generator: torch.Generator | None = None, epsilon: float = 0.0
+) -> dict[str, torch.Tensor]:
     """Roll out ``n`` trajectories from the origin; returns the batch dict (module doc).
 
     Each step draws from ``(1 - epsilon) * P_F(.|s) + epsilon * Uniform(allowed actions)``.
@@ -231,16 +234,25 @@ def sample_trajectories(model: HyperGridPolicy, env: HyperGrid, n: int,
     after = torch.arange(T + 1) >= lengths.unsqueeze(1)  # the sink s_f and the padding
     states[after] = -1
     actions[after[:, :T]] = -1
-    return {"states": states, "actions": actions, "lengths": lengths,
-            "log_rewards": env.log_reward(x).float(), "terminal": x}
+    return {
+        "states": states,
+        "actions": actions,
+        "lengths": lengths,
+        "log_rewards": env.log_reward(x).float(),
+        "terminal": x,
+    }
 
 
 def batch_spec(env: HyperGrid, n: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """key -> (dtype, shape) of a batch of ``n`` trajectories (see the module doc)."""
     T, D = env.max_actions, env.ndim
-    return {"states": (torch.int64, (n, T + 1, D)), "actions": (torch.int64, (n, T)),
-            "lengths": (torch.int64, (n,)), "log_rewards": (torch.float32, (n,)),
-            "terminal": (torch.int64, (n, D))}
+    return {
+        "states": (torch.int64, (n, T + 1, D)),
+        "actions": (torch.int64, (n, T)),
+        "lengths": (torch.int64, (n,)),
+        "log_rewards": (torch.float32, (n,)),
+        "terminal": (torch.int64, (n, D)),
+    }
 
 
 #: What the runtime adds to a learner's batch from a prioritized buffer: importance weights (fresh
@@ -261,17 +273,15 @@ def check_batch(batch: dict[str, torch.Tensor], env: HyperGrid) -> int:
         raise GflowdistError(f"batch keys {sorted(batch)} != {sorted(spec)}")
     for key, (dtype, shape) in spec.items():
         value = batch[key]
-        if not isinstance(value, torch.Tensor) or value.dtype != dtype \
-                or tuple(value.shape) != shape:
-            got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) \
-                else type(value).__name__
-            raise GflowdistError(f"batch[{key!r}] must be {dtype} {shape} for D={env.ndim}, "
-                                 f"H={env.height}; got {got}")
+        if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) != shape:
+            got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise GflowdistError(f"batch[{key!r}] must be {dtype} {shape} for D={env.ndim}, H={env.height}; got {got}")
     return n
 
 
-def trajectory_log_probs(model: HyperGridPolicy, env: HyperGrid,
-                         batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def trajectory_log_probs(
+    model: HyperGridPolicy, env: HyperGrid, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_t log P_F(a_t|s_t), sum_t log P_B(s_t|s_{t+1}))``, each float32 ``[n]``."""
     _check_same_env(model, env)
     check_batch(batch, env)
@@ -284,10 +294,10 @@ def trajectory_log_probs(model: HyperGridPolicy, env: HyperGrid,
     children = states[:, 1:].clamp(min=0)
     a = actions.clamp(min=0).unsqueeze(-1)
     log_pf = model.forward_logits(parents).log_softmax(-1).gather(-1, a).squeeze(-1)
-    log_pb = model.backward_logits(children).log_softmax(-1) \
-        .gather(-1, a.clamp(max=env.ndim - 1)).squeeze(-1)  # increment d <-> parent x - e_d
-    return (torch.where(forward_steps, log_pf, 0.0).sum(1),
-            torch.where(backward_steps, log_pb, 0.0).sum(1))
+    log_pb = (
+        model.backward_logits(children).log_softmax(-1).gather(-1, a.clamp(max=env.ndim - 1)).squeeze(-1)
+    )  # increment d <-> parent x - e_d
+    return (torch.where(forward_steps, log_pf, 0.0).sum(1), torch.where(backward_steps, log_pb, 0.0).sum(1))
 
 
 def tb_residuals(model: HyperGridPolicy, env: HyperGrid, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -296,8 +306,7 @@ def tb_residuals(model: HyperGridPolicy, env: HyperGrid, batch: dict[str, torch.
     return model.log_z + log_pf - batch["log_rewards"] - log_pb
 
 
-def tb_loss(model: HyperGridPolicy, env: HyperGrid,
-            batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def tb_loss(model: HyperGridPolicy, env: HyperGrid, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Trajectory balance: ``mean_i w_i (log_z + log P_F(tau_i) - log R(x_i) - log P_B(tau_i))^2``.
 
     ``w_i`` = ``batch["weights"]`` (a prioritized buffer's importance weights), else 1.
@@ -328,8 +337,7 @@ def count_modes(visited_flat_indices: torch.Tensor, env: HyperGrid) -> int:
     return int(env.is_mode(unravel(distinct, env)).sum())
 
 
-def l1_distance(counts_or_terminals: torch.Tensor, env: HyperGrid,
-                reduction: str = "sum") -> float:
+def l1_distance(counts_or_terminals: torch.Tensor, env: HyperGrid, reduction: str = "sum") -> float:
     """``sum_x |p_emp(x) - p_true(x)|`` over all ``H**D`` states (in [0, 2]).
 
     ``counts_or_terminals`` is either visit counts ``[H**D]`` or terminal states
@@ -340,8 +348,9 @@ def l1_distance(counts_or_terminals: torch.Tensor, env: HyperGrid,
     if x.dim() == 2 and x.shape[1] == env.ndim and not x.is_floating_point():
         x = torch.bincount(state_index(x, env), minlength=env.n_states)
     elif x.shape != (env.n_states,):
-        raise GflowdistError(f"expected counts [{env.n_states}] or terminal states [n, {env.ndim}]"
-                             f" (int), got {x.dtype} {tuple(x.shape)}")
+        raise GflowdistError(
+            f"expected counts [{env.n_states}] or terminal states [n, {env.ndim}] (int), got {x.dtype} {tuple(x.shape)}"
+        )
     if reduction not in ("sum", "mean"):
         raise ConfigError(f"must be 'sum' or 'mean', got {reduction!r}", key="reduction")
     counts = x.double()

@@ -21,8 +21,16 @@ import torch
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hypergrid_gfn import (HyperGrid, HyperGridPolicy, l1_distance, modes_mask,  # noqa: E402
-                           sample_trajectories, state_index, tb_residuals, weighted_square_mean)
+from hypergrid_gfn import (
+    HyperGrid,
+    HyperGridPolicy,
+    l1_distance,
+    modes_mask,
+    sample_trajectories,
+    state_index,
+    tb_residuals,
+    weighted_square_mean,
+)
 
 
 def make_env(params) -> HyperGrid:
@@ -35,8 +43,12 @@ class HyperGridTrainer(Trainer):
         self.env = make_env(p)
         self.model = HyperGridPolicy(self.env, hidden=int(p.get("hidden", 64)), n_layers=int(p.get("layers", 2)))
         others = [w for name, w in self.model.named_parameters() if name != "log_z"]
-        self.optimizer = torch.optim.Adam([{"params": others, "lr": float(p.get("lr", 1e-3))},
-                                           {"params": [self.model.log_z], "lr": float(p.get("lr_logz", 0.1))}])
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": others, "lr": float(p.get("lr", 1e-3))},
+                {"params": [self.model.log_z], "lr": float(p.get("lr_logz", 0.1))},
+            ]
+        )
         self.n = int(p.get("trajectories_per_step", 16))
         self.epsilon = float(p.get("epsilon", 0.0))
         window = int(p.get("l1_window", 2000))
@@ -96,8 +108,10 @@ class HyperGridBuffer(BufferManager):
         self.visited[state_index(batch["terminal"], self.env)] = True
 
     def summary(self):
-        return {"modes": torch.nonzero(self.visited & self.is_mode).flatten().tolist(),
-                "visited": int(self.visited.sum())}
+        return {
+            "modes": torch.nonzero(self.visited & self.is_mode).flatten().tolist(),
+            "visited": int(self.visited.sum()),
+        }
 
 
 class HyperGridCoordinator(Coordinator):

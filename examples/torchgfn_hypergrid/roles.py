@@ -31,8 +31,9 @@ rank from ``run.seed``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -48,11 +49,12 @@ try:
     from gfn.states import DiscreteStates
     from gfn.utils.modules import MLP, DiscreteUniform
 except ModuleNotFoundError as err:
-    raise GflowdistError(f"examples/torchgfn_hypergrid needs torchgfn ({err}); install it with "
-                         "pip install 'torchgfn==2.4.1'") from err
+    raise GflowdistError(
+        f"examples/torchgfn_hypergrid needs torchgfn ({err}); install it with pip install 'torchgfn==2.4.1'"
+    ) from err
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trajectory_wire import batch_to_trajectories, trajectories_to_batch  # noqa: E402
+from trajectory_wire import batch_to_trajectories, trajectories_to_batch
 
 
 def make_env(params: Mapping[str, Any]) -> HyperGrid:
@@ -66,8 +68,9 @@ def make_env(params: Mapping[str, Any]) -> HyperGrid:
     try:
         return HyperGrid(ndim=ndim, height=height)
     except ValueError as err:  # torchgfn refuses grids whose reward has no mode
-        raise ConfigError(f"torchgfn rejects HyperGrid(ndim={ndim}, height={height}): {err}",
-                          key="params.height") from err
+        raise ConfigError(
+            f"torchgfn rejects HyperGrid(ndim={ndim}, height={height}): {err}", key="params.height"
+        ) from err
 
 
 def all_states(env: HyperGrid) -> DiscreteStates:
@@ -93,13 +96,19 @@ def make_gflownet(env: HyperGrid, params: Mapping[str, Any]) -> TBGFlowNet:
     """``P_F`` and ``P_B`` MLPs over the k-hot state, sharing a trunk, and a learned ``logZ``."""
     preprocessor = KHotPreprocessor(height=env.height, ndim=env.ndim)
     hidden, layers = int(params.get("hidden", 64)), int(params.get("layers", 2))
-    module_pf = MLP(input_dim=preprocessor.output_dim, output_dim=env.n_actions,
-                    hidden_dim=hidden, n_hidden_layers=layers)
+    module_pf = MLP(
+        input_dim=preprocessor.output_dim, output_dim=env.n_actions, hidden_dim=hidden, n_hidden_layers=layers
+    )
     if params.get("uniform_pb", False):
         module_pb = DiscreteUniform(output_dim=env.n_actions - 1)
     else:
-        module_pb = MLP(input_dim=preprocessor.output_dim, output_dim=env.n_actions - 1,
-                        hidden_dim=hidden, n_hidden_layers=layers, trunk=module_pf.trunk)
+        module_pb = MLP(
+            input_dim=preprocessor.output_dim,
+            output_dim=env.n_actions - 1,
+            hidden_dim=hidden,
+            n_hidden_layers=layers,
+            trunk=module_pf.trunk,
+        )
     pf = DiscretePolicyEstimator(module_pf, env.n_actions, preprocessor=preprocessor, is_backward=False)
     pb = DiscretePolicyEstimator(module_pb, env.n_actions, preprocessor=preprocessor, is_backward=True)
     return TBGFlowNet(pf=pf, pb=pb, init_logZ=0.0)
@@ -117,8 +126,7 @@ class TorchgfnHyperGridTrainer(Trainer):
             self.model = make_gflownet(self.env, p)
         self.sampler = Sampler(estimator=self.model.pf)
         self.optimizer = torch.optim.Adam(self.model.pf_pb_parameters(), lr=float(p.get("lr", 1e-3)))
-        self.optimizer.add_param_group({"params": self.model.logz_parameters(),
-                                        "lr": float(p.get("lr_logz", 0.1))})
+        self.optimizer.add_param_group({"params": self.model.logz_parameters(), "lr": float(p.get("lr_logz", 0.1))})
         self.n = int(p.get("trajectories_per_step", 16))
         self.epsilon = float(p.get("epsilon", 0.0))
         self.true_dist = true_distribution(self.env)

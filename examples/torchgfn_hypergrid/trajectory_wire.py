@@ -66,25 +66,30 @@ def trajectories_to_batch(trajectories: Trajectories, max_length: int) -> dict[s
     """
     env = trajectories.env
     if isinstance(trajectories.states, GraphStates):
-        raise GflowdistError("graph trajectories (GraphStates) have no fixed-shape tensor form; "
-                             "only tensor States are carried")
+        raise GflowdistError(
+            "graph trajectories (GraphStates) have no fixed-shape tensor form; only tensor States are carried"
+        )
     if trajectories.is_backward:
         raise GflowdistError("backward trajectories are not carried; sample forward trajectories")
     if trajectories.states.conditions is not None:
         raise GflowdistError("conditional trajectories (states.conditions) are not carried")
     if trajectories.max_length > max_length:
-        raise GflowdistError(f"a trajectory of {trajectories.max_length} actions is longer than "
-                             f"max_length={max_length}; raise max_length to the environment's limit")
+        raise GflowdistError(
+            f"a trajectory of {trajectories.max_length} actions is longer than "
+            f"max_length={max_length}; raise max_length to the environment's limit"
+        )
     states = _pad_time(trajectories.states.tensor, max_length + 1, env.sf)
     actions = _pad_time(trajectories.actions.tensor, max_length, env.dummy_action)
     log_rewards = trajectories.log_rewards
     if log_rewards is None:  # only backward trajectories have none, refused above
         raise GflowdistError("trajectories without log rewards cannot be sent")
-    return {"states": states.transpose(0, 1).contiguous(),
-            "actions": actions.transpose(0, 1).contiguous(),
-            "terminating_idx": trajectories.terminating_idx.to(torch.int64).clone(),
-            "log_rewards": log_rewards.detach().clone(),
-            "terminal": trajectories.terminating_states.tensor.clone()}
+    return {
+        "states": states.transpose(0, 1).contiguous(),
+        "actions": actions.transpose(0, 1).contiguous(),
+        "terminating_idx": trajectories.terminating_idx.to(torch.int64).clone(),
+        "log_rewards": log_rewards.detach().clone(),
+        "terminal": trajectories.terminating_states.tensor.clone(),
+    }
 
 
 def check_batch(env: Env, batch: dict[str, torch.Tensor]) -> int:
@@ -102,21 +107,32 @@ def check_batch(env: Env, batch: dict[str, torch.Tensor]) -> int:
     state_shape, action_shape = tuple(env.state_shape), tuple(env.action_shape)
     n = lengths.shape[0] if lengths.dim() == 1 else -1
     if n < 0 or states.dim() != 2 + len(state_shape) or tuple(states.shape[2:]) != state_shape:
-        raise GflowdistError(f"states must be [n, T+1, *{state_shape}] and terminating_idx [n]; got "
-                             f"{tuple(states.shape)} and {tuple(lengths.shape)}")
+        raise GflowdistError(
+            f"states must be [n, T+1, *{state_shape}] and terminating_idx [n]; got "
+            f"{tuple(states.shape)} and {tuple(lengths.shape)}"
+        )
     T = states.shape[1] - 1
-    expected = {"states": (n, T + 1, *state_shape), "actions": (n, T, *action_shape),
-                "terminating_idx": (n,), "log_rewards": (n,), "terminal": (n, *state_shape)}
+    expected = {
+        "states": (n, T + 1, *state_shape),
+        "actions": (n, T, *action_shape),
+        "terminating_idx": (n,),
+        "log_rewards": (n,),
+        "terminal": (n, *state_shape),
+    }
     for key, shape in expected.items():
         if tuple(batch[key].shape) != shape:
-            raise GflowdistError(f"batch[{key!r}] must have shape {shape} (n={n}, T={T}), "
-                                 f"got {tuple(batch[key].shape)}")
+            raise GflowdistError(
+                f"batch[{key!r}] must have shape {shape} (n={n}, T={T}), got {tuple(batch[key].shape)}"
+            )
     if lengths.is_floating_point() or not batch["log_rewards"].is_floating_point():
-        raise GflowdistError(f"terminating_idx must be integer and log_rewards floating point; got "
-                             f"{lengths.dtype} and {batch['log_rewards'].dtype}")
+        raise GflowdistError(
+            f"terminating_idx must be integer and log_rewards floating point; got "
+            f"{lengths.dtype} and {batch['log_rewards'].dtype}"
+        )
     if n and not bool(((lengths >= 1) & (lengths <= T)).all()):
-        raise GflowdistError(f"terminating_idx must lie in [1, T={T}], got values from "
-                             f"{int(lengths.min())} to {int(lengths.max())}")
+        raise GflowdistError(
+            f"terminating_idx must lie in [1, T={T}], got values from {int(lengths.min())} to {int(lengths.max())}"
+        )
     return n
 
 
@@ -125,6 +141,6 @@ def batch_to_trajectories(env: Env, batch: dict[str, torch.Tensor]) -> Trajector
     check_batch(env, batch)
     states = env.states_from_tensor(batch["states"].transpose(0, 1))
     actions = env.actions_from_tensor(batch["actions"].transpose(0, 1))
-    return Trajectories(env, states=states, actions=actions,
-                        terminating_idx=batch["terminating_idx"],
-                        log_rewards=batch["log_rewards"])
+    return Trajectories(
+        env, states=states, actions=actions, terminating_idx=batch["terminating_idx"], log_rewards=batch["log_rewards"]
+    )

@@ -56,8 +56,9 @@ class DistributedContext:
         self._cleaned = False
 
     @classmethod
-    def create(cls, layout_cfg: Any, *, comm: Communicator | None = None,
-               fallback_to_block: bool = False) -> "DistributedContext":
+    def create(
+        cls, layout_cfg: Any, *, comm: Communicator | None = None, fallback_to_block: bool = False
+    ) -> DistributedContext:
         """Plan the layout on every rank, check that all ranks agree, then split.
 
         ``layout_cfg`` is a :class:`~gflowdist.config.LayoutConfig` or a
@@ -86,7 +87,7 @@ class DistributedContext:
     def _disagreement(statements: list[str], rank: int) -> str:
         errors = [(r, s) for r, s in enumerate(statements) if s.startswith("error: ")]
         if errors and len({s for _, s in errors}) == 1 and len(errors) == len(statements):
-            return errors[0][1][len("error: "):]
+            return errors[0][1][len("error: ") :]
         groups: dict[str, list[int]] = {}
         for r, s in enumerate(statements):
             groups.setdefault(s, []).append(r)
@@ -94,8 +95,10 @@ class DistributedContext:
         for s, ranks in groups.items():
             what = s if s.startswith("error: ") else f"layout digest {_digest(s).hex()[:10]}"
             parts.append(f"ranks {ranks}: {what}")
-        return ("the ranks of this job planned different layouts (were they started with different "
-                "configs or world sizes?): " + "; ".join(parts))
+        return (
+            "the ranks of this job planned different layouts (were they started with different "
+            "configs or world sizes?): " + "; ".join(parts)
+        )
 
     # -- who am I -----------------------------------------------------------------
     @property

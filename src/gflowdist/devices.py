@@ -35,8 +35,15 @@ from dataclasses import dataclass
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["LOCAL_RANK_VARIABLES", "RANK_VARIABLES", "DeviceChoice", "local_rank", "launcher_rank", "choose_device",
-           "needs_cuda"]
+__all__ = [
+    "LOCAL_RANK_VARIABLES",
+    "RANK_VARIABLES",
+    "DeviceChoice",
+    "local_rank",
+    "launcher_rank",
+    "choose_device",
+    "needs_cuda",
+]
 
 #: (variable, launcher) in the order they are believed.
 LOCAL_RANK_VARIABLES = (
@@ -73,8 +80,9 @@ def local_rank(env: Mapping[str, str], global_rank: int = 0) -> tuple[int, str]:
         if value is None or value == "":
             continue
         if not value.strip().isdigit():
-            raise ConfigError(f"the launcher variable {name}={value!r} should be a local rank (an integer >= 0)",
-                              key="launch.devices")
+            raise ConfigError(
+                f"the launcher variable {name}={value!r} should be a local rank (an integer >= 0)", key="launch.devices"
+            )
         return int(value), f"{name}={int(value)} ({launcher})"
     return global_rank, f"no launcher variable names the local rank; the global rank {global_rank} stands in"
 
@@ -95,8 +103,9 @@ def needs_cuda(setting: str | Sequence[str]) -> bool:
     return any(entry != "cpu" for entry in setting)
 
 
-def choose_device(setting: str | Sequence[str], local: int, gpus: int, *, where: str = "",
-                  seen_by: str = "this rank") -> DeviceChoice:
+def choose_device(
+    setting: str | Sequence[str], local: int, gpus: int, *, where: str = "", seen_by: str = "this rank"
+) -> DeviceChoice:
     """The device for a rank of local rank ``local`` that sees ``gpus`` CUDA devices (see the module doc).
 
     ``where`` says where the local rank came from (for the reason). A ``cuda``

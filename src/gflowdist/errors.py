@@ -82,8 +82,7 @@ class TransportError(GflowdistError):
     ``peer`` is the other rank (sender for receives, destination for sends).
     """
 
-    def __init__(self, message: str, *, peer: int | None = None, role: str | None = None,
-                 host: str | None = None):
+    def __init__(self, message: str, *, peer: int | None = None, role: str | None = None, host: str | None = None):
         self.peer = peer
         self.role = role
         self.host = host
@@ -98,8 +97,7 @@ class ProtocolError(TransportError):
     The receiver raises it instead of crashing; ``peer`` is the sender rank.
     """
 
-    def __init__(self, message: str, *, sender: int | None = None, role: str | None = None,
-                 host: str | None = None):
+    def __init__(self, message: str, *, sender: int | None = None, role: str | None = None, host: str | None = None):
         self.sender = sender
         super().__init__(f"malformed message from {describe_peer(sender, role, host)}: {message}")
 
@@ -111,8 +109,9 @@ class DeadlineError(TransportError, TimeoutError):
 class PeerLostError(GflowdistError):
     """A rank died or stopped sending heartbeats for longer than the configured timeout."""
 
-    def __init__(self, rank: int, *, role: str | None = None, host: str | None = None,
-                 reason: str = "stopped responding"):
+    def __init__(
+        self, rank: int, *, role: str | None = None, host: str | None = None, reason: str = "stopped responding"
+    ):
         self.rank = rank
         self.role = role
         self.host = host

@@ -15,16 +15,37 @@ import socket
 import sys
 from pathlib import Path
 
-__all__ = ["MPI_SIZE_VARIABLES", "MPI_JOB_VARIABLES", "TORCH_JOB_VARIABLES", "LAUNCHER_PREFIXES", "LAUNCHER_NAMES",
-           "IN_MPI_VARIABLE", "MPIEXEC_VARIABLE", "FAILURE_FILE_VARIABLE", "RUN_DIR_VARIABLE",
-           "RESTART_VARIABLE", "in_mpi_job",
-           "in_torch_job",
-           "launcher_world_size", "describe_environment", "mpi_world_mismatch", "without_launcher",
-           "locate_mpiexec", "find_mpiexec", "free_port"]
+__all__ = [
+    "MPI_SIZE_VARIABLES",
+    "MPI_JOB_VARIABLES",
+    "TORCH_JOB_VARIABLES",
+    "LAUNCHER_PREFIXES",
+    "LAUNCHER_NAMES",
+    "IN_MPI_VARIABLE",
+    "MPIEXEC_VARIABLE",
+    "FAILURE_FILE_VARIABLE",
+    "RUN_DIR_VARIABLE",
+    "RESTART_VARIABLE",
+    "in_mpi_job",
+    "in_torch_job",
+    "launcher_world_size",
+    "describe_environment",
+    "mpi_world_mismatch",
+    "without_launcher",
+    "locate_mpiexec",
+    "find_mpiexec",
+    "free_port",
+]
 
 #: Environment variables by which MPI launchers announce the world size.
-MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
-                      "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+MPI_SIZE_VARIABLES = (
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_SIZE",
+    "MPI_LOCALNRANKS",
+    "MV2_COMM_WORLD_SIZE",
+    "SLURM_NTASKS",
+)
 #: Variables whose presence alone means "inside an MPI job".
 MPI_JOB_VARIABLES = ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "HYDRA_CONTROL_FD")
 #: torch's ``env://`` rendezvous: all four set means "inside a torch job".
@@ -38,8 +59,14 @@ LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
 RUN_DIR_VARIABLE = "GFLOWDIST_RUN_DIR"
 #: The launcher's record of a restart (``faults.max_restarts``), as JSON, for the ranks of the restarted job.
 RESTART_VARIABLE = "GFLOWDIST_RESTART"
-LAUNCHER_NAMES = TORCH_JOB_VARIABLES + ("LOCAL_RANK", IN_MPI_VARIABLE, "TORCHELASTIC_RUN_ID", RUN_DIR_VARIABLE,
-                                        RESTART_VARIABLE)
+LAUNCHER_NAMES = (
+    *TORCH_JOB_VARIABLES,
+    "LOCAL_RANK",
+    IN_MPI_VARIABLE,
+    "TORCHELASTIC_RUN_ID",
+    RUN_DIR_VARIABLE,
+    RESTART_VARIABLE,
+)
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
 #: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the
@@ -56,13 +83,12 @@ def in_mpi_job() -> bool:
 
 def in_torch_job() -> bool:
     """True when a torch launcher (torchrun, our spawner) set the rendezvous variables."""
-    return all(name in os.environ for name in TORCH_JOB_VARIABLES) \
-        or "TORCHELASTIC_RUN_ID" in os.environ
+    return all(name in os.environ for name in TORCH_JOB_VARIABLES) or "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def launcher_world_size() -> int:
     """World size announced by the environment (1 when no launcher is seen)."""
-    for name in ("WORLD_SIZE",) + MPI_SIZE_VARIABLES:
+    for name in ("WORLD_SIZE", *MPI_SIZE_VARIABLES):
         value = os.environ.get(name)
         if value and value.isdigit():
             return int(value)
@@ -71,8 +97,11 @@ def launcher_world_size() -> int:
 
 def describe_environment() -> str:
     """One line naming the launcher variables present (for doctor and error messages)."""
-    seen = [name for name in MPI_SIZE_VARIABLES + MPI_JOB_VARIABLES +
-            TORCH_JOB_VARIABLES + ("LOCAL_RANK",) if name in os.environ]
+    seen = [
+        name
+        for name in MPI_SIZE_VARIABLES + MPI_JOB_VARIABLES + TORCH_JOB_VARIABLES + ("LOCAL_RANK",)
+        if name in os.environ
+    ]
     return "launcher variables: " + (", ".join(seen) if seen else "none (a plain process)")
 
 
@@ -92,10 +121,12 @@ def mpi_world_mismatch(size: int) -> str | None:
     for name in _MPI_WORLD_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) != size:
-            return (f"MPI sees a world of {size} rank(s), but the launcher announced {name}={value}: "
-                    f"the processes did not join one MPI job. The mpiexec/mpirun/srun that started them "
-                    f"belongs to another MPI library than mpi4py's (run `gflowdist doctor`; under srun "
-                    f"use --mpi=pmi2 or --mpi=pmix)")
+            return (
+                f"MPI sees a world of {size} rank(s), but the launcher announced {name}={value}: "
+                f"the processes did not join one MPI job. The mpiexec/mpirun/srun that started them "
+                f"belongs to another MPI library than mpi4py's (run `gflowdist doctor`; under srun "
+                f"use --mpi=pmi2 or --mpi=pmix)"
+            )
     return None
 
 
@@ -138,9 +169,12 @@ def find_mpiexec(configured: str | None = None) -> str:
     if path is None:
         from gflowdist.errors import ConfigError
 
-        raise ConfigError(f"no mpiexec next to {sys.executable} or on PATH: `pip install mpich` (or set "
-                          f"launch.mpiexec or {MPIEXEC_VARIABLE} to your site's, or start the job with your "
-                          f"site's MPI launcher)", key="launch.mpiexec")
+        raise ConfigError(
+            f"no mpiexec next to {sys.executable} or on PATH: `pip install mpich` (or set "
+            f"launch.mpiexec or {MPIEXEC_VARIABLE} to your site's, or start the job with your "
+            f"site's MPI launcher)",
+            key="launch.mpiexec",
+        )
     return path
 
 

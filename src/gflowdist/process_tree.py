@@ -39,7 +39,7 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     except OSError:  # the process ended while we looked
         return None
     # the command name (2nd field) may contain spaces: parse after its closing parenthesis
-    return stat[stat.rfind(")") + 2:].split()
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 def _parents() -> dict[int, int]:

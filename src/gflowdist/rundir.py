@@ -34,8 +34,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -43,9 +44,25 @@ from gflowdist.config import Config, absolute_ref
 from gflowdist.errors import CheckpointError, ConfigError
 from gflowdist.jobenv import RUN_DIR_VARIABLE
 
-__all__ = ["create_run_dir", "agree_run_dir", "resolved_config", "write_config", "recorded_config", "CONFIG_FILE",
-           "MANIFEST", "checkpoint_name", "checkpoint_dir", "rank_file", "os_reason", "checkpoint_names",
-           "read_manifest", "check_file", "step_of", "checkpoint_step", "newest_intact"]
+__all__ = [
+    "create_run_dir",
+    "agree_run_dir",
+    "resolved_config",
+    "write_config",
+    "recorded_config",
+    "CONFIG_FILE",
+    "MANIFEST",
+    "checkpoint_name",
+    "checkpoint_dir",
+    "rank_file",
+    "os_reason",
+    "checkpoint_names",
+    "read_manifest",
+    "check_file",
+    "step_of",
+    "checkpoint_step",
+    "newest_intact",
+]
 
 CONFIG_FILE = "config.yaml"
 MANIFEST = "MANIFEST.json"
@@ -73,8 +90,7 @@ def create_run_dir(out_dir: str | os.PathLike[str], name: str) -> Path:
         except OSError as err:
             raise ConfigError(f"cannot create {path}: {err.strerror}", key="run.out_dir") from None
         return path
-    raise ConfigError(f"{_MAX_SUFFIX} run directories {name}-{stamp}[-k] exist already in {base}",
-                      key="run.out_dir")
+    raise ConfigError(f"{_MAX_SUFFIX} run directories {name}-{stamp}[-k] exist already in {base}", key="run.out_dir")
 
 
 def agree_run_dir(world, config: Config, resume_dir: str | None) -> Path:
@@ -159,8 +175,11 @@ def _order(name: str) -> tuple[int, int, int] | None:
 def checkpoint_names(run_dir: str | os.PathLike[str]) -> list[str]:
     """Every checkpoint directory of ``run_dir``, newest first: complete ones and partial ones (no manifest)."""
     folder = Path(run_dir) / "checkpoints"
-    found = [(order, path.name) for path in folder.iterdir()
-             if path.is_dir() and (order := _order(path.name)) is not None] if folder.is_dir() else []
+    found = (
+        [(order, path.name) for path in folder.iterdir() if path.is_dir() and (order := _order(path.name)) is not None]
+        if folder.is_dir()
+        else []
+    )
     return [name for _, name in sorted(found, reverse=True)]
 
 
@@ -170,8 +189,9 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
-        raise CheckpointError(f"{folder}: no {MANIFEST}, a partial checkpoint (its save never finished)",
-                              path=str(folder)) from None
+        raise CheckpointError(
+            f"{folder}: no {MANIFEST}, a partial checkpoint (its save never finished)", path=str(folder)
+        ) from None
     except OSError as err:
         raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -181,15 +201,17 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a manifest (needs integers {' and '.join(fields)})", path=str(path))
     files = manifest.get("files")
     if files is not None and not _valid_files(files):
-        raise CheckpointError(f"{path}: not a manifest ('files' must map each file to its bytes and sha256)",
-                              path=str(path))
+        raise CheckpointError(
+            f"{path}: not a manifest ('files' must map each file to its bytes and sha256)", path=str(path)
+        )
     return manifest
 
 
 def _valid_files(files: Any) -> bool:
     return isinstance(files, dict) and all(
         isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
-        for v in files.values())
+        for v in files.values()
+    )
 
 
 def check_file(path: Path, manifest: Mapping[str, Any]) -> None:
@@ -209,11 +231,12 @@ def check_file(path: Path, manifest: Mapping[str, Any]) -> None:
         raise CheckpointError(f"{path}: cannot be read: {os_reason(err)}", path=str(path)) from None
     if expected is not None and size != expected["bytes"]:
         what = "truncated" if size < expected["bytes"] else "too long"
-        raise CheckpointError(f"{path}: {what}: {size} bytes, the manifest says {expected['bytes']}",
-                              path=str(path))
+        raise CheckpointError(f"{path}: {what}: {size} bytes, the manifest says {expected['bytes']}", path=str(path))
     if expected is not None and digest != expected["sha256"]:
-        raise CheckpointError(f"{path}: its SHA-256 is not the manifest's: the file changed after it was "
-                              f"written (corrupt)", path=str(path))
+        raise CheckpointError(
+            f"{path}: its SHA-256 is not the manifest's: the file changed after it was written (corrupt)",
+            path=str(path),
+        )
 
 
 def _size_and_digest(path: Path) -> tuple[int, str]:
@@ -255,8 +278,10 @@ def newest_intact(run_dir: str | os.PathLike[str], world_size: int) -> tuple[str
     folder = Path(run_dir) / "checkpoints"
     names = checkpoint_names(run_dir)
     if not names:
-        raise CheckpointError(f"no checkpoint in {folder}: the run ended before its first checkpoint; start "
-                              f"it again without --resume", path=str(folder))
+        raise CheckpointError(
+            f"no checkpoint in {folder}: the run ended before its first checkpoint; start it again without --resume",
+            path=str(folder),
+        )
     refused = []
     for name in names:
         try:
@@ -265,8 +290,11 @@ def newest_intact(run_dir: str | os.PathLike[str], world_size: int) -> tuple[str
             refused.append([str(err)])
             continue
         if manifest["world_size"] != world_size:
-            raise CheckpointError(f"checkpoint {folder / name} was written by {manifest['world_size']} ranks, "
-                                  f"but the run's config.yaml says launch.nprocs: {world_size}", path=str(folder))
+            raise CheckpointError(
+                f"checkpoint {folder / name} was written by {manifest['world_size']} ranks, "
+                f"but the run's config.yaml says launch.nprocs: {world_size}",
+                path=str(folder),
+            )
         problems = []
         for rank in range(world_size):
             try:
@@ -277,9 +305,8 @@ def newest_intact(run_dir: str | os.PathLike[str], world_size: int) -> tuple[str
             return name, manifest
         refused.append(problems)
     named = [_briefly(problems).replace(f"{folder}/", "") for problems in refused[:_NAMED]]
-    older = (f"; and {len(refused) - _NAMED} older, none intact either" if len(refused) > _NAMED else "")
-    raise CheckpointError(f"no complete, intact checkpoint in {folder}: {'; '.join(named)}{older}",
-                          path=str(folder))
+    older = f"; and {len(refused) - _NAMED} older, none intact either" if len(refused) > _NAMED else ""
+    raise CheckpointError(f"no complete, intact checkpoint in {folder}: {'; '.join(named)}{older}", path=str(folder))
 
 
 def _briefly(problems: list[str]) -> str:

@@ -52,8 +52,9 @@ class ToyTrainer(Trainer):
 
     def loss(self, batch):
         loss = ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
-        if self._mine("nan") and int(self.params["nan_at"]) <= self.steps_seen < int(self.params.get(
-                "nan_until", int(self.params["nan_at"]) + 1)):
+        if self._mine("nan") and int(self.params["nan_at"]) <= self.steps_seen < int(
+            self.params.get("nan_until", int(self.params["nan_at"]) + 1)
+        ):
             loss = loss * float("nan")
         self.steps_seen += 1
         return loss

@@ -36,7 +36,7 @@ def rank_mean(comm, grads) -> list[torch.Tensor]:
     mean = sum(comm.all_gather(flat)) / comm.size
     out, offset = [], 0
     for g in grads:
-        out.append(mean[offset:offset + g.numel()].view_as(g))
+        out.append(mean[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
     return out
 
@@ -47,7 +47,7 @@ def flat_buffer_grads(model) -> torch.Tensor:
     buffer = torch.zeros(sum(p.numel() for p in params))
     offset = 0
     for p in params:
-        view = buffer[offset:offset + p.numel()].view_as(p)
+        view = buffer[offset : offset + p.numel()].view_as(p)
         view.copy_(p.grad)
         p.grad = view
         offset += p.numel()
@@ -77,14 +77,14 @@ def test_each_grad_keeps_its_identity_and_receives_the_mean(comm, name):
         held = [p.grad for p in model.parameters()]
         expected = rank_mean(comm, held)
         average(model, opt)
-        for index, (p, grad, mean) in enumerate(zip(model.parameters(), held, expected)):
+        for index, (p, grad, mean) in enumerate(zip(model.parameters(), held, expected, strict=False)):
             assert p.grad is grad, f"{zeroing}: parameter {index} got a new .grad tensor"
             assert torch.allclose(grad, mean, atol=1e-6), f"{zeroing}: parameter {index} does not hold the mean"
         if buffer is not None:  # the caller's buffer, through the views, holds the means too
             assert torch.allclose(buffer, torch.cat([m.reshape(-1) for m in expected]), atol=1e-6)
         if earlier is not None and zeroing == "set_to_none":
             # torch semantics: a gradient dropped by zero_grad() keeps its values for whoever holds it
-            for grad, mean in zip(*earlier):
+            for grad, mean in zip(*earlier, strict=False):
                 assert torch.allclose(grad, mean, atol=1e-6), "an old gradient was overwritten"
         earlier = (held, [m.clone() for m in expected])
         if not name.startswith("Distributed"):
@@ -110,13 +110,14 @@ def test_parameters_listed_as_torch_lists_them():
     from gflowdist.ops.averaging import parameters_of
 
     shared = torch.nn.Linear(2, 2)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Sequential(shared, torch.nn.Linear(2, 2, bias=False)),
-                                shared, torch.nn.Module())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 3), torch.nn.Sequential(shared, torch.nn.Linear(2, 2, bias=False)), shared, torch.nn.Module()
+    )
     model[0].tied = model[0].weight  # one parameter under two names
     model.add_module("absent", None)
     for module in (model, torch.nn.TransformerEncoderLayer(8, 2), torch.nn.LSTM(3, 4, 2)):
         listed, expected = parameters_of(module), list(module.parameters())
-        assert len(listed) == len(expected) and all(a is b for a, b in zip(listed, expected))
+        assert len(listed) == len(expected) and all(a is b for a, b in zip(listed, expected, strict=False))
 
 
 def test_sparse_gradients_refused_on_every_rank_and_backward_unharmed(comm):

@@ -12,9 +12,12 @@ from gflowdist.transport.channel import Channel
 
 
 def batch(rank, n=4):
-    return {"states": torch.full((n, 5, 2), rank, dtype=torch.int64),
-            "log_rewards": torch.arange(n, dtype=torch.float32) + rank,
-            "done": torch.zeros(n, 5, dtype=torch.bool), "meta": {"producer": rank, "note": "x"}}
+    return {
+        "states": torch.full((n, 5, 2), rank, dtype=torch.int64),
+        "log_rewards": torch.arange(n, dtype=torch.float32) + rank,
+        "done": torch.zeros(n, 5, dtype=torch.bool),
+        "meta": {"producer": rank, "note": "x"},
+    }
 
 
 def test_round_trip_between_every_pair(comm):

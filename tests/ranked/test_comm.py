@@ -41,8 +41,11 @@ def test_identity(comm):
 @pytest.mark.parametrize("kind", ["tensor", "array"])
 def test_all_reduce_ops(comm, kind):
     n, r = comm.size, comm.rank
-    make = (lambda v: torch.tensor(v, dtype=torch.float64)) if kind == "tensor" else \
-        (lambda v: np.array(v, dtype=np.float64))
+    make = (
+        (lambda v: torch.tensor(v, dtype=torch.float64))
+        if kind == "tensor"
+        else (lambda v: np.array(v, dtype=np.float64))
+    )
     x = make([r + 1.0, -r])
     out = comm.all_reduce(x, ReduceOp.SUM)
     assert out is x
@@ -197,7 +200,7 @@ def test_chunked_messages(comm):
     try:
         nxt, prv = peers(comm)
         sizes = [999, 1000, 1001, 4567, 0]
-        handles = [comm.isend(np.arange(n, dtype=np.int64).view(np.uint8)[: n], nxt, tag=6) for n in sizes]
+        handles = [comm.isend(np.arange(n, dtype=np.int64).view(np.uint8)[:n], nxt, tag=6) for n in sizes]
         for n in sizes:
             src, payload = comm.recv(prv, tag=6, timeout=30)
             assert src == prv and payload.numel() == n

@@ -51,7 +51,7 @@ def test_every_framing_mode_and_boundary_arrives_whole(comm):
     for handle in handles:
         handle.wait(timeout=60)
     # every payload is still intact after all of them arrived (no receive buffer was reused under it)
-    for i, (n, (src, payload, kind)) in enumerate(zip(SIZES, kept)):
+    for i, (n, (src, payload, kind)) in enumerate(zip(SIZES, kept, strict=False)):
         assert (src, kind, payload.numel(), payload.dtype) == (prv, i % 2, n, torch.uint8)
         assert np.array_equal(payload.numpy(), numbered(n, i)), f"message {i} ({n} bytes) corrupted"
     comm.barrier()
@@ -69,7 +69,7 @@ def test_held_payloads_survive_later_messages_of_the_same_size(comm):
     more = [comm.recv(prv, tag=13, timeout=60)[1] for _ in range(2)]
     for handle in handles:
         handle.wait(timeout=60)
-    for payload, seed in zip(kept + more, [0, 2, 4, 5, 10, 11]):
+    for payload, seed in zip(kept + more, [0, 2, 4, 5, 10, 11], strict=False):
         assert np.array_equal(payload.numpy(), numbered(n, seed))
     comm.barrier()
 
@@ -96,7 +96,7 @@ def test_compat_sends_byte_tensors_as_they_are(comm):
 def test_a_malformed_gloo_header_is_refused_naming_the_sender(comm):
     if comm.engine != "torch" or comm.size == 1:
         pytest.skip("the gloo header only exists between torch.distributed ranks")
-    from gflowdist.comm.torch_p2p import HEADER_TAG, _HEADER
+    from gflowdist.comm.torch_p2p import _HEADER, HEADER_TAG
 
     nxt, prv = ring(comm)
     bad = torch.from_numpy(np.frombuffer(_HEADER.pack(16, 0, 7, 10, 0), dtype=np.uint8).copy())  # mode 7

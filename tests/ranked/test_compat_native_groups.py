@@ -23,14 +23,13 @@ from gflowdist.comm.native import NotAMemberError, as_communicator
 from gflowdist.compat import evorl, omnisafe, spinup, virtex
 
 
-
 def test_top_level_get_world_size_is_the_job_size(comm):
     assert gflowdist.get_world_size() == comm.size and gflowdist.get_rank() == comm.rank
 
 
 def broadcast_name_like_the_scripts(pg, is_root: bool) -> str:
     """train_hypergrid.py's wandb group name: a length, then the bytes, from rank 0 over ``pg``."""
-    name = "run-1234_3".encode() if is_root else None
+    name = b"run-1234_3" if is_root else None
     length = torch.tensor([len(name)], dtype=torch.long) if is_root else torch.zeros(1, dtype=torch.long)
     dist.broadcast(length, src=0, group=pg)
     payload = torch.tensor(list(name), dtype=torch.uint8) if is_root else torch.empty(int(length), dtype=torch.uint8)

@@ -53,18 +53,27 @@ def torchgfn_rule(world, buffers, groups, coordinators):
     group_of = {r: trainers.index(r) // per_group for r in trainers}
     facts = []
     for rank in range(world):
-        facts.append({
-            "my_rank": rank, "world_size": world, "num_training_ranks": count, "agent_group_size": per_group,
-            "agent_group_id": 0, "assigned_buffer": None, "assigned_training_ranks": None,
-            "buffer_rank_set": sorted(b for _, b in chunks if b is not None),
-            "coordinator_rank": world - 1 if coordinators else None,
-            "roles": [rank in trainers, False, coordinators == 1 and rank == world - 1]})
+        facts.append(
+            {
+                "my_rank": rank,
+                "world_size": world,
+                "num_training_ranks": count,
+                "agent_group_size": per_group,
+                "agent_group_id": 0,
+                "assigned_buffer": None,
+                "assigned_training_ranks": None,
+                "buffer_rank_set": sorted(b for _, b in chunks if b is not None),
+                "coordinator_rank": world - 1 if coordinators else None,
+                "roles": [rank in trainers, False, coordinators == 1 and rank == world - 1],
+            }
+        )
     for members, buffer in chunks:
         for r in members:
             facts[r].update(agent_group_id=group_of[r], assigned_buffer=buffer)
         if buffer is not None:
-            facts[buffer].update(agent_group_id=group_of[members[0]], assigned_training_ranks=members,
-                                 roles=[False, True, False])
+            facts[buffer].update(
+                agent_group_id=group_of[members[0]], assigned_training_ranks=members, roles=[False, True, False]
+            )
     return facts
 
 
@@ -82,11 +91,18 @@ def shapes(world):
 
 
 def facts_of(ctx):
-    return {"my_rank": ctx.my_rank, "world_size": ctx.world_size, "num_training_ranks": ctx.num_training_ranks,
-            "agent_group_size": ctx.agent_group_size, "agent_group_id": ctx.agent_group_id,
-            "assigned_buffer": ctx.assigned_buffer, "assigned_training_ranks": ctx.assigned_training_ranks,
-            "buffer_rank_set": sorted(ctx.buffer_rank_set), "coordinator_rank": ctx.coordinator_rank,
-            "roles": [ctx.is_training_rank(), ctx.is_buffer_rank(), ctx.is_coordinator_rank()]}
+    return {
+        "my_rank": ctx.my_rank,
+        "world_size": ctx.world_size,
+        "num_training_ranks": ctx.num_training_ranks,
+        "agent_group_size": ctx.agent_group_size,
+        "agent_group_id": ctx.agent_group_id,
+        "assigned_buffer": ctx.assigned_buffer,
+        "assigned_training_ranks": ctx.assigned_training_ranks,
+        "buffer_rank_set": sorted(ctx.buffer_rank_set),
+        "coordinator_rank": ctx.coordinator_rank,
+        "roles": [ctx.is_training_rank(), ctx.is_buffer_rank(), ctx.is_coordinator_rank()],
+    }
 
 
 def test_rank_assignment_follows_torchgfn_rule(comm):
@@ -121,8 +137,11 @@ def test_model_averaging_divides_by_the_group_size(comm, which):
         group = ctx.train_global_group
     expected = torchgfn_rule(comm.size, len(ctx.buffer_rank_set), len(ctx.agent_groups), 0)
     if ctx.is_training_rank():
-        members = [f["my_rank"] for f in expected if f["roles"][0] and
-                   (which == "trainers" or f["agent_group_id"] == ctx.agent_group_id)]
+        members = [
+            f["my_rank"]
+            for f in expected
+            if f["roles"][0] and (which == "trainers" or f["agent_group_id"] == ctx.agent_group_id)
+        ]
         model = torch.nn.Linear(2, 1)
         torch.nn.init.constant_(model.weight, float(comm.rank))
         torch.nn.init.constant_(model.bias, 7.0)
@@ -142,17 +161,22 @@ def test_send_isend_recv_ring(comm):
     backend = backend_of(comm)
     peer, prev = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     raw = torch.frombuffer(bytearray(f"bytes from {comm.rank}".encode()), dtype=torch.uint8)
-    handles = [tg.isend(raw, peer, backend=backend, tag=0),
-               tg.isend(torch.arange(5, dtype=torch.float64) * comm.rank, peer, backend=backend, tag=1)]
+    handles = [
+        tg.isend(raw, peer, backend=backend, tag=0),
+        tg.isend(torch.arange(5, dtype=torch.float64) * comm.rank, peer, backend=backend, tag=1),
+    ]
     source, metadata = tg.recv(prev, backend=backend, tag=1, timeout=30)  # the later channel first
     assert source == prev and torch.equal(metadata, torch.arange(5, dtype=torch.float64) * prev)
-    tg.send({"message_type": "DATA", "message_data": {"rank": comm.rank, "x": torch.full((2, 2), comm.rank)}},
-            peer, backend=backend, tag=0)
+    tg.send(
+        {"message_type": "DATA", "message_data": {"rank": comm.rank, "x": torch.full((2, 2), comm.rank)}},
+        peer,
+        backend=backend,
+        tag=0,
+    )
     source, first = tg.recv(backend=backend, tag=0, timeout=30)
     assert source == prev and bytes(first.numpy()) == f"bytes from {prev}".encode()
     source, second = tg.recv(prev, backend=backend, tag=0, timeout=30)
-    assert second["message_data"]["rank"] == prev and torch.equal(second["message_data"]["x"],
-                                                                  torch.full((2, 2), prev))
+    assert second["message_data"]["rank"] == prev and torch.equal(second["message_data"]["x"], torch.full((2, 2), prev))
     for handle in handles:
         handle.wait(timeout=30)
         assert handle.is_complete()
@@ -178,8 +202,9 @@ def test_buffer_manager_round_trip(comm):
             pending = [h for h in pending if not h.is_complete()]
     else:
         log_rewards = torch.full((3,), float(comm.rank))
-        tg.send({"message_type": "DATA", "message_data": {"log_rewards": log_rewards}}, ctx.assigned_buffer,
-                backend=backend)
+        tg.send(
+            {"message_type": "DATA", "message_data": {"log_rewards": log_rewards}}, ctx.assigned_buffer, backend=backend
+        )
         _, metadata = tg.recv(ctx.assigned_buffer, backend=backend, tag=1, timeout=30)
         _, reply = tg.recv(ctx.assigned_buffer, backend=backend, timeout=30)
         assert reply == {"score": 3.0 * comm.rank, "sender": comm.rank}

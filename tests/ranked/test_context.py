@@ -26,8 +26,7 @@ def test_context_roles_and_groups(comm):
     expected = plan_layout(comm.size, cfg)
     assert ctx.role is expected.role_of(comm.rank)
     # membership by collectives: sum of world ranks over each named group
-    for name, members in (("trainers", expected.trainers), ("POP", expected.pop_ranks),
-                          ("buffers", expected.buffers)):
+    for name, members in (("trainers", expected.trainers), ("POP", expected.pop_ranks), ("buffers", expected.buffers)):
         sub = ctx.comm(name)
         if comm.rank in members:
             x = torch.tensor([float(comm.rank)])

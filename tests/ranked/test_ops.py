@@ -15,9 +15,23 @@ import torch
 import torch.distributed as torch_dist
 
 from gflowdist.comm import ReduceOp
-from gflowdist.ops import (all_gather, as_reduce_op, avg_tensor, barrier, broadcast, dist_avg, dist_max, dist_min,
-                           dist_op, dist_sum, gather_distributed_data, rank_seed, rank_seeds, seed_rank,
-                           statistics_scalar)
+from gflowdist.ops import (
+    all_gather,
+    as_reduce_op,
+    avg_tensor,
+    barrier,
+    broadcast,
+    dist_avg,
+    dist_max,
+    dist_min,
+    dist_op,
+    dist_sum,
+    gather_distributed_data,
+    rank_seed,
+    rank_seeds,
+    seed_rank,
+    statistics_scalar,
+)
 from tests.ranked.subgroups import my_half
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gflowdist.ops import (DistributedOptimizer, GradientAverager, average_gradients, average_models,
-                           sync_params)
+from gflowdist.ops import DistributedOptimizer, GradientAverager, average_gradients, average_models, sync_params
 from tests.ranked.subgroups import my_half
 
 
@@ -24,7 +23,7 @@ def bases(model):
 
 
 def set_grads(model, rank):
-    for p, base in zip(model.parameters(), bases(model)):
+    for p, base in zip(model.parameters(), bases(model), strict=False):
         p.grad = (rank + 1) * base
 
 
@@ -38,7 +37,7 @@ def test_average_gradients_closed_form(comm):
     model = make_model()
     set_grads(model, comm.rank)
     average_gradients(model)
-    for p, base in zip(model.parameters(), bases(model)):
+    for p, base in zip(model.parameters(), bases(model), strict=False):
         assert torch.allclose(p.grad, (n + 1) / 2 * base)
     assert gathered_equal(comm, [p.grad for p in model.parameters()])
 
@@ -49,7 +48,7 @@ def test_repeated_calls_reuse_bucket_views(comm):
     for step in range(3):
         set_grads(model, comm.rank + step)  # fresh tensors: copied into the bucket
         average_gradients(model)
-        for p, base in zip(model.parameters(), bases(model)):
+        for p, base in zip(model.parameters(), bases(model), strict=False):
             assert torch.allclose(p.grad, ((n + 1) / 2 + step) * base)
     if n > 1:  # the grads are now views of one flat buffer: in-place accumulation lands in it
         pointers = [p.grad.data_ptr() for p in model.parameters()]
@@ -78,14 +77,18 @@ def test_none_grads_skipped_consistently(comm):
     else:
         assert torch.allclose(params[0].grad, sum(k + 1 for k in range(1, n)) / n * base[0])
     assert params[-1].grad is None
-    for p, b in zip(params[1:-1], base[1:-1]):
+    for p, b in zip(params[1:-1], base[1:-1], strict=False):
         assert torch.allclose(p.grad, (n + 1) / 2 * b)
 
 
 def test_small_buckets_and_mixed_dtypes(comm):
     n = comm.size
-    params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(3, dtype=torch.float64)),
-              torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    params = [
+        torch.nn.Parameter(torch.zeros(5)),
+        torch.nn.Parameter(torch.zeros(3, dtype=torch.float64)),
+        torch.nn.Parameter(torch.zeros(4)),
+        torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)),
+    ]
     averager = GradientAverager(params, bucket_cap_bytes=20)
     for k, p in enumerate(params):
         p.grad = torch.full_like(p, float(comm.rank * (k + 1)))
@@ -101,7 +104,7 @@ def test_subgroup_divides_by_its_own_size(comm, half):
     set_grads(model, comm.rank)
     average_gradients(model, half)
     mean_factor = sum(k + 1 for k in members) / len(members)
-    for p, base in zip(model.parameters(), bases(model)):
+    for p, base in zip(model.parameters(), bases(model), strict=False):
         assert torch.allclose(p.grad, mean_factor * base)
 
 
@@ -127,7 +130,7 @@ def test_average_models_and_sync_params(comm):
     model = make_model(seed=100 + r)
     reference = [p.detach().clone() for p in make_model(seed=100 + n - 1).parameters()]
     sync_params(model, src=n - 1)
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference, strict=False))
     sync_params(model)  # from rank 0: unchanged here since every rank now holds rank n-1's
     assert gathered_equal(comm, list(model.parameters()))
 
@@ -159,7 +162,7 @@ def test_distributed_optimizer_matches_pooled_training(comm):
         for group in ref_opt.param_groups:
             group["lr"] *= 0.5
     assert gathered_equal(comm, list(model.parameters()))
-    for p, q in zip(model.parameters(), reference.parameters()):
+    for p, q in zip(model.parameters(), reference.parameters(), strict=False):
         assert torch.allclose(p, q, atol=1e-5)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05 / 8)
 

@@ -20,7 +20,12 @@ def fake_checkpoint(run: Path, name: str, ranks: int, steps: dict[int, int] | No
         data = os.urandom(1000 + rank)
         (folder / f"rank-{rank:05d}.pt").write_bytes(data)
         files[f"rank-{rank:05d}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest = {"world_size": ranks, "generation": 0, "complete": True, "files": files,
-                **({"steps": {str(r): s for r, s in steps.items()}} if steps else {})}
+    manifest = {
+        "world_size": ranks,
+        "generation": 0,
+        "complete": True,
+        "files": files,
+        **({"steps": {str(r): s for r, s in steps.items()}} if steps else {}),
+    }
     (folder / "MANIFEST.json").write_text(json.dumps(manifest))
     return folder

@@ -41,7 +41,7 @@ def nan_into_a_tensor(path: Path) -> str:
     data = bytearray(path.read_bytes())
     where = data.find(target.numpy().tobytes())  # torch stores tensor data uncompressed
     assert where >= 0, "tensor bytes not found in the file"
-    data[where: where + 16] = torch.full((4,), float("nan")).numpy().tobytes()
+    data[where : where + 16] = torch.full((4,), float("nan")).numpy().tobytes()
     path.write_bytes(bytes(data))
     return "SHA-256"
 
@@ -60,5 +60,9 @@ def _tensors(value):
 
 
 #: name -> damage, for parametrized tests
-DAMAGES = {"truncated": truncate, "random_bytes": random_bytes, "garbage_manifest": garbage_manifest,
-           "nan_in_a_tensor": nan_into_a_tensor}
+DAMAGES = {
+    "truncated": truncate,
+    "random_bytes": random_bytes,
+    "garbage_manifest": garbage_manifest,
+    "nan_in_a_tensor": nan_into_a_tensor,
+}

@@ -20,12 +20,21 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from tests.support.launching import MARKER_VARIABLE, REPO, base_env, free_port, kill_session, new_marker, processes_with_marker
+from tests.support.launching import (
+    MARKER_VARIABLE,
+    REPO,
+    base_env,
+    free_port,
+    kill_session,
+    new_marker,
+    processes_with_marker,
+)
 
 #: the toy job (tests/jobs/toy_roles.py): a linear model, a few ms a step
 TOY = REPO / "tests" / "jobs" / "toy.yaml"
@@ -42,9 +51,16 @@ class Job:
     than ``run`` (``replay``) gets ``ARGS`` only.
     """
 
-    def __init__(self, folder: Path, *args: str, config: Path | str | None = TOY,
-                 env: dict[str, str] | None = None, cwd: Path | None = None, log: str = "launcher.log",
-                 command: str = "run"):
+    def __init__(
+        self,
+        folder: Path,
+        *args: str,
+        config: Path | str | None = TOY,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log: str = "launcher.log",
+        command: str = "run",
+    ):
         self.folder = folder
         self.out_dir = folder / "runs"
         self.log = open(folder / log, "w+")
@@ -55,9 +71,14 @@ class Job:
         cmd += [f"run.out_dir={self.out_dir}", *args] if command == "run" else list(args)
         self.cmd = cmd
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=base_env(**(env or {}), **{MARKER_VARIABLE: self.marker}),
-                                     cwd=cwd or folder, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=base_env(**(env or {}), **{MARKER_VARIABLE: self.marker}),
+            cwd=cwd or folder,
+            start_new_session=True,
+        )
 
     def wait(self, timeout: float) -> int:
         """The launcher's exit status; a job still running after ``timeout`` s is killed and fails the test."""
@@ -146,7 +167,7 @@ def layout_rows(run_dir: Path) -> dict[int, dict[str, str]]:
     lines = (run_dir / "layout.txt").read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["rank", "role", "host"])
     rows = {}
-    for line in lines[header + 1:]:
+    for line in lines[header + 1 :]:
         words = line.split()
         if not words or not words[0].isdigit():
             break
@@ -155,6 +176,7 @@ def layout_rows(run_dir: Path) -> dict[int, dict[str, str]]:
 
 
 # ---- jobs across network-namespace hosts (tests/netns.py) -------------------------------------
+
 
 def namespace_processes(hs: Any) -> dict[str, list[int]]:
     """``{host name: pids}`` of every process inside each namespace host of the set (``ip netns pids``)."""
@@ -175,8 +197,15 @@ class HostRanksJob:
     ``<folder>/rank-N.out``.
     """
 
-    def __init__(self, folder: Path, hs: Any, placement: list[int], *args: str, config: Path = TOY,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        hs: Any,
+        placement: list[int],
+        *args: str,
+        config: Path = TOY,
+        env: dict[str, str] | None = None,
+    ):
         from tests.support.netns import IFNAME
 
         self.folder = folder
@@ -189,12 +218,25 @@ class HostRanksJob:
         for rank, host_index in enumerate(placement):
             local_rank = placement[:rank].count(host_index)
             rank_env = base_env(**(env or {}), **{MARKER_VARIABLE: self.marker})
-            rank_env.update(RANK=str(rank), WORLD_SIZE=str(len(placement)), LOCAL_RANK=str(local_rank),
-                            MASTER_ADDR=hs.hosts[0].ip, MASTER_PORT=str(self.port), GLOO_SOCKET_IFNAME=IFNAME)
+            rank_env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(len(placement)),
+                LOCAL_RANK=str(local_rank),
+                MASTER_ADDR=hs.hosts[0].ip,
+                MASTER_PORT=str(self.port),
+                GLOO_SOCKET_IFNAME=IFNAME,
+            )
             self.logs.append(open(folder / f"rank-{rank}.out", "w+"))
-            self.procs.append(subprocess.Popen(hs.exec_argv(hs.hosts[host_index], argv), stdout=self.logs[-1],
-                                               stderr=subprocess.STDOUT, env=rank_env, cwd=folder,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    hs.exec_argv(hs.hosts[host_index], argv),
+                    stdout=self.logs[-1],
+                    stderr=subprocess.STDOUT,
+                    env=rank_env,
+                    cwd=folder,
+                    start_new_session=True,
+                )
+            )
 
     def wait(self, timeout: float) -> list[int]:
         """Every rank's exit status; ranks still running after ``timeout`` s are killed and the test fails."""
@@ -247,7 +289,7 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found = []
     for table, width in (("tcp", 4), ("tcp6", 16)):
         lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
@@ -259,7 +301,7 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
             hex_addr, hex_port = local.split(":")
             raw = bytes.fromhex(hex_addr)
             # /proc prints the address as 32-bit words in host (little-endian) order
-            ordered = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+            ordered = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
             addr = ipaddress.ip_address(ordered)
             if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
                 addr = addr.ipv4_mapped

@@ -20,9 +20,23 @@ from pathlib import Path
 from gflowdist.jobenv import find_mpiexec, free_port, without_launcher
 from gflowdist.process_tree import kill_group
 
-__all__ = ["REPO", "MARKER_VARIABLE", "JobResult", "base_env", "find_mpiexec", "free_port", "kill_session",
-           "lines", "new_marker", "processes_with_marker", "pytest_summaries", "run_mpi", "run_plain", "run_torch",
-           "write"]
+__all__ = [
+    "REPO",
+    "MARKER_VARIABLE",
+    "JobResult",
+    "base_env",
+    "find_mpiexec",
+    "free_port",
+    "kill_session",
+    "lines",
+    "new_marker",
+    "processes_with_marker",
+    "pytest_summaries",
+    "run_mpi",
+    "run_plain",
+    "run_torch",
+    "write",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +47,7 @@ class JobResult:
     output: str
     timed_out: bool
 
-    def check(self) -> "JobResult":
+    def check(self) -> JobResult:
         if self.returncode != 0 or self.timed_out:
             state = "timed out" if self.timed_out else f"exited {self.returncode}"
             raise AssertionError(f"job {state}; output:\n{self.output[-20000:]}")
@@ -100,17 +114,24 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_mpi(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | None = None,
-            cwd: Path = REPO) -> JobResult:
+def run_mpi(
+    nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | None = None, cwd: Path = REPO
+) -> JobResult:
     """``mpiexec -n nprocs argv...`` in its own process group, killed after ``timeout``.
 
     ``env`` holds extra variables on top of :func:`base_env`.
     """
-    cmd = [find_mpiexec(), "-n", str(nprocs)] + argv
+    cmd = [find_mpiexec(), "-n", str(nprocs), *argv]
     marker = new_marker()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=base_env(**(env or {}), **{MARKER_VARIABLE: marker}), cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=base_env(**(env or {}), **{MARKER_VARIABLE: marker}),
+        cwd=cwd,
+        start_new_session=True,
+    )
     proc.gflowdist_marker = marker
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -132,14 +153,21 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 def run_plain(argv: list[str], *, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """One process (it may launch more) in its own process group, killed after ``timeout``."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=base_env(),
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=base_env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_session(proc)
         out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{out}")
+        raise AssertionError(f"timed out after {timeout} s:\n{out}") from None
     finally:
         kill_session(proc)
     return subprocess.CompletedProcess(argv, proc.returncode, out)
@@ -150,8 +178,9 @@ def lines(output: str, word: str) -> list[str]:
     return [m.strip() for m in re.findall(rf"{word} .*?(?={word} |\n|$)", output)]
 
 
-def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | None = None,
-              cwd: Path = REPO) -> JobResult:
+def run_torch(
+    nprocs: int, argv: list[str], *, timeout: float = 120, env: dict | None = None, cwd: Path = REPO
+) -> JobResult:
     """``nprocs`` processes with torch's env:// rendezvous on a free loopback port.
 
     If any process fails, the others are killed at once (they would otherwise
@@ -165,10 +194,19 @@ def run_torch(nprocs: int, argv: list[str], *, timeout: float = 120, env: dict |
             log = open(_log_path(rank), "w+")
             logs.append(log)
             rank_env = base_env(**(env or {}))
-            rank_env.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **{MARKER_VARIABLE: marker})
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                          env=rank_env, cwd=cwd, start_new_session=True))
+            rank_env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(nprocs),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                **{MARKER_VARIABLE: marker},
+            )
+            procs.append(
+                subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=rank_env, cwd=cwd, start_new_session=True
+                )
+            )
             procs[-1].gflowdist_marker = marker
         deadline = time.monotonic() + timeout
         timed_out = False

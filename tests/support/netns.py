@@ -55,10 +55,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -133,7 +133,7 @@ class HostSet:
         """Write ``name:slots`` lines (hydra fills host 0's slots first) and return the path."""
         counts = self._counts(ranks_per_host)
         path = self.workdir / ("hosts-" + "-".join(map(str, counts)))
-        path.write_text("".join(f"{h.name}:{c}\n" for h, c in zip(self.hosts, counts) if c))
+        path.write_text("".join(f"{h.name}:{c}\n" for h, c in zip(self.hosts, counts, strict=False) if c))
         return path
 
     def mpiexec_options(self, ranks_per_host: int | list[int]) -> list[str]:
@@ -144,8 +144,16 @@ class HostSet:
         control port on the bridge address (the default, the root host name,
         resolves to 127.0.0.1, which inside a host is the host itself).
         """
-        return ["-launcher", "ssh", "-launcher-exec", str(LAUNCHER),
-                "-f", str(self.hostfile(ranks_per_host)), "-iface", self.bridge]
+        return [
+            "-launcher",
+            "ssh",
+            "-launcher-exec",
+            str(LAUNCHER),
+            "-f",
+            str(self.hostfile(ranks_per_host)),
+            "-iface",
+            self.bridge,
+        ]
 
     def mpi_env(self) -> dict[str, str]:
         """Environment for the ranks: UCX over TCP on :data:`IFNAME` only.
@@ -158,12 +166,23 @@ class HostSet:
 
     def torch_env(self, rank: int, port: int) -> dict[str, str]:
         """env:// rendezvous at host 0; gloo pinned to :data:`IFNAME`."""
-        return {"RANK": str(rank), "WORLD_SIZE": str(len(self.hosts)), "LOCAL_RANK": "0",
-                "MASTER_ADDR": self.hosts[0].ip, "MASTER_PORT": str(port),
-                "GLOO_SOCKET_IFNAME": IFNAME}
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(self.hosts)),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": self.hosts[0].ip,
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": IFNAME,
+        }
 
-    def run_mpi(self, ranks_per_host: int | list[int], argv: list[str], *, timeout: float = 120,
-                env: dict[str, str] | None = None) -> JobResult:
+    def run_mpi(
+        self,
+        ranks_per_host: int | list[int],
+        argv: list[str],
+        *,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+    ) -> JobResult:
         """``mpiexec`` with the ranks spread over the hosts; every process is killed at the end.
 
         hydra gives each proxy and rank a session of its own, so killing
@@ -172,13 +191,16 @@ class HostSet:
         """
         total = sum(self._counts(ranks_per_host))
         try:
-            return run_mpi(total, self.mpiexec_options(ranks_per_host) + argv, timeout=timeout,
-                           env={**self.mpi_env(), **(env or {})})
+            return run_mpi(
+                total,
+                self.mpiexec_options(ranks_per_host) + argv,
+                timeout=timeout,
+                env={**self.mpi_env(), **(env or {})},
+            )
         finally:
             self.kill_processes()
 
-    def run_torch(self, argv: list[str], *, timeout: float = 120,
-                  env: dict[str, str] | None = None) -> JobResult:
+    def run_torch(self, argv: list[str], *, timeout: float = 120, env: dict[str, str] | None = None) -> JobResult:
         """One process per host with :meth:`torch_env`; if one fails the others are killed."""
         port = free_port()
         procs: list[subprocess.Popen] = []
@@ -188,9 +210,17 @@ class HostSet:
                 logs.append(tempfile.TemporaryFile("w+"))
                 proc_env = base_env(**(env or {}))
                 proc_env.update(self.torch_env(rank, port))
-                procs.append(subprocess.Popen(self.exec_argv(host, argv), stdout=logs[-1],
-                                              stderr=subprocess.STDOUT, text=True, env=proc_env,
-                                              cwd=REPO, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        self.exec_argv(host, argv),
+                        stdout=logs[-1],
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        env=proc_env,
+                        cwd=REPO,
+                        start_new_session=True,
+                    )
+                )
             deadline = time.monotonic() + timeout
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
                 if any(p.poll() not in (None, 0) for p in procs):
@@ -200,7 +230,7 @@ class HostSet:
             self.kill_processes()
             codes = [p.wait() for p in procs]
             output = []
-            for rank, (host, log) in enumerate(zip(self.hosts, logs)):
+            for rank, (host, log) in enumerate(zip(self.hosts, logs, strict=False)):
                 log.seek(0)
                 output.append(f"----- rank {rank} on {host.name} (exit {codes[rank]}) -----\n{log.read()}")
             return JobResult(next((c for c in codes if c != 0), 0), "\n".join(output), timed_out)
@@ -226,8 +256,7 @@ class HostSet:
         stop = time.monotonic() + deadline
         while not self.can_reach(None, h, timeout=0.5):
             if time.monotonic() > stop:
-                raise NetnsError(f"{h.name} ({h.ip}) still unreachable {deadline} s after "
-                                 f"'ip link set {h.veth} up'")
+                raise NetnsError(f"{h.name} ({h.ip}) still unreachable {deadline} s after 'ip link set {h.veth} up'")
             time.sleep(0.05)
 
     @contextmanager
@@ -240,16 +269,14 @@ class HostSet:
         finally:
             self.restore_link(h)
 
-    def can_reach(self, src: Host | int | str | None, dst: Host | int | str | None, *,
-                  timeout: float = 1.0) -> bool:
+    def can_reach(self, src: Host | int | str | None, dst: Host | int | str | None, *, timeout: float = 1.0) -> bool:
         """Whether a TCP connection from ``src`` to ``dst`` opens within ``timeout`` s.
 
         ``None`` is the root namespace (the bridge address). The sockets are
         made in threads that joined the namespaces, so no process is started.
         """
         src_ns = None if src is None else self._host(src).name
-        dst_ns, dst_ip = (None, self.bridge_ip) if dst is None else \
-            (self._host(dst).name, self._host(dst).ip)
+        dst_ns, dst_ip = (None, self.bridge_ip) if dst is None else (self._host(dst).name, self._host(dst).ip)
         with _socket_in(dst_ns) as listener, _socket_in(src_ns) as client:
             listener.bind((dst_ip, 0))
             listener.listen(1)
@@ -279,6 +306,7 @@ class HostSet:
 
 
 # ---- availability ------------------------------------------------------------------------------
+
 
 def missing_caps(cap_eff_hex: str) -> list[str]:
     """Capabilities the fixture needs that the ``CapEff`` mask (hex, /proc/self/status) lacks."""
@@ -353,9 +381,18 @@ def _build(hs: HostSet) -> None:
     hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.name}\n" for h in hs.hosts)
     for h in hs.hosts:
         _ip("netns", "add", h.name)
-        _run(["ip", "netns", "exec", h.name, "sh", "-c",
-              "for f in /proc/sys/net/ipv6/conf/all /proc/sys/net/ipv6/conf/default; do "
-              "[ ! -e $f ] || echo 1 > $f/disable_ipv6; done"])
+        _run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                h.name,
+                "sh",
+                "-c",
+                "for f in /proc/sys/net/ipv6/conf/all /proc/sys/net/ipv6/conf/default; do "
+                "[ ! -e $f ] || echo 1 > $f/disable_ipv6; done",
+            ]
+        )
         _ip("link", "add", h.veth, "type", "veth", "peer", "name", IFNAME, "netns", h.name)
         _no_ipv6(h.veth)
         _ip("link", "set", h.veth, "master", hs.bridge)
@@ -370,8 +407,10 @@ def _build(hs: HostSet) -> None:
         for target in [None] + ([peer] if peer != h else []):
             if not _reachable_soon(hs, h, target):
                 where = f"the bridge {hs.bridge_ip}" if target is None else f"{target.name} ({target.ip})"
-                raise NetnsError(f"{h.name} cannot open a TCP connection to {where} over {hs.bridge}: "
-                                 "is bridged traffic filtered (br_netfilter + iptables FORWARD)?")
+                raise NetnsError(
+                    f"{h.name} cannot open a TCP connection to {where} over {hs.bridge}: "
+                    "is bridged traffic filtered (br_netfilter + iptables FORWARD)?"
+                )
 
 
 def _reachable_soon(hs: HostSet, src: Host, dst: Host | None, within_s: float = _LINK_UP_S) -> bool:
@@ -410,7 +449,7 @@ def destroy(tag: str) -> None:
         # a veth vanishes with its namespace peer: "Cannot find device" is the goal, not an error
         if result.returncode != 0 and "Cannot find device" not in result.stderr:
             errors.append(f"ip {' '.join(cmd)}: {result.stderr.strip()}")
-    for path in etc_dirs + [_workdir(tag)]:
+    for path in [*etc_dirs, _workdir(tag)]:
         shutil.rmtree(path, ignore_errors=True)
     left = leftovers(tag)
     if errors or left:
@@ -457,6 +496,7 @@ def netns_hosts() -> Iterator[HostSet]:
 
 # ---- helpers ----------------------------------------------------------------------------------
 
+
 def _run(cmd: list[str]) -> str:
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -494,16 +534,17 @@ def _names_of(tag: str) -> tuple[list[str], list[str], list[str]]:
     """(namespaces, root-namespace links, /etc/netns dirs) that belong to set ``tag``."""
     own_ns = re.compile(rf"^{re.escape(tag)}h\d+$")
     own_link = re.compile(rf"^{re.escape(tag)}(?:br|v\d+)$")
-    return ([ns for ns in _namespaces() if own_ns.match(ns)],
-            [link for link in _links() if own_link.match(link)],
-            [d for d in _etc_dirs() if own_ns.match(Path(d).name)])
+    return (
+        [ns for ns in _namespaces() if own_ns.match(ns)],
+        [link for link in _links() if own_link.match(link)],
+        [d for d in _etc_dirs() if own_ns.match(Path(d).name)],
+    )
 
 
 def _kill_in_namespaces(namespaces: list[str], wait: float = 5.0) -> None:
     stop = time.monotonic() + wait
     while True:
-        pids = [int(p) for ns in namespaces if (_NETNS_DIR / ns).exists()
-                for p in _ip("netns", "pids", ns).split()]
+        pids = [int(p) for ns in namespaces if (_NETNS_DIR / ns).exists() for p in _ip("netns", "pids", ns).split()]
         if not pids:
             return
         if time.monotonic() > stop:
@@ -529,8 +570,7 @@ def _pid_alive(pid: int) -> bool:
 def _free_subnet() -> ipaddress.IPv4Network:
     """A random 10.a.b.0/24 that overlaps no route or address of the root namespace."""
     used = []
-    for line in _ip("-4", "route", "show", "table", "all").splitlines() + \
-            _ip("-4", "-o", "addr", "show").splitlines():
+    for line in _ip("-4", "route", "show", "table", "all").splitlines() + _ip("-4", "-o", "addr", "show").splitlines():
         for word in line.split():
             if re.match(r"^\d+\.\d+\.\d+\.\d+(/\d+)?$", word):
                 used.append(ipaddress.ip_network(word, strict=False))
@@ -539,8 +579,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
         candidate = ipaddress.IPv4Network(f"10.{rng.randrange(1, 255)}.{rng.randrange(0, 256)}.0/24")
         if not any(candidate.overlaps(net) for net in used):
             return candidate
-    raise NetnsError("no free 10.x.y.0/24 subnet in 1000 draws; routes in use: "
-                     f"{sorted(map(str, used))[:20]}")
+    raise NetnsError(f"no free 10.x.y.0/24 subnet in 1000 draws; routes in use: {sorted(map(str, used))[:20]}")
 
 
 @contextmanager
@@ -601,14 +640,15 @@ def _install_sigterm_handler() -> None:
     (KeyboardInterrupt, not SystemExit: pytest records a SystemExit as a test
     failure and carries on, but stops the session on KeyboardInterrupt.)
     """
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm_interrupts)
 
 
 def _restore_sigterm_handler() -> None:
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is _sigterm_interrupts:
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is _sigterm_interrupts
+    ):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -616,6 +656,7 @@ atexit.register(_atexit_destroy)
 
 
 # ---- command line -----------------------------------------------------------------------------
+
 
 def _manual_up(n: int) -> None:
     if leftovers(MANUAL_TAG):
@@ -628,8 +669,10 @@ def _manual_up(n: int) -> None:
     print("hosts: " + ", ".join(f"{h.name} {h.ip} (cut: ip link set {h.veth} down)" for h in hs.hosts))
     print(f"bridge {hs.bridge} {hs.bridge_ip}/{hs.subnet.prefixlen}")
     print("\nMPI, 2 ranks per host:")
-    print(f"  {env} {shlex.join([find_mpiexec(), *hs.mpiexec_options(2), '-n', str(2 * n)])} "
-          f"{py} -c 'import socket; print(socket.gethostname())'")
+    print(
+        f"  {env} {shlex.join([find_mpiexec(), *hs.mpiexec_options(2), '-n', str(2 * n)])} "
+        f"{py} -c 'import socket; print(socket.gethostname())'"
+    )
     port = free_port()
     print("\ntorch, one process per host (run each line in its own shell):")
     for rank, h in enumerate(hs.hosts):

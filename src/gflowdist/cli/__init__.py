@@ -42,8 +42,7 @@ _SUFFIX = "_cmd"
 
 def command_modules() -> list[ModuleType]:
     """Every ``gflowdist.cli.<name>_cmd`` module, sorted by name."""
-    names = sorted(info.name for info in pkgutil.iter_modules(__path__)
-                   if info.name.endswith(_SUFFIX))
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.name.endswith(_SUFFIX))
     return [importlib.import_module(f"{__name__}.{name}") for name in names]
 
 
@@ -60,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(
         prog="gflowdist",
-        description="Asynchronous actor / learner / replay-buffer training on MPI and "
-                    "torch.distributed.")
+        description="Asynchronous actor / learner / replay-buffer training on MPI and torch.distributed.",
+    )
     parser.add_argument("--version", action="version", version=f"gflowdist {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in command_modules():

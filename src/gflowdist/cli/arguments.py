@@ -28,11 +28,20 @@ from collections.abc import Callable
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["HelpFormatter", "add_config_arguments", "add_override_arguments", "split_late_options", "rank_count",
-           "restart_count", "OVERRIDES_HELP"]
+__all__ = [
+    "HelpFormatter",
+    "add_config_arguments",
+    "add_override_arguments",
+    "split_late_options",
+    "rank_count",
+    "restart_count",
+    "OVERRIDES_HELP",
+]
 
-OVERRIDES_HELP = ("config overrides KEY.PATH=VALUE, e.g. run.steps=200 layout.buffers=2 "
-                  "(the value is YAML; options may come in between)")
+OVERRIDES_HELP = (
+    "config overrides KEY.PATH=VALUE, e.g. run.steps=200 layout.buffers=2 "
+    "(the value is YAML; options may come in between)"
+)
 
 _SECTIONS = ("run", "launch", "layout", "roles", "replay", "sync", "faults", "params")
 
@@ -49,8 +58,11 @@ class HelpFormatter(argparse.HelpFormatter):
             if any(line.startswith(" ") for line in lines[1:]):  # a heading and indented examples
                 out.append("\n".join(indent + line for line in lines))
             else:
-                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
-                                         initial_indent=indent, subsequent_indent=indent))
+                out.append(
+                    textwrap.fill(
+                        " ".join(line.strip() for line in lines), width, initial_indent=indent, subsequent_indent=indent
+                    )
+                )
         return "\n\n".join(out)
 
 
@@ -88,12 +100,19 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
-                        help="the same as a positional override (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="set_overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="the same as a positional override (repeatable)",
+    )
 
 
-def split_late_options(args: argparse.Namespace, prog: str,
-                       add_options: Callable[[argparse.ArgumentParser], None]) -> list[str]:
+def split_late_options(
+    args: argparse.Namespace, prog: str, add_options: Callable[[argparse.ArgumentParser], None]
+) -> list[str]:
     """Parse the options written among the overrides; returns every override, in order.
 
     ``args.overrides`` holds what followed ``CONFIG`` (argparse's remainder);
@@ -132,7 +151,7 @@ def _unwrap_set(tokens: list[str]) -> list[str]:
             out.append(tokens[index + 1])
             index += 2
             continue
-        out.append(token[len("--set="):] if token.startswith("--set=") else token)
+        out.append(token[len("--set=") :] if token.startswith("--set=") else token)
         index += 1
     return out
 
@@ -146,8 +165,7 @@ def _refuse_dashed(token: str, following: str | None, parser: argparse.ArgumentP
         raise ConfigError(f"'{token}' is not an option: overrides take no dashes, write {shown}")
     home = _section_of(name)
     if home is not None:
-        raise ConfigError(f"'{token}' is not an option of {parser.prog}: write the override "
-                          f"{home}={value or 'VALUE'}")
+        raise ConfigError(f"'{token}' is not an option of {parser.prog}: write the override {home}={value or 'VALUE'}")
     parser.error(f"unrecognized arguments: {token}")
 
 
@@ -172,8 +190,9 @@ def _check_forms(tokens: list[str]) -> None:
         following = tokens[index + 1] if index + 1 < len(tokens) else None
         value = following if following is not None and "=" not in following else "VALUE"
         if token.endswith("=") and following is not None and "=" not in following:
-            raise ConfigError(f"'{token} {following}' is not an override: write {token}{following} "
-                              "(key.path=value, no spaces)")
+            raise ConfigError(
+                f"'{token} {following}' is not an override: write {token}{following} (key.path=value, no spaces)"
+            )
         if "=" in token:
             continue
         if token.endswith(":"):
@@ -182,5 +201,4 @@ def _check_forms(tokens: list[str]) -> None:
         if meant is not None:
             raise ConfigError(f"'{token}' is YAML, not an override: write {meant} (key.path=value)")
         if value != "VALUE":  # a lone token: Config.apply_overrides says the same, without a value
-            raise ConfigError(f"'{token}' is not an override: write {token}={value} "
-                              "(key.path=value, no spaces)")
+            raise ConfigError(f"'{token}' is not an override: write {token}={value} (key.path=value, no spaces)")

@@ -92,8 +92,14 @@ class Launched:
                 log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
                 self._logs.append(log)
                 try:
-                    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                    proc = subprocess.Popen(
+                        argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                 except OSError as err:
                     log.write(f"cannot start {argv[0]}: {err}\n")
                     proc = None
@@ -120,7 +126,7 @@ class Launched:
         finally:
             self.kill()
         results = []
-        for proc, log in zip(self._procs, self._logs):
+        for proc, log in zip(self._procs, self._logs, strict=False):
             log.seek(0)
             killed = timed_out and proc is not None and proc.returncode == -signal.SIGKILL
             results.append((_NOT_STARTED if proc is None else proc.returncode, log.read(), killed))

@@ -79,13 +79,14 @@ PACKAGES = (
 )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``gflowdist doctor``."""
     parser = subparsers.add_parser(
         "doctor",
         help="check Python, packages, MPI, mpiexec, gloo; ping 2 ranks on each engine",
         description="Check that this machine can run gflowdist: versions, the MPI library, "
-                    "which mpiexec would be used, and a real 2-rank ping on MPI and on gloo.")
+        "which mpiexec would be used, and a real 2-rank ping on MPI and on gloo.",
+    )
     add_override_arguments(parser)
     _add_options(parser)
     parser.set_defaults(handler=run)
@@ -93,12 +94,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", default=None, help="print the checks as JSON")
-    parser.add_argument("--config", metavar="CONFIG", default=None,
-                        help="a run config whose launch.mpiexec, launch.mpiexec_args and launch.devices "
-                             "to check (overrides apply to it, or to the defaults without it)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help=f"seconds each ping may take before it is killed "
-                             f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument(
+        "--config",
+        metavar="CONFIG",
+        default=None,
+        help="a run config whose launch.mpiexec, launch.mpiexec_args and launch.devices "
+        "to check (overrides apply to it, or to the defaults without it)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"seconds each ping may take before it is killed (default {DEFAULT_TIMEOUT_S:g})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
     from gflowdist.config import Config
 
     overrides = split_late_options(args, "gflowdist doctor", _add_options)
-    config = Config.from_yaml(args.config, overrides) if args.config is not None else \
-        Config().apply_overrides(overrides)
+    config = (
+        Config.from_yaml(args.config, overrides) if args.config is not None else Config().apply_overrides(overrides)
+    )
     launch = config.launch
     timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
     if timeout <= 0:
@@ -134,17 +144,24 @@ def render(checks: list[Check], ok: bool) -> str:
         if c.fix:
             lines.append(f"  {'':<7}  {'':<{width}}  fix: {c.fix}")
     failed = [c.name for c in checks if c.essential and not c.passed]
-    lines.append("all essential checks passed" if ok else
-                 f"{len(failed)} essential check{'s' if len(failed) > 1 else ''} did not pass: "
-                 f"{', '.join(failed)}")
+    lines.append(
+        "all essential checks passed"
+        if ok
+        else f"{len(failed)} essential check{'s' if len(failed) > 1 else ''} did not pass: {', '.join(failed)}"
+    )
     return "\n".join(lines)
 
 
 # --- the checks ---------------------------------------------------------------------
 
 
-def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, ...] = (), *,
-               timeout: float = DEFAULT_TIMEOUT_S, devices: str | tuple[str, ...] = "auto") -> list[Check]:
+def run_checks(
+    configured_mpiexec: str | None = None,
+    mpiexec_args: tuple[str, ...] = (),
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    devices: str | tuple[str, ...] = "auto",
+) -> list[Check]:
     """Every check, in the order of the module docstring.
 
     The two pings start first (when what they need is installed: a module
@@ -153,8 +170,7 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
     slowest part, not the sum.
     """
     found_check, mpiexec = mpiexec_check(configured_mpiexec)
-    installed = {name for name in ("torch", "numpy", "msgpack", "mpi4py")
-                 if importlib.util.find_spec(name) is not None}
+    installed = {name for name in ("torch", "numpy", "msgpack", "mpi4py") if importlib.util.find_spec(name) is not None}
     can_gloo = {"torch", "numpy", "msgpack"} <= installed
     mpi_ping = gloo_ping = None
     try:
@@ -165,20 +181,35 @@ def run_checks(configured_mpiexec: str | None = None, mpiexec_args: tuple[str, .
         checks = [_python_check(), _gflowdist_check()]
         checks += [_package_check(*spec) for spec in PACKAGES]
         have = {c.name for c in checks if c.passed}
-        checks.append(_mpi_library_check() if "mpi4py" in have else
-                      Check("MPI library", FAILED, "not asked: mpi4py is missing",
-                            fix="pip install 'mpi4py>=3.1'"))
+        checks.append(
+            _mpi_library_check()
+            if "mpi4py" in have
+            else Check("MPI library", FAILED, "not asked: mpi4py is missing", fix="pip install 'mpi4py>=3.1'")
+        )
         checks.append(found_check)
-        checks += _torch_checks(devices) if {"torch", "numpy", "msgpack"} <= have else [
-            Check("launcher", FAILED, "not looked at: gflowdist.comm needs torch, numpy and "
-                                      "msgpack (see above)", essential=False),
-            Check("gloo", FAILED, "not looked at: needs torch (see above)")]
-        checks.append(mpi_ping_verdict(mpi_ping.finish(), timeout) if mpi_ping is not None else
-                      Check("mpi ping", FAILED, "not run: needs mpiexec, mpi4py, torch, numpy "
-                                                "and msgpack (see above)"))
-        checks.append(gloo_ping_verdict(gloo_ping.finish(), timeout) if gloo_ping is not None
-                      else Check("gloo ping", FAILED, "not run: needs torch, numpy and msgpack "
-                                                      "(see above)"))
+        checks += (
+            _torch_checks(devices)
+            if {"torch", "numpy", "msgpack"} <= have
+            else [
+                Check(
+                    "launcher",
+                    FAILED,
+                    "not looked at: gflowdist.comm needs torch, numpy and msgpack (see above)",
+                    essential=False,
+                ),
+                Check("gloo", FAILED, "not looked at: needs torch (see above)"),
+            ]
+        )
+        checks.append(
+            mpi_ping_verdict(mpi_ping.finish(), timeout)
+            if mpi_ping is not None
+            else Check("mpi ping", FAILED, "not run: needs mpiexec, mpi4py, torch, numpy and msgpack (see above)")
+        )
+        checks.append(
+            gloo_ping_verdict(gloo_ping.finish(), timeout)
+            if gloo_ping is not None
+            else Check("gloo ping", FAILED, "not run: needs torch, numpy and msgpack (see above)")
+        )
     finally:
         for job in (mpi_ping, gloo_ping):
             if job is not None:
@@ -194,8 +225,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 def _python_check() -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info[:2] < MIN_PYTHON:
-        return Check("python", FAILED, f"{version} is older than 3.10 ({sys.executable})",
-                     fix="use Python >= 3.10")
+        return Check("python", FAILED, f"{version} is older than 3.10 ({sys.executable})", fix="use Python >= 3.10")
     return Check("python", OK, f"{version} ({sys.executable})")
 
 
@@ -215,57 +245,68 @@ def _installed_version(module: Any, distribution: str) -> str:
         return "unknown version"
 
 
-def _package_check(label: str, module_name: str, distribution: str, floor: str,
-                   essential: bool) -> Check:
+def _package_check(label: str, module_name: str, distribution: str, floor: str, essential: bool) -> Check:
     fix = f"pip install '{distribution}>={floor}'"
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        return Check(label, MISSING, f"cannot import {module_name}: {err}", fix=fix,
-                     essential=essential)
+        return Check(label, MISSING, f"cannot import {module_name}: {err}", fix=fix, essential=essential)
     version = _installed_version(module, distribution)
     if _version_tuple(version) < _version_tuple(floor):
         return Check(label, FAILED, f"{version} is older than {floor}", fix=fix, essential=essential)
     return Check(label, OK, version, essential=essential)
 
 
-_LIBRARY_PROGRAM = ("import mpi4py\n"
-                    "mpi4py.rc.initialize = False\n"
-                    "mpi4py.rc.finalize = False\n"
-                    "from mpi4py import MPI\n"
-                    "print(MPI.Get_library_version().strip().splitlines()[0])\n")
+_LIBRARY_PROGRAM = (
+    "import mpi4py\n"
+    "mpi4py.rc.initialize = False\n"
+    "mpi4py.rc.finalize = False\n"
+    "from mpi4py import MPI\n"
+    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
+)
 
 
 def _mpi_library_check() -> Check:
-    fix = ("pip install mpich (mpi4py needs an MPI library at run time; or point it at your "
-           "site's MPI and reinstall mpi4py)")
+    fix = (
+        "pip install mpich (mpi4py needs an MPI library at run time; or point it at your "
+        "site's MPI and reinstall mpi4py)"
+    )
     results = run_processes([([sys.executable, "-c", _LIBRARY_PROGRAM], child_env())], 20.0)
     code, output, timed_out = results[0]
     if timed_out:
         return Check("MPI library", FAILED, "loading mpi4py.MPI did not finish in 20 s", fix=fix)
     if code != 0:
-        return Check("MPI library", FAILED, f"loading mpi4py.MPI failed: {last_line(output)}",
-                     fix=fix)
+        return Check("MPI library", FAILED, f"loading mpi4py.MPI failed: {last_line(output)}", fix=fix)
     return Check("MPI library", OK, " ".join(last_line(output).split()))
 
 
 def mpiexec_check(configured: str | None) -> tuple[Check, str | None]:
     path, source = locate_mpiexec(configured)
     if path is None:
-        return Check("mpiexec", MISSING, "no mpiexec next to this Python or on PATH",
-                     fix=f"pip install mpich (or set {MPIEXEC_VARIABLE} / launch.mpiexec to your "
-                         f"site's mpiexec)"), None
+        return Check(
+            "mpiexec",
+            MISSING,
+            "no mpiexec next to this Python or on PATH",
+            fix=f"pip install mpich (or set {MPIEXEC_VARIABLE} / launch.mpiexec to your site's mpiexec)",
+        ), None
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         what = "does not exist" if not os.path.exists(path) else "is not an executable file"
         undo = f"unset {MPIEXEC_VARIABLE}" if source == MPIEXEC_VARIABLE else "fix launch.mpiexec"
-        return Check("mpiexec", MISSING, f"{path} ({source}) {what}",
-                     fix=f"{undo}, or point it at an existing mpiexec; `pip install mpich` puts "
-                         f"one next to this Python"), None
+        return Check(
+            "mpiexec",
+            MISSING,
+            f"{path} ({source}) {what}",
+            fix=f"{undo}, or point it at an existing mpiexec; `pip install mpich` puts one next to this Python",
+        ), None
     code, output, timed_out = run_processes([([path, "--version"], child_env())], 10.0)[0]
     if timed_out or code != 0:
         why = "timed out after 10 s" if timed_out else f"exited {code}: {last_line(output)}"
-        return Check("mpiexec", FAILED, f"{path} ({source}): `mpiexec --version` {why}",
-                     fix="pip install mpich, or set GFLOWDIST_MPIEXEC to a working mpiexec"), None
+        return Check(
+            "mpiexec",
+            FAILED,
+            f"{path} ({source}): `mpiexec --version` {why}",
+            fix="pip install mpich, or set GFLOWDIST_MPIEXEC to a working mpiexec",
+        ), None
     return Check("mpiexec", OK, f"{path} ({source}): {mpiexec_version(output)}"), path
 
 
@@ -274,7 +315,7 @@ def mpiexec_version(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     for line in lines:
         if line.startswith("Version:"):
-            family = "HYDRA" if any("HYDRA" in l for l in lines) else "version"
+            family = "HYDRA" if any("HYDRA" in item for item in lines) else "version"
             return f"{family} {line.split(':', 1)[1].strip()}"
     return lines[0] if lines else "(printed no version)"
 
@@ -285,13 +326,17 @@ def _torch_checks(devices: str | tuple[str, ...] = "auto") -> list[Check]:
 
     from gflowdist.comm.select import describe_environment, in_mpi_job, in_torch_job
 
-    inside = (" -- doctor runs inside a job; its pings do not inherit these"
-              if in_mpi_job() or in_torch_job() else "")
+    inside = " -- doctor runs inside a job; its pings do not inherit these" if in_mpi_job() or in_torch_job() else ""
     checks = [Check("launcher", OK, describe_environment() + inside, essential=False)]
     if not dist.is_available() or not dist.is_gloo_available():
-        checks.append(Check("gloo", FAILED, f"torch {torch.__version__} has no gloo backend",
-                            fix="install a torch build with distributed support (the PyPI "
-                                "wheels for Linux and macOS have gloo)"))
+        checks.append(
+            Check(
+                "gloo",
+                FAILED,
+                f"torch {torch.__version__} has no gloo backend",
+                fix="install a torch build with distributed support (the PyPI wheels for Linux and macOS have gloo)",
+            )
+        )
     else:
         checks.append(Check("gloo", OK, "torch.distributed gloo backend available"))
     from gflowdist.cli.doctor_devices import describe_devices
@@ -300,17 +345,28 @@ def _torch_checks(devices: str | tuple[str, ...] = "auto") -> list[Check]:
     checks.append(Check("devices", OK if ok else FAILED, detail, fix=fix, essential=False))
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
-        checks.append(Check("CUDA", OK, f"{count} device{'s' if count != 1 else ''}, CUDA "
-                                        f"{torch.version.cuda}", essential=False))
+        checks.append(
+            Check("CUDA", OK, f"{count} device{'s' if count != 1 else ''}, CUDA {torch.version.cuda}", essential=False)
+        )
         nccl = dist.is_available() and dist.is_nccl_available()
-        checks.append(Check("nccl", OK if nccl else MISSING,
-                            "available" if nccl else "this torch build has no nccl",
-                            fix=None if nccl else "install a CUDA build of torch with nccl",
-                            essential=False))
+        checks.append(
+            Check(
+                "nccl",
+                OK if nccl else MISSING,
+                "available" if nccl else "this torch build has no nccl",
+                fix=None if nccl else "install a CUDA build of torch with nccl",
+                essential=False,
+            )
+        )
     else:
-        checks.append(Check("CUDA", MISSING, "no CUDA device (CPU only: the torch engine uses "
-                                             "gloo)", fix="needed only for GPU training: a CUDA "
-                                                          "build of torch and a GPU",
-                            essential=False))
+        checks.append(
+            Check(
+                "CUDA",
+                MISSING,
+                "no CUDA device (CPU only: the torch engine uses gloo)",
+                fix="needed only for GPU training: a CUDA build of torch and a GPU",
+                essential=False,
+            )
+        )
         checks.append(Check("nccl", MISSING, "not usable without CUDA", essential=False))
     return checks

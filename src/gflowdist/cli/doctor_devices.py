@@ -30,6 +30,9 @@ def describe_devices(setting: str | tuple[str, ...] = "auto") -> tuple[bool, str
     try:
         choice = choose_device(setting, local, gpus, where=where)
     except ConfigError as err:
-        return False, f"{seen}; launch.devices {shown}: {err.detail}", \
-            "set launch.devices to auto or cpu, or run where a GPU is visible"
+        return (
+            False,
+            f"{seen}; launch.devices {shown}: {err.detail}",
+            "set launch.devices to auto or cpu, or run where a GPU is visible",
+        )
     return True, f"{seen}; launch.devices {shown} gives this process {choice.device} ({choice.reason})", None

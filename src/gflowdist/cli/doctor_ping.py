@@ -17,8 +17,17 @@ import time
 from gflowdist.cli.doctor_check import FAILED, OK, Check, Launched, Result, child_env, last_line
 from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port
 
-__all__ = ["PING_ROUNDS", "PING_BYTES", "PING_MARK", "start_mpi_ping", "mpi_ping_verdict",
-           "start_gloo_ping", "gloo_ping_verdict", "ping_verdict", "ping_child"]
+__all__ = [
+    "PING_ROUNDS",
+    "PING_BYTES",
+    "PING_MARK",
+    "start_mpi_ping",
+    "mpi_ping_verdict",
+    "start_gloo_ping",
+    "gloo_ping_verdict",
+    "ping_verdict",
+    "ping_child",
+]
 
 #: Timed exchanges per ping (after one warm-up).
 PING_ROUNDS = 20
@@ -28,13 +37,13 @@ PING_BYTES = 1024
 PING_TAG = 7
 #: Prefix of the line in which rank 0 of a ping reports its result (JSON follows).
 PING_MARK = "GFLOWDIST_PING "
-_GLOO_FIX = ("if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; "
-             "loopback TCP must be allowed")
+_GLOO_FIX = (
+    "if the host name does not resolve to a local address, export GLOO_SOCKET_IFNAME=lo; loopback TCP must be allowed"
+)
 
 
 def _ping_command(engine: str) -> list[str]:
-    return [sys.executable, "-c",
-            f"from gflowdist.cli.doctor_ping import ping_child; ping_child({engine!r})"]
+    return [sys.executable, "-c", f"from gflowdist.cli.doctor_ping import ping_child; ping_child({engine!r})"]
 
 
 def start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> Launched:
@@ -44,39 +53,43 @@ def start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) 
 
 def mpi_ping_verdict(results: list[Result], timeout: float) -> Check:
     code, output, timed_out = results[0]
-    mismatch = ("this mpiexec does not match mpi4py's MPI library (compare the 'MPI library' and "
-                "'mpiexec' lines): use that library's mpiexec; `pip install mpich` gives a matching "
-                f"pair, or set {MPIEXEC_VARIABLE} / launch.mpiexec")
-    reproduce = (f"reproduce with `mpiexec -n 2 {sys.executable} -c \"from mpi4py import MPI; "
-                 f"print(MPI.COMM_WORLD.Get_size())\"` (must print 2 twice); the usual cause: "
-                 + mismatch)
+    mismatch = (
+        "this mpiexec does not match mpi4py's MPI library (compare the 'MPI library' and "
+        "'mpiexec' lines): use that library's mpiexec; `pip install mpich` gives a matching "
+        f"pair, or set {MPIEXEC_VARIABLE} / launch.mpiexec"
+    )
+    reproduce = (
+        f'reproduce with `mpiexec -n 2 {sys.executable} -c "from mpi4py import MPI; '
+        f'print(MPI.COMM_WORLD.Get_size())"` (must print 2 twice); the usual cause: ' + mismatch
+    )
     if timed_out:
-        return Check("mpi ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
-                                         f"(processes killed)", fix=reproduce)
+        return Check(
+            "mpi ping", FAILED, f"2 ranks did not finish within {timeout:g} s (processes killed)", fix=reproduce
+        )
     return ping_verdict("mpi ping", code, output, failed_fix=reproduce, wrong_world_fix=mismatch)
 
 
 def start_gloo_ping(timeout: float) -> Launched:
-    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                     WORLD_SIZE="2")
-    return Launched([(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
-                      for rank in range(2)], timeout)
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    return Launched(
+        [(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)], timeout
+    )
 
 
 def gloo_ping_verdict(results: list[Result], timeout: float) -> Check:
     if any(timed_out for _, _, timed_out in results):
-        return Check("gloo ping", FAILED, f"2 ranks did not finish within {timeout:g} s "
-                                          f"(processes killed)", fix=_GLOO_FIX)
+        return Check(
+            "gloo ping", FAILED, f"2 ranks did not finish within {timeout:g} s (processes killed)", fix=_GLOO_FIX
+        )
     failed = next(((code, output) for code, output, _ in results if code != 0), None)
     if failed is not None:
         return ping_verdict("gloo ping", failed[0], failed[1], failed_fix=_GLOO_FIX)
     return ping_verdict("gloo ping", 0, results[0][1], failed_fix=_GLOO_FIX)
 
 
-def ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
-                  wrong_world_fix: str | None = None) -> Check:
+def ping_verdict(name: str, code: int, output: str, *, failed_fix: str, wrong_world_fix: str | None = None) -> Check:
     """Read rank 0's :data:`PING_MARK` line (see :func:`ping_child`) from a ping's output."""
-    marked = [line[len(PING_MARK):] for line in output.splitlines() if line.startswith(PING_MARK)]
+    marked = [line[len(PING_MARK) :] for line in output.splitlines() if line.startswith(PING_MARK)]
     if not marked:
         return Check(name, FAILED, f"exit status {code}: {last_line(output)}", fix=failed_fix)
     try:
@@ -86,16 +99,19 @@ def ping_verdict(name: str, code: int, output: str, *, failed_fix: str,
     if result.get("size") != 2:
         return Check(name, FAILED, str(result.get("error")), fix=wrong_world_fix or failed_fix)
     if result.get("error") or code != 0:
-        return Check(name, FAILED, str(result.get("error") or f"exit status {code}: "
-                                                             f"{last_line(output)}"),
-                     fix=failed_fix)
+        return Check(
+            name, FAILED, str(result.get("error") or f"exit status {code}: {last_line(output)}"), fix=failed_fix
+        )
     median_ms, min_ms = 1e3 * result["rtt_median_s"], 1e3 * result["rtt_min_s"]
-    return Check(name, OK, f"2 ranks, round trip {median_ms:.3f} ms (median of {result['rounds']} "
-                           f"x {result['bytes']} B; min {min_ms:.3f} ms)")
+    return Check(
+        name,
+        OK,
+        f"2 ranks, round trip {median_ms:.3f} ms (median of {result['rounds']} "
+        f"x {result['bytes']} B; min {min_ms:.3f} ms)",
+    )
 
 
-def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYTES,
-               timeout: float = 10.0) -> None:
+def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYTES, timeout: float = 10.0) -> None:
     """The program each ping rank runs (``engine``: ``"mpi"`` or ``"torch"``).
 
     Rank 0 sends ``nbytes`` bytes to rank 1 and waits for them to come back,
@@ -122,10 +138,17 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
         comm = TorchComm()
     try:
         if comm.size != 2:
-            print(PING_MARK + json.dumps({
-                "size": comm.size,
-                "error": f"the ranks saw a world of {comm.size}, not 2: the launcher and the "
-                         f"library do not belong together"}), flush=True)
+            print(
+                PING_MARK
+                + json.dumps(
+                    {
+                        "size": comm.size,
+                        "error": f"the ranks saw a world of {comm.size}, not 2: the launcher and the "
+                        f"library do not belong together",
+                    }
+                ),
+                flush=True,
+            )
             return
         payload = bytes(i % 251 for i in range(nbytes))
         rtts = []
@@ -136,8 +159,10 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
                 _, echo = comm.recv(1, PING_TAG, timeout=timeout)
                 elapsed = time.perf_counter() - start
                 if bytes(echo.numpy()) != payload:
-                    print(PING_MARK + json.dumps({"size": 2, "error": "the echo differs from the "
-                                                                      "message sent"}), flush=True)
+                    print(
+                        PING_MARK + json.dumps({"size": 2, "error": "the echo differs from the message sent"}),
+                        flush=True,
+                    )
                     return
                 if i:
                     rtts.append(elapsed)
@@ -147,9 +172,19 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
         comm.barrier(timeout=timeout)
         if comm.rank == 0:
             rtts.sort()
-            print(PING_MARK + json.dumps({"size": 2, "rounds": rounds, "bytes": nbytes,
-                                          "rtt_median_s": rtts[rounds // 2],
-                                          "rtt_min_s": rtts[0]}), flush=True)
+            print(
+                PING_MARK
+                + json.dumps(
+                    {
+                        "size": 2,
+                        "rounds": rounds,
+                        "bytes": nbytes,
+                        "rtt_median_s": rtts[rounds // 2],
+                        "rtt_min_s": rtts[0],
+                    }
+                ),
+                flush=True,
+            )
     finally:
         comm.free()
         if engine != "mpi":

@@ -25,28 +25,38 @@ examples:
   gflowdist layout config.yaml --set layout.buffers=2 --json"""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``gflowdist layout``."""
     parser = subparsers.add_parser(
         "layout",
         help="print the rank layout a config gives and check its roles (dry run, starts no rank)",
         description="Print which rank trains, acts, buffers or coordinates for a config and a number "
-                    "of ranks, after the checks gflowdist run makes before launching (the layout fits, "
-                    "the role classes resolve and import). Starts no rank.",
-        epilog=_EXAMPLES, formatter_class=HelpFormatter)
+        "of ranks, after the checks gflowdist run makes before launching (the layout fits, "
+        "the role classes resolve and import). Starts no rank.",
+        epilog=_EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
     add_config_arguments(parser, config_help="YAML config file")
     _add_options(parser)
     parser.set_defaults(handler=run)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--nprocs", type=rank_count, default=None, metavar="N",
-                        help="number of ranks (default: launch.nprocs of the config)")
-    parser.add_argument("--hosts", default=None, metavar="HOSTS",
-                        help="host name of every rank: 'a,b,a,b', or run-length 'a:2,b:2' "
-                             "(needed by placement node-local)")
-    parser.add_argument("--json", action="store_true", default=None,
-                        help="print the layout as JSON instead of a table")
+    parser.add_argument(
+        "-n",
+        "--nprocs",
+        type=rank_count,
+        default=None,
+        metavar="N",
+        help="number of ranks (default: launch.nprocs of the config)",
+    )
+    parser.add_argument(
+        "--hosts",
+        default=None,
+        metavar="HOSTS",
+        help="host name of every rank: 'a,b,a,b', or run-length 'a:2,b:2' (needed by placement node-local)",
+    )
+    parser.add_argument("--json", action="store_true", default=None, help="print the layout as JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     world_size = config.launch.nprocs if args.nprocs is None else args.nprocs
     hosts = parse_host_list(args.hosts) if args.hosts is not None else None
     if hosts is None and config.layout.placement == "node-local":
-        raise LayoutError("placement 'node-local' needs the host name of every rank: pass "
-                          "--hosts a,b,... or --hosts a:4,b:4")
+        raise LayoutError(
+            "placement 'node-local' needs the host name of every rank: pass --hosts a,b,... or --hosts a:4,b:4"
+        )
     source = f"-n {world_size}" if args.nprocs is not None else f"launch.nprocs = {world_size}"
     layout = preflight.check_layout_fits(config, world_size, source=source, hosts=hosts)
     notes = []

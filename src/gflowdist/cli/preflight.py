@@ -42,9 +42,19 @@ from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.jobenv import MPIEXEC_VARIABLE
 from gflowdist.process_tree import DescendantTracker, kill_group
 
-__all__ = ["check_layout_fits", "check_extras", "check_roles_named", "resolve_roles", "check_roles_import",
-           "check_launcher", "LauncherFacts", "devices_judged_here", "check_devices", "LAUNCHER_PROBE_TIMEOUT_S",
-           "ALLOCATION_VARIABLES"]
+__all__ = [
+    "check_layout_fits",
+    "check_extras",
+    "check_roles_named",
+    "resolve_roles",
+    "check_roles_import",
+    "check_launcher",
+    "LauncherFacts",
+    "devices_judged_here",
+    "check_devices",
+    "LAUNCHER_PROBE_TIMEOUT_S",
+    "ALLOCATION_VARIABLES",
+]
 
 _ROLES = ("trainer", "actor", "buffer", "coordinator")
 
@@ -52,13 +62,34 @@ _ROLES = ("trainer", "actor", "buffer", "coordinator")
 LAUNCHER_PROBE_TIMEOUT_S = 10.0
 
 #: mpiexec / mpirun options (before any ``=``) that place ranks on other hosts than this one.
-_HOST_OPTIONS = frozenset({"-f", "-hostfile", "--hostfile", "--default-hostfile", "-machinefile", "--machinefile",
-                           "-hosts", "--hosts", "-host", "--host", "-H", "-hostlist"})
+_HOST_OPTIONS = frozenset(
+    {
+        "-f",
+        "-hostfile",
+        "--hostfile",
+        "--default-hostfile",
+        "-machinefile",
+        "--machinefile",
+        "-hosts",
+        "--hosts",
+        "-host",
+        "--host",
+        "-H",
+        "-hostlist",
+    }
+)
 
 #: Batch allocations an mpiexec started inside spreads its ranks over (Slurm, PBS, LSF, SGE, Cobalt,
 #: hydra's own host file variable).
-ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "COBALT_NODEFILE",
-                         "HYDRA_HOST_FILE")
+ALLOCATION_VARIABLES = (
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "PE_HOSTFILE",
+    "COBALT_NODEFILE",
+    "HYDRA_HOST_FILE",
+)
 
 
 def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
@@ -93,9 +124,12 @@ def check_extras(config) -> None:
     import importlib.util
 
     if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("is true, but the tensorboard package is not installed: pip install "
-                          "'gflowdist[tensorboard]' (or set run.tensorboard: false)", key="run.tensorboard",
-                          file=config.file)
+        raise ConfigError(
+            "is true, but the tensorboard package is not installed: pip install "
+            "'gflowdist[tensorboard]' (or set run.tensorboard: false)",
+            key="run.tensorboard",
+            file=config.file,
+        )
 
 
 def check_roles_named(config, layout=None) -> None:
@@ -103,9 +137,12 @@ def check_roles_named(config, layout=None) -> None:
     counts = _role_counts(config, layout)
     for role, attr in (("trainer", "trainers"), ("actor", "actors")):
         if counts.get(attr) and getattr(config.roles, role) is None:
-            raise ConfigError(f"is not set, but the layout has {counts[attr]} {attr}: name your {role.capitalize()} "
-                              f"subclass, e.g. roles.{role}: my_roles.py:My{role.capitalize()}",
-                              key=f"roles.{role}", file=config.file)
+            raise ConfigError(
+                f"is not set, but the layout has {counts[attr]} {attr}: name your {role.capitalize()} "
+                f"subclass, e.g. roles.{role}: my_roles.py:My{role.capitalize()}",
+                key=f"roles.{role}",
+                file=config.file,
+            )
 
 
 def resolve_roles(config) -> dict[str, str]:
@@ -115,8 +152,9 @@ def resolve_roles(config) -> dict[str, str]:
     """
     from gflowdist.config import check_class_ref
 
-    return {role: check_class_ref(ref, key=f"roles.{role}", file=config.file)
-            for role, ref in _configured(config).items()}
+    return {
+        role: check_class_ref(ref, key=f"roles.{role}", file=config.file) for role, ref in _configured(config).items()
+    }
 
 
 def _role_counts(config, layout) -> dict[str, int]:
@@ -130,8 +168,9 @@ def _configured(config) -> dict[str, str]:
     return {role: ref for role in _ROLES if (ref := getattr(config.roles, role)) is not None}
 
 
-def check_roles_import(config, resolved: dict[str, str], *, in_child: bool = True,
-                       count_cuda: bool = False) -> int | None:
+def check_roles_import(
+    config, resolved: dict[str, str], *, in_child: bool = True, count_cuda: bool = False
+) -> int | None:
     """Step 5: import every configured role class and check it (in a child Python by default).
 
     ``resolved`` is what :func:`resolve_roles` returned. A child's passing
@@ -153,16 +192,25 @@ def check_roles_import(config, resolved: dict[str, str], *, in_child: bool = Tru
         return cuda_device_count() if count_cuda else None
     from gflowdist.cli.role_check import COUNT_CUDA, VERDICT_MARK
 
-    command = [sys.executable, "-m", "gflowdist.cli.role_check", config.file or "",
-               *([COUNT_CUDA] if count_cuda else []), *(f"{role}={ref}" for role, ref in roles.items())]
+    command = [
+        sys.executable,
+        "-m",
+        "gflowdist.cli.role_check",
+        config.file or "",
+        *([COUNT_CUDA] if count_cuda else []),
+        *(f"{role}={ref}" for role, ref in roles.items()),
+    ]
     timeout = config.faults.startup_timeout_s
     out, err, code = _run_child(command, timeout)
-    verdicts = [line[len(VERDICT_MARK):] for line in out.splitlines() if line.startswith(VERDICT_MARK)]
+    verdicts = [line[len(VERDICT_MARK) :] for line in out.splitlines() if line.startswith(VERDICT_MARK)]
     if not verdicts:
         last = (err.strip().splitlines() or ["(nothing on stderr)"])[-1]
         described = "did not finish within faults.startup_timeout_s" if code is None else f"ended with status {code}"
-        raise ConfigError(f"importing {', '.join(roles.values())} {described} before it could be checked; "
-                          f"its last line: {last}", key="roles", file=config.file)
+        raise ConfigError(
+            f"importing {', '.join(roles.values())} {described} before it could be checked; its last line: {last}",
+            key="roles",
+            file=config.file,
+        )
     verdict = json.loads(verdicts[-1])
     if "error" in verdict:
         raise ConfigError(verdict["error"])
@@ -200,8 +248,9 @@ def check_devices(config, nprocs: int, gpus: int) -> None:
 
     for local in range(nprocs):
         try:
-            choose_device(config.launch.devices, local, gpus, seen_by="this host",
-                          where=f"{nprocs} ranks, all on this host")
+            choose_device(
+                config.launch.devices, local, gpus, seen_by="this host", where=f"{nprocs} ranks, all on this host"
+            )
         except ConfigError as err:
             if gpus:
                 fix = f"list only cuda:0 to cuda:{gpus - 1} (or cuda, or auto)"
@@ -216,8 +265,14 @@ def check_devices(config, nprocs: int, gpus: int) -> None:
 def _run_child(command: list[str], timeout: float) -> tuple[str, str, int | None]:
     """Run ``command`` in its own session; on timeout kill its whole group (and any descendant that left
     it), so nothing it started outlives the call. ``code`` None = timed out; OSError if it cannot start."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return out, err, proc.returncode
@@ -262,8 +317,11 @@ def check_launcher(config, find_mpiexec) -> LauncherFacts:
     except OSError as error:
         raise ConfigError(f"'{path} --version' failed ({error}): {fix}", key=key, file=file) from None
     if code is None:
-        raise ConfigError(f"'{path} --version' did not answer within {LAUNCHER_PROBE_TIMEOUT_S:g} s and was stopped: "
-                          f"{fix}", key=key, file=file)
+        raise ConfigError(
+            f"'{path} --version' did not answer within {LAUNCHER_PROBE_TIMEOUT_S:g} s and was stopped: {fix}",
+            key=key,
+            file=file,
+        )
     text = (out + err).strip()
     if code != 0:
         first = (text.splitlines() or [""])[0]

@@ -44,14 +44,16 @@ RUN_DIR_LINE = "gflowdist: run directory "
 CLOCK_FIELDS = ("time",)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``gflowdist replay``."""
     parser = subparsers.add_parser(
-        "replay", help="run a run recorded with --record again, making its recorded choices, and compare",
+        "replay",
+        help="run a run recorded with --record again, making its recorded choices, and compare",
         description="Run a run recorded with `gflowdist run CONFIG --record` again, every rank making the "
-                    "choices it recorded, into RUN_DIR/replays/; then compare metrics.jsonl (every field but "
-                    "time) and the ledger with the recorded run's. Stops at the first divergence, naming the "
-                    "rank, the step and the event.")
+        "choices it recorded, into RUN_DIR/replays/; then compare metrics.jsonl (every field but "
+        "time) and the ledger with the recorded run's. Stops at the first divergence, naming the "
+        "rank, the step and the event.",
+    )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the directory of a run recorded with --record")
     parser.set_defaults(handler=run)
 
@@ -71,17 +73,26 @@ class ReplayVerdict:
         return not self.differences
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recorded": self.recorded, "replayed": self.replayed, "identical": self.identical,
-                "metrics_rows": self.metrics_rows, "ledger_ranks": self.ledger_ranks,
-                "differences": self.differences}
+        return {
+            "recorded": self.recorded,
+            "replayed": self.replayed,
+            "identical": self.identical,
+            "metrics_rows": self.metrics_rows,
+            "ledger_ranks": self.ledger_ranks,
+            "differences": self.differences,
+        }
 
 
 def run(args: argparse.Namespace) -> int:
     source = Path(args.run_dir).resolve()
     config = check_recording(source)
     out = source / "replays"
-    overrides = ["run.record=false", f"run.replay_of={json.dumps(str(source))}",
-                 f"run.out_dir={json.dumps(str(out))}", "run.name=replay"]
+    overrides = [
+        "run.record=false",
+        f"run.replay_of={json.dumps(str(source))}",
+        f"run.out_dir={json.dumps(str(out))}",
+        "run.name=replay",
+    ]
     sys.stdout.write(f"gflowdist: replaying {source} ({config.launch.nprocs} ranks, {config.launch.engine})\n")
     sys.stdout.flush()
     code, made = _launch([sys.executable, "-m", "gflowdist", "run", str(source / "config.yaml"), *overrides])
@@ -91,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
     verdict = compare_runs(source, made)
     (made / REPLAY_FILE).write_text(json.dumps(verdict.to_dict(), indent=1) + "\n")
     if verdict.identical:
-        sys.stdout.write(f"gflowdist: replay identical: {verdict.metrics_rows} metrics rows (every field but "
-                         f"time) and the ledger of {verdict.ledger_ranks} ranks; {made}\n")
+        sys.stdout.write(
+            f"gflowdist: replay identical: {verdict.metrics_rows} metrics rows (every field but "
+            f"time) and the ledger of {verdict.ledger_ranks} ranks; {made}\n"
+        )
         return 0
-    sys.stdout.write(f"gflowdist: replay DIFFERS from {source}:\n"
-                     + "".join(f"  {d}\n" for d in verdict.differences))
+    sys.stdout.write(f"gflowdist: replay DIFFERS from {source}:\n" + "".join(f"  {d}\n" for d in verdict.differences))
     return 1
 
 
@@ -107,7 +119,7 @@ def _launch(cmd: list[str]) -> tuple[int, Path | None]:
         for line in proc.stdout:
             sys.stdout.write(line)
             if made is None and line.startswith(RUN_DIR_LINE):
-                made = Path(line[len(RUN_DIR_LINE):].strip())
+                made = Path(line[len(RUN_DIR_LINE) :].strip())
     except KeyboardInterrupt:  # the launcher got the signal too: it stops the ranks
         return proc.wait(), made
     return proc.wait(), made
@@ -124,25 +136,31 @@ def check_recording(source: Path):
     except ConfigError as err:
         raise ConfigError(str(err.detail), key="RUN_DIR") from None
     if not config.run.record:
-        raise ConfigError(f"{source} was not recorded: record a run with gflowdist run CONFIG --record",
-                          key="RUN_DIR")
+        raise ConfigError(f"{source} was not recorded: record a run with gflowdist run CONFIG --record", key="RUN_DIR")
     headers = []
     for rank in range(config.launch.nprocs):
         header, _, complete = read_recording(recording_path(source, rank))
         if not complete:
-            raise GflowdistError(f"{recording_path(source, rank)} ends before its last event (the recorded run "
-                                 f"did not finish): it cannot be replayed to its end")
+            raise GflowdistError(
+                f"{recording_path(source, rank)} ends before its last event (the recorded run "
+                f"did not finish): it cannot be replayed to its end"
+            )
         headers.append(header)
     recorded, now = headers[0].get("files", {}), role_file_digests(config)
     for path in sorted(set(recorded) | set(now)):
         if recorded.get(path) != now.get(path):
-            sys.stderr.write(f"gflowdist replay: warning: {path} changed since the recording (SHA-256): the "
-                             f"replay may diverge, and then stops at the first difference\n")
-    changed = _changed_settings(headers[0].get("config"),
-                                replayed_settings(config, config.launch.nprocs, config.launch.engine))
+            sys.stderr.write(
+                f"gflowdist replay: warning: {path} changed since the recording (SHA-256): the "
+                f"replay may diverge, and then stops at the first difference\n"
+            )
+    changed = _changed_settings(
+        headers[0].get("config"), replayed_settings(config, config.launch.nprocs, config.launch.engine)
+    )
     if changed:
-        sys.stderr.write(f"gflowdist replay: warning: {source / 'config.yaml'} changed since the recording: "
-                         f"{'; '.join(changed)}: the replay may diverge, and then stops at the first difference\n")
+        sys.stderr.write(
+            f"gflowdist replay: warning: {source / 'config.yaml'} changed since the recording: "
+            f"{'; '.join(changed)}: the replay may diverge, and then stops at the first difference\n"
+        )
     return config
 
 
@@ -164,12 +182,13 @@ def compare_runs(recorded: Path, replayed: Path) -> ReplayVerdict:
     verdict = ReplayVerdict(str(recorded), str(replayed))
     rows = [_metrics(recorded), _metrics(replayed)]
     verdict.metrics_rows = len(rows[0])
-    for index, (a, b) in enumerate(zip(*rows)):
+    for index, (a, b) in enumerate(zip(*rows, strict=False)):
         if a != b:
             keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             what = ", ".join(f"{k} {a.get(k)!r} recorded, {b.get(k)!r} replayed" for k in keys)
-            verdict.differences.append(f"metrics.jsonl row {index + 1} (rank {a.get('rank')}, step "
-                                       f"{a.get('step')}): {what}")
+            verdict.differences.append(
+                f"metrics.jsonl row {index + 1} (rank {a.get('rank')}, step {a.get('step')}): {what}"
+            )
             break
     if len(rows[0]) != len(rows[1]):
         verdict.differences.append(f"metrics.jsonl: {len(rows[0])} rows recorded, {len(rows[1])} replayed")
@@ -180,8 +199,9 @@ def compare_runs(recorded: Path, replayed: Path) -> ReplayVerdict:
         if a != b:
             verdict.differences.append(f"ledger.json rank {rank}: {a} recorded, {b} replayed")
     if ledgers[0].get("totals") != ledgers[1].get("totals"):
-        verdict.differences.append(f"ledger.json totals: {ledgers[0].get('totals')} recorded, "
-                                   f"{ledgers[1].get('totals')} replayed")
+        verdict.differences.append(
+            f"ledger.json totals: {ledgers[0].get('totals')} recorded, {ledgers[1].get('totals')} replayed"
+        )
     return verdict
 
 

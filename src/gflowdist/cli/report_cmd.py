@@ -62,28 +62,45 @@ class RunDirError(GflowdistError):
     """The run directory, or one of its files, is missing or malformed (exit status 2)."""
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001 - argparse API
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``gflowdist report``."""
     parser = subparsers.add_parser(
         "report",
         help="print a finished run's report (load imbalance, waits, staleness, ledger)",
         description="Print the end-of-run report of RUN_DIR (from its report.json), the ledger "
-                    "verdict (ledger.json) and the run's final line.")
-    parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="a run directory, e.g. runs/hypergrid-20260101-120000")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object {run_dir, report, ledger, final_line} instead "
-                             "of text")
-    parser.add_argument("--png", metavar="PATH", default=None,
-                        help="also draw the report's figure into PATH (report.png of the run is the same figure)")
-    parser.add_argument("--tensorboard", action="store_true",
-                        help="also write TensorBoard event files of every metric and timing phase into "
-                             "RUN_DIR/tensorboard (needs the tensorboard package)")
-    parser.add_argument("--timeline", metavar="PNG", default=None,
-                        help="also draw a stretch of RUN_DIR/trace.json (a run with run.trace=true) into PNG")
-    parser.add_argument("--window", metavar="START_MS:END_MS", default=None, type=_window,
-                        help="the stretch --timeline draws, in milliseconds of the trace (default: 150 ms from "
-                             "the middle of the run)")
+        "verdict (ledger.json) and the run's final line.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/hypergrid-20260101-120000")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object {run_dir, report, ledger, final_line} instead of text",
+    )
+    parser.add_argument(
+        "--png",
+        metavar="PATH",
+        default=None,
+        help="also draw the report's figure into PATH (report.png of the run is the same figure)",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files of every metric and timing phase into "
+        "RUN_DIR/tensorboard (needs the tensorboard package)",
+    )
+    parser.add_argument(
+        "--timeline",
+        metavar="PNG",
+        default=None,
+        help="also draw a stretch of RUN_DIR/trace.json (a run with run.trace=true) into PNG",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="START_MS:END_MS",
+        default=None,
+        type=_window,
+        help="the stretch --timeline draws, in milliseconds of the trace (default: 150 ms from the middle of the run)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -117,8 +134,9 @@ class RunRecord:
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         hint = "" if path.parent.is_dir() else f" ({path.parent} does not exist)"
-        raise RunDirError(f"{path}: not found{hint}; a run writes it when it finishes "
-                          f"(an unfinished or crashed run has only logs/)")
+        raise RunDirError(
+            f"{path}: not found{hint}; a run writes it when it finishes (an unfinished or crashed run has only logs/)"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as err:
@@ -132,8 +150,11 @@ def _check_ledger(data: Any, path: Path) -> dict[str, Any]:
         raise RunDirError(f"{path}: malformed: expected an object with a boolean 'balanced'")
     if data["balanced"]:
         totals = data.get("totals")
-        bad = [k for k in LEDGER_TOTALS if not isinstance(totals, dict)
-               or not isinstance(totals.get(k), int) or isinstance(totals.get(k), bool)]
+        bad = [
+            k
+            for k in LEDGER_TOTALS
+            if not isinstance(totals, dict) or not isinstance(totals.get(k), int) or isinstance(totals.get(k), bool)
+        ]
         if bad:
             raise RunDirError(f"{path}: malformed: 'totals' lacks integer {', '.join(bad)}")
     elif not isinstance(data.get("error"), str):
@@ -149,13 +170,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
 
     directory = Path(run_dir)
     if not directory.is_dir():
-        raise RunDirError(f"{directory}: not a directory (give the run directory that "
-                          f"`gflowdist run` printed)")
+        raise RunDirError(f"{directory}: not a directory (give the run directory that `gflowdist run` printed)")
     report_path = directory / REPORT_FILE
     report_data = _read_json(report_path)
     if not isinstance(report_data, dict):
-        raise RunDirError(f"{report_path}: malformed: expected a JSON object, "
-                          f"found {type(report_data).__name__}")
+        raise RunDirError(f"{report_path}: malformed: expected a JSON object, found {type(report_data).__name__}")
     try:
         report = Report.from_dict(report_data)
     except GflowdistError as err:
@@ -175,9 +194,11 @@ def ledger_verdict(ledger: dict[str, Any]) -> str:
     if not ledger["balanced"]:
         return f"ledger: NOT balanced -- {ledger['error']}"
     t = ledger["totals"]
-    return (f"ledger: balanced -- {t['produced']} produced = {t['used_locally']} used locally + "
-            f"{t['received']} received + {t['in_flight']} in flight; {t['admitted']} admitted, "
-            f"{t['dropped']} dropped")
+    return (
+        f"ledger: balanced -- {t['produced']} produced = {t['used_locally']} used locally + "
+        f"{t['received']} received + {t['in_flight']} in flight; {t['admitted']} admitted, "
+        f"{t['dropped']} dropped"
+    )
 
 
 def final_line(record: RunRecord) -> str:
@@ -188,8 +209,10 @@ def final_line(record: RunRecord) -> str:
     if not ledger["balanced"]:
         return f"gflowdist: failed: {ledger['error']}; run directory {record.run_dir}"
     t = ledger["totals"]
-    return (f"gflowdist: done: {t['produced']} trajectories produced, {t['admitted']} admitted, "
-            f"{t['dropped']} dropped, ledger balanced; run directory {record.run_dir}")
+    return (
+        f"gflowdist: done: {t['produced']} trajectories produced, {t['admitted']} admitted, "
+        f"{t['dropped']} dropped, ledger balanced; run directory {record.run_dir}"
+    )
 
 
 def _one_line(text: str) -> str:
@@ -216,8 +239,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     verdict, last = ledger_verdict(record.ledger), final_line(record)
     if args.json:
-        print(json.dumps({"run_dir": str(record.run_dir), "report": record.report.to_dict(),
-                          "ledger": record.ledger, "final_line": last}, indent=1, allow_nan=False))
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(record.run_dir),
+                    "report": record.report.to_dict(),
+                    "ledger": record.ledger,
+                    "final_line": last,
+                },
+                indent=1,
+                allow_nan=False,
+            )
+        )
     else:
         print(record.report.to_text())
         print()
@@ -240,8 +273,10 @@ def _missing_tool(args: argparse.Namespace) -> str | None:
 
         if figure_unavailable_reason() is not None:
             option = "--png" if args.png is not None else "--timeline"
-            return f"{option} needs matplotlib, a dependency of gflowdist, which does not import: " \
-                   "pip install 'matplotlib>=3.6'"
+            return (
+                f"{option} needs matplotlib, a dependency of gflowdist, which does not import: "
+                "pip install 'matplotlib>=3.6'"
+            )
     if args.tensorboard:
         from gflowdist.timing.tensorboard import tensorboard_unavailable_reason
 
@@ -298,5 +333,4 @@ def _write_extras(args: argparse.Namespace, record: RunRecord, trace: dict[str, 
             folder = write_tensorboard(record.run_dir)
         except (OSError, GflowdistError) as err:
             raise GflowdistError(f"--tensorboard: {err}") from None
-        print(f"gflowdist report: TensorBoard event files in {folder} (tensorboard --logdir {folder})",
-              file=sys.stderr)
+        print(f"gflowdist report: TensorBoard event files in {folder} (tensorboard --logdir {folder})", file=sys.stderr)

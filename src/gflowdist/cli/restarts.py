@@ -22,9 +22,10 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from gflowdist.errors import CheckpointError, ConfigError
 from gflowdist.rundir import newest_intact, recorded_config
@@ -35,8 +36,11 @@ __all__ = ["Ended", "keep_going", "why_not_restart", "RESTARTS_FILE"]
 RESTARTS_FILE = "restarts.json"
 
 _FAILED = re.compile(r"^gflowdist: rank \d+ \([^)]*\) failed(?: at step (\d+))?: (\w+)(.*)$")
-_NOT_CURABLE = {"ConfigError": "a config error", "LayoutError": "a layout error",
-                "LedgerError": "a ledger that does not balance (a bug, not a fault)"}
+_NOT_CURABLE = {
+    "ConfigError": "a config error",
+    "LayoutError": "a layout error",
+    "LedgerError": "a ledger that does not balance (a bug, not a fault)",
+}
 
 
 @dataclass
@@ -54,7 +58,7 @@ class Ended:
             return self.failure.splitlines()[0].removeprefix("gflowdist:").strip()
         return f"exit status {self.code}"
 
-    def judged_by(self, run_dir: Path, *, since: float) -> "Ended":
+    def judged_by(self, run_dir: Path, *, since: float) -> Ended:
         """A non-zero exit that only a rank lost and gone on without explains is a success.
 
         ``faults.on_actor_loss: continue``: the run finished and its ledger
@@ -72,9 +76,11 @@ class Ended:
         if not (ledger.get("balanced") and ledger.get("lost_ranks")):
             return self
         lost = ", ".join(f"rank {rank}" for rank in ledger["lost_ranks"])
-        sys.stderr.write(f"gflowdist: finished without {lost} (faults.on_actor_loss = continue); exit status 0, "
-                         f"not {self.code}: that came from the lost rank and from ranks that could not finalize MPI "
-                         f"with it gone\n")
+        sys.stderr.write(
+            f"gflowdist: finished without {lost} (faults.on_actor_loss = continue); exit status 0, "
+            f"not {self.code}: that came from the lost rank and from ranks that could not finalize MPI "
+            f"with it gone\n"
+        )
         return Ended(0)
 
     def signature(self) -> tuple[str | None, str] | None:
@@ -94,8 +100,10 @@ def why_not_restart(ended: Ended, previous: Ended | None, run_dir: Path) -> str 
         where = f"at step {signature[0]} " if signature[0] is not None else ""
         return f"the same exception {where}ended the attempt before too: {signature[1]}"
     if not any((Path(run_dir) / "checkpoints").glob("*/MANIFEST.json")):
-        return (f"no complete checkpoint in {Path(run_dir) / 'checkpoints'} to resume from "
-                f"(faults.checkpoint_every = 0 writes one only at the end)")
+        return (
+            f"no complete checkpoint in {Path(run_dir) / 'checkpoints'} to resume from "
+            f"(faults.checkpoint_every = 0 writes one only at the end)"
+        )
     try:  # the checks a resume makes before it launches (manifests, sizes, SHA-256; no torch)
         newest_intact(run_dir, recorded_config(run_dir).launch.nprocs)
     except (CheckpointError, ConfigError) as err:
@@ -103,8 +111,15 @@ def why_not_restart(ended: Ended, previous: Ended | None, run_dir: Path) -> str 
     return None
 
 
-def keep_going(ended: Ended, *, max_restarts: int, delay_s: float, run_dir: Path,
-               relaunch: Callable[[dict], Ended], out: TextIO | None = None) -> int:
+def keep_going(
+    ended: Ended,
+    *,
+    max_restarts: int,
+    delay_s: float,
+    run_dir: Path,
+    relaunch: Callable[[dict], Ended],
+    out: TextIO | None = None,
+) -> int:
     """Relaunch after curable failures, up to ``max_restarts`` times; returns the last attempt's exit status.
 
     ``relaunch(record)`` starts the job again with ``--resume``; ``record`` is the restart's entry of
@@ -120,8 +135,11 @@ def keep_going(ended: Ended, *, max_restarts: int, delay_s: float, run_dir: Path
             _say(out, f"not restarting: {refusal}")
             return ended.code
         record = _record(run_dir, restart, max_restarts, ended)
-        _say(out, f"restart {restart} of {max_restarts} in {delay_s:g} s, from the newest intact checkpoint of "
-                  f"{run_dir}; the attempt before ended: {ended.reason}")
+        _say(
+            out,
+            f"restart {restart} of {max_restarts} in {delay_s:g} s, from the newest intact checkpoint of "
+            f"{run_dir}; the attempt before ended: {ended.reason}",
+        )
         time.sleep(delay_s)
         previous, ended = ended, relaunch(record)
     if ended.code != 0 and max_restarts and not ended.interrupted:
@@ -141,8 +159,13 @@ def _record(run_dir: Path, restart: int, max_restarts: int, ended: Ended) -> dic
         entries = json.loads(path.read_text()) if path.exists() else []
     except (OSError, ValueError):
         entries = []
-    entry = {"restart": restart, "of": max_restarts, "previous_ended": ended.reason, "exit_status": ended.code,
-             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    entry = {
+        "restart": restart,
+        "of": max_restarts,
+        "previous_ended": ended.reason,
+        "exit_status": ended.code,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     entries.append(entry)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(entries, indent=1))

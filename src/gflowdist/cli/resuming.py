@@ -21,7 +21,8 @@ them (:mod:`gflowdist.runtime.resume`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gflowdist.config import REST, Config
 from gflowdist.errors import CheckpointError, ConfigError, LayoutError
@@ -46,9 +47,12 @@ def resumed_rank_count(run_dir: str, config: Config, *, nprocs_option: int | Non
         changed.append(f"launch.nprocs = {config.launch.nprocs} (the run has {count} ranks)")
     changed += _engine_change(recorded, config)
     if changed:
-        raise ConfigError(f"resuming {run_dir} would change the layout or engine its checkpoints were written "
-                          f"with: {'; '.join(changed)}. A resumed run keeps both; start a new run (without "
-                          f"--resume) to change them", key="--resume")
+        raise ConfigError(
+            f"resuming {run_dir} would change the layout or engine its checkpoints were written "
+            f"with: {'; '.join(changed)}. A resumed run keeps both; start a new run (without "
+            f"--resume) to change them",
+            key="--resume",
+        )
     try:
         name, manifest = newest_intact(run_dir, count)
     except CheckpointError as err:
@@ -56,8 +60,11 @@ def resumed_rank_count(run_dir: str, config: Config, *, nprocs_option: int | Non
     done = _steps_done(name, manifest, _planned(recorded, count))
     if done is not None and done >= config.run.steps:
         at = f" (step {done})" if done != config.run.steps else ""
-        raise ConfigError(f"run.steps ({config.run.steps}) already reached by checkpoint {name}{at}: raise "
-                          f"run.steps (run.steps=N with N > {done}) to continue", key="--resume")
+        raise ConfigError(
+            f"run.steps ({config.run.steps}) already reached by checkpoint {name}{at}: raise "
+            f"run.steps (run.steps=N with N > {done}) to continue",
+            key="--resume",
+        )
     return count
 
 
@@ -70,9 +77,12 @@ def _layout_changes(recorded: Config, config: Config, count: int) -> list[str]:
         gave = vars(resolve_counts(count, recorded.layout))  # what the run's 'rest' gave
     except LayoutError:
         gave = {}
-    return [f"layout.{key} = {value!r} (the run has {old[key]!r}"
-            + (f", which gave {gave[key]})" if old[key] == REST and key in gave else ")")
-            for key, value in new.items() if old[key] != value]
+    return [
+        f"layout.{key} = {value!r} (the run has {old[key]!r}"
+        + (f", which gave {gave[key]})" if old[key] == REST and key in gave else ")")
+        for key, value in new.items()
+        if old[key] != value
+    ]
 
 
 def _arrangement(config: Config, count: int) -> Any:

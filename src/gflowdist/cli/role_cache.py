@@ -43,8 +43,15 @@ def cache_dir() -> Path | None:
 
 def cache_key(resolved_refs: dict[str, str]) -> str:
     """A hash of ``{role: "<absolute file or module origin>:<Class>"}``, this Python and ``PYTHONPATH``."""
-    material = json.dumps({"python": sys.executable, "version": sys.version, "refs": resolved_refs,
-                           "path": os.environ.get("PYTHONPATH", "")}, sort_keys=True)
+    material = json.dumps(
+        {
+            "python": sys.executable,
+            "version": sys.version,
+            "refs": resolved_refs,
+            "path": os.environ.get("PYTHONPATH", ""),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 

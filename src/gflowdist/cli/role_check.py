@@ -21,8 +21,15 @@ import sys
 
 from gflowdist.errors import ConfigError
 
-__all__ = ["check_role_class", "missing_methods", "cuda_device_count", "REQUIRED_METHODS", "VERDICT_MARK",
-           "COUNT_CUDA", "main"]
+__all__ = [
+    "check_role_class",
+    "missing_methods",
+    "cuda_device_count",
+    "REQUIRED_METHODS",
+    "VERDICT_MARK",
+    "COUNT_CUDA",
+    "main",
+]
 
 VERDICT_MARK = "gflowdist role check: "
 
@@ -36,8 +43,12 @@ REQUIRED_METHODS = {"trainer": ("rollout", "loss"), "actor": ("rollout",), "buff
 def _base_class(role: str) -> type:
     from gflowdist.runtime import roles
 
-    return {"trainer": roles.Trainer, "actor": roles.Actor, "buffer": roles.BufferManager,
-            "coordinator": roles.Coordinator}[role]
+    return {
+        "trainer": roles.Trainer,
+        "actor": roles.Actor,
+        "buffer": roles.BufferManager,
+        "coordinator": roles.Coordinator,
+    }[role]
 
 
 def missing_methods(cls: type, role: str) -> list[str]:
@@ -64,8 +75,11 @@ def check_role_class(role: str, ref: str, file: str | None) -> type:
     missing = missing_methods(cls, role)
     if missing:
         names = " and ".join(f"{name}()" for name in missing)
-        raise ConfigError(f"'{ref}' does not implement {names}, which every {role} needs "
-                          f"(see gflowdist.runtime.{base.__name__})", key=key, file=file)
+        raise ConfigError(
+            f"'{ref}' does not implement {names}, which every {role} needs (see gflowdist.runtime.{base.__name__})",
+            key=key,
+            file=file,
+        )
     return cls
 
 

@@ -23,8 +23,14 @@ from pathlib import Path
 from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, restart_count, split_late_options
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
-from gflowdist.jobenv import (FAILURE_FILE_VARIABLE, IN_MPI_VARIABLE, RESTART_VARIABLE, RUN_DIR_VARIABLE, find_mpiexec,
-                              free_port)
+from gflowdist.jobenv import (
+    FAILURE_FILE_VARIABLE,
+    IN_MPI_VARIABLE,
+    RESTART_VARIABLE,
+    RUN_DIR_VARIABLE,
+    find_mpiexec,
+    free_port,
+)
 from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
 __all__ = ["add_parser"]
@@ -52,27 +58,38 @@ examples:
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="run a job described by a YAML config",
-                                   description=_DESCRIPTION, epilog=_EXAMPLES,
-                                   formatter_class=HelpFormatter)
-    add_config_arguments(parser, optional=True,
-                         config_help="YAML config (may be omitted with --resume: the run's own config.yaml)")
+    parser = subparsers.add_parser(
+        "run",
+        help="run a job described by a YAML config",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    add_config_arguments(
+        parser, optional=True, config_help="YAML config (may be omitted with --resume: the run's own config.yaml)"
+    )
     _add_options(parser)
     parser.set_defaults(handler=run)
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N",
-                        help="number of ranks (default: launch.nprocs)")
+    parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N", help="number of ranks (default: launch.nprocs)")
     parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
-    parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR from its newest intact checkpoint")
-    parser.add_argument("--record", action="store_true",
-                        help="record every rank's choices that depend on timing (run.record=true), so that "
-                             "gflowdist replay RUN_DIR can run it again to the bit")
-    parser.add_argument("--max-restarts", type=restart_count, metavar="N",
-                        help="restart a failed job up to N times from its newest intact checkpoint "
-                             "(overrides faults.max_restarts)")
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest intact checkpoint"
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="record every rank's choices that depend on timing (run.record=true), so that "
+        "gflowdist replay RUN_DIR can run it again to the bit",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=restart_count,
+        metavar="N",
+        help="restart a failed job up to N times from its newest intact checkpoint (overrides faults.max_restarts)",
+    )
 
 
 def _load(args):
@@ -89,8 +106,11 @@ def _load(args):
         overrides.append(f"launch.engine={args.engine}")
     if args.record:
         if args.resume:
-            raise ConfigError("--record starts a run from its beginning, which a replay repeats; it cannot "
-                              "record a resumed run (--resume): record a new one", key="--record")
+            raise ConfigError(
+                "--record starts a run from its beginning, which a replay repeats; it cannot "
+                "record a resumed run (--resume): record a new one",
+                key="--record",
+            )
         overrides.append("run.record=true")
     if args.resume:  # a recording replays a run from its start: a resumed run records nothing
         overrides += ["run.record=false", "run.replay_of=null"]
@@ -144,9 +164,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         ended = launch(argv, {} if args.resume else {RUN_DIR_VARIABLE: run_dir})
         resume_argv = ["-m", "gflowdist", "run", config_path, *overrides, "--resume", run_dir]
-        code = keep_going(ended, max_restarts=config.faults.max_restarts, delay_s=config.faults.restart_delay_s,
-                          run_dir=Path(run_dir),
-                          relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}))
+        code = keep_going(
+            ended,
+            max_restarts=config.faults.max_restarts,
+            delay_s=config.faults.restart_delay_s,
+            run_dir=Path(run_dir),
+            relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}),
+        )
         return code
     finally:
         if code != 0 and not args.resume:
@@ -322,8 +346,9 @@ def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: flo
     return _supervise(procs, report_grace_s=report_grace_s)
 
 
-def _supervise(procs: list[subprocess.Popen], *, report_grace_s: float = 15.0,
-               relay: StderrRelay | None = None) -> Ended:
+def _supervise(
+    procs: list[subprocess.Popen], *, report_grace_s: float = 15.0, relay: StderrRelay | None = None
+) -> Ended:
     """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest.
 
     Whatever happens, no process of the job outlives this call: the launcher is a

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 __all__ = ["StderrRelay", "choose_failure", "FAILURE_PREFIX"]
 

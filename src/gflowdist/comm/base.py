@@ -34,15 +34,25 @@ import collections
 import enum
 import socket
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from gflowdist.comm.polling import Backoff, poll_until
 
-__all__ = ["ReduceOp", "Communicator", "AsyncSendHandle", "CompletedSend", "MAX_TAG", "KINDS",
-           "check_groups", "take_from_inbox", "file_in_inbox"]
+__all__ = [
+    "ReduceOp",
+    "Communicator",
+    "AsyncSendHandle",
+    "CompletedSend",
+    "MAX_TAG",
+    "KINDS",
+    "check_groups",
+    "take_from_inbox",
+    "file_in_inbox",
+]
 
 ArrayLike = TypeVar("ArrayLike", torch.Tensor, np.ndarray)
 
@@ -88,9 +98,12 @@ class AsyncSendHandle(ABC):
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until complete; :class:`DeadlineError` names the destination after ``timeout``."""
-        poll_until(lambda: True if self.is_complete() else None, timeout=timeout,
-                   what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
-                   peer=self.dst)
+        poll_until(
+            lambda: True if self.is_complete() else None,
+            timeout=timeout,
+            what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
+            peer=self.dst,
+        )
 
 
 class CompletedSend(AsyncSendHandle):
@@ -176,7 +189,7 @@ class Communicator(ABC):
         """Every rank's ``data`` (any length), in rank order. For small control data."""
 
     @abstractmethod
-    def split(self, groups: Sequence[Sequence[int]]) -> "Communicator | None":
+    def split(self, groups: Sequence[Sequence[int]]) -> Communicator | None:
         """Collective over this communicator: a sub-communicator per group.
 
         ``groups`` are disjoint lists of this communicator's ranks, identical on
@@ -205,8 +218,7 @@ class Communicator(ABC):
         found = self.try_recv_kind(src, tag)
         return None if found is None else (found[0], found[1])
 
-    def recv(self, src: int | None = None, tag: int = 0, *,
-             timeout: float | None = None) -> tuple[int, torch.Tensor]:
+    def recv(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None) -> tuple[int, torch.Tensor]:
         """Receive one message: ``(source rank, uint8 tensor)``.
 
         Polls with back-off (calling :attr:`wait_hook` during long waits);
@@ -216,8 +228,9 @@ class Communicator(ABC):
         source, payload, _ = self.recv_kind(src, tag, timeout=timeout)
         return source, payload
 
-    def recv_kind(self, src: int | None = None, tag: int = 0, *,
-                  timeout: float | None = None) -> tuple[int, torch.Tensor, int]:
+    def recv_kind(
+        self, src: int | None = None, tag: int = 0, *, timeout: float | None = None
+    ) -> tuple[int, torch.Tensor, int]:
         """As :meth:`recv`, and the kind the sender gave: ``(source rank, uint8 tensor, kind)``."""
         self._check_peer(src, "src", allow_none=True)
         who = "any rank" if src is None else f"rank {src}"
@@ -232,8 +245,14 @@ class Communicator(ABC):
         self._await(arrived, f"receive on tag {tag} from {who}", timeout=timeout, peer=src)
         return found[0]
 
-    def _await(self, is_done: Callable[[], bool], what: str, nbytes: int = 0,
-               timeout: float | None = None, peer: int | None = None) -> None:
+    def _await(
+        self,
+        is_done: Callable[[], bool],
+        what: str,
+        nbytes: int = 0,
+        timeout: float | None = None,
+        peer: int | None = None,
+    ) -> None:
         """Wait for a nonblocking collective: spin about as long as it should take, then back off.
 
         Calls :attr:`wait_hook` between checks once the spin phase is over.

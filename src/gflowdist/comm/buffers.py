@@ -30,8 +30,13 @@ def as_byte_array(data: Any) -> np.ndarray:
     once to a contiguous CPU buffer.
     """
     if isinstance(data, torch.Tensor):
-        if data.dtype is torch.uint8 and data.dim() == 1 and not data.requires_grad \
-                and data.device.type == "cpu" and data.is_contiguous():
+        if (
+            data.dtype is torch.uint8
+            and data.dim() == 1
+            and not data.requires_grad
+            and data.device.type == "cpu"
+            and data.is_contiguous()
+        ):
             return data.numpy()  # already flat bytes (a received message, typically): no reshaping
         tensor = data.detach()
         if tensor.device.type != "cpu":

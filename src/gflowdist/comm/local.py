@@ -10,13 +10,22 @@ when no launcher variables are present, and says so.
 from __future__ import annotations
 
 import collections
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp,
-                                 check_groups, file_in_inbox, require_float_for_avg, take_from_inbox)
+from gflowdist.comm.base import (
+    AsyncSendHandle,
+    Communicator,
+    CompletedSend,
+    ReduceOp,
+    check_groups,
+    file_in_inbox,
+    require_float_for_avg,
+    take_from_inbox,
+)
 from gflowdist.comm.buffers import as_byte_array
 
 __all__ = ["LocalComm"]
@@ -58,7 +67,7 @@ class LocalComm(Communicator):
     def all_gather_bytes(self, data: bytes) -> list[bytes]:
         return [bytes(data)]
 
-    def split(self, groups: Sequence[Sequence[int]]) -> "LocalComm | None":
+    def split(self, groups: Sequence[Sequence[int]]) -> LocalComm | None:
         groups = check_groups(groups, 1)
         return LocalComm() if groups else None
 

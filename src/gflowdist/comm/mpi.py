@@ -19,14 +19,24 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from gflowdist.comm.base import (MAX_TAG, AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
-                                 file_in_inbox, require_float_for_avg, take_from_inbox)
+from gflowdist.comm.base import (
+    MAX_TAG,
+    AsyncSendHandle,
+    Communicator,
+    CompletedSend,
+    ReduceOp,
+    check_groups,
+    file_in_inbox,
+    require_float_for_avg,
+    take_from_inbox,
+)
 from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.native import register
 from gflowdist.comm.polling import Backoff, poll_until
@@ -56,7 +66,7 @@ RECV_SPIN_S = 200e-6
 
 
 class _MPISendHandle(AsyncSendHandle):
-    __slots__ = ("dst", "tag", "nbytes", "_requests", "_buffers", "_done")
+    __slots__ = ("_buffers", "_done", "_requests", "dst", "nbytes", "tag")
 
     def __init__(self, dst: int, tag: int, nbytes: int, requests: list, buffers: list):
         self.dst, self.tag, self.nbytes = dst, tag, nbytes
@@ -73,9 +83,13 @@ class _MPISendHandle(AsyncSendHandle):
     def wait(self, timeout: float | None = None) -> None:
         # Spin about as long as the transfer should take (1 GB/s), then back off.
         backoff = Backoff(spin_s=0.002 + self.nbytes / 1e9)
-        poll_until(lambda: True if self.is_complete() else None, timeout=timeout,
-                   what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
-                   peer=self.dst, backoff=backoff)
+        poll_until(
+            lambda: True if self.is_complete() else None,
+            timeout=timeout,
+            what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
+            peer=self.dst,
+            backoff=backoff,
+        )
 
 
 class MPIComm(Communicator):
@@ -83,8 +97,7 @@ class MPIComm(Communicator):
 
     engine = "mpi"
 
-    def __init__(self, comm: "MPI.Comm", *, chunk_bytes: int | None = None,
-                 max_recv_bytes: int | None = None):
+    def __init__(self, comm: MPI.Comm, *, chunk_bytes: int | None = None, max_recv_bytes: int | None = None):
         self._comm = comm
         self._p2p = comm.Dup()
         self.rank = comm.Get_rank()
@@ -106,7 +119,7 @@ class MPIComm(Communicator):
         register(self, comm)  # found again from the mpi4py communicator
 
     @property
-    def mpi_comm(self) -> "MPI.Comm":
+    def mpi_comm(self) -> MPI.Comm:
         """The underlying mpi4py communicator (for users' own MPI calls)."""
         return self._comm
 
@@ -144,7 +157,7 @@ class MPIComm(Communicator):
 
     def all_gather(self, x):
         array, _ = numpy_view(x)
-        out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+        out = np.empty((self.size, *array.shape), dtype=array.dtype)
         if self.wait_hook is None:
             self._comm.Allgather(array.reshape(-1), out.reshape(self.size, -1))
         else:
@@ -166,7 +179,7 @@ class MPIComm(Communicator):
     def gather(self, x, dst: int = 0):
         self._check_peer(dst, "dst")
         array, _ = numpy_view(x)
-        out = np.empty((self.size,) + array.shape, dtype=array.dtype) if self.rank == dst else None
+        out = np.empty((self.size, *array.shape), dtype=array.dtype) if self.rank == dst else None
         request = self._comm.Igather(array.reshape(-1), None if out is None else out.reshape(self.size, -1), root=dst)
         self._await(request.Test, "gather", array.nbytes * self.size)
         return None if out is None else [like(x, out[i]) for i in range(self.size)]
@@ -178,9 +191,9 @@ class MPIComm(Communicator):
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         self._comm.Allgatherv(payload, [out, sizes.tolist(), offsets.tolist(), MPI.BYTE])
-        return [out[o:o + s].tobytes() for o, s in zip(offsets, sizes)]
+        return [out[o : o + s].tobytes() for o, s in zip(offsets, sizes, strict=False)]
 
-    def split(self, groups: Sequence[Sequence[int]]) -> "MPIComm | None":
+    def split(self, groups: Sequence[Sequence[int]]) -> MPIComm | None:
         groups = check_groups(groups, self.size)
         color, key = MPI.UNDEFINED, 0
         for index, members in enumerate(groups):
@@ -209,7 +222,7 @@ class MPIComm(Communicator):
             with self._send_lock:  # the parts of one message must not interleave with another's
                 requests = [self._p2p.Isend([header, MPI.BYTE], dst, wire | _CHUNKED)]
                 for start in range(0, nbytes, self.chunk_bytes):
-                    part = payload[start:start + self.chunk_bytes]
+                    part = payload[start : start + self.chunk_bytes]
                     requests.append(self._p2p.Isend([part, MPI.BYTE], dst, wire | _CHUNKED))
             handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload, data])
         if not handle.is_complete():
@@ -231,8 +244,13 @@ class MPIComm(Communicator):
         else:
             buffer = as_byte_array(data)
             nbytes = buffer.nbytes
-        if not (type(dst) is int and 0 <= dst < self.size and type(tag) is int and 0 <= tag <= MAX_TAG
-                and (kind == 0 or kind == 1)):
+        if not (
+            type(dst) is int
+            and 0 <= dst < self.size
+            and type(tag) is int
+            and 0 <= tag <= MAX_TAG
+            and (kind == 0 or kind == 1)
+        ):
             self._check_send(dst, tag, kind)  # raises, naming what is wrong (or accepts numpy integers)
         if nbytes <= self.eager_bytes and dst != self.rank:  # small: one blocking Send, no wait loop
             self._p2p.Send([buffer, _BYTE], dst, (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT))
@@ -274,7 +292,7 @@ class MPIComm(Communicator):
                 if found is not None:
                     return found
 
-    def _take(self, message: "MPI.Message", status: "MPI.Status", src: int | None, tag: int):
+    def _take(self, message: MPI.Message, status: MPI.Status, src: int | None, tag: int):
         """Receive a probed message (caller holds ``_recv_lock``): ``(sender, payload, kind)`` if it is
         the oldest one for ``(src, tag)``, else None (it waits in the inbox)."""
         sender, wire = status.Get_source(), status.Get_tag()
@@ -296,7 +314,7 @@ class MPIComm(Communicator):
             found = take_from_inbox(self._inbox, src, tag)
         return found
 
-    def _recv_chunked(self, message: "MPI.Message", status: "MPI.Status", sender: int, wire: int) -> torch.Tensor:
+    def _recv_chunked(self, message: MPI.Message, status: MPI.Status, sender: int, wire: int) -> torch.Tensor:
         count = status.Get_count(MPI.BYTE)  # the probe's status: the caller's own when it probed outside the lock
         if count != 8:
             message.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])  # take it off the wire, then refuse
@@ -317,20 +335,27 @@ class MPIComm(Communicator):
             count = self._status.Get_count(MPI.BYTE)
             if count == 0 or offset + count > total:
                 part.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])
-                raise ProtocolError(f"chunk of {count} bytes does not fit the announced {total}",
-                                    sender=sender)
-            part.Recv([buffer[offset:offset + count], MPI.BYTE])
+                raise ProtocolError(f"chunk of {count} bytes does not fit the announced {total}", sender=sender)
+            part.Recv([buffer[offset : offset + count], MPI.BYTE])
             offset += count
         return torch.from_numpy(buffer)
 
-    def _probe_from(self, sender: int, wire: int, timeout: float = 60.0) -> "MPI.Message":
-        return poll_until(lambda: self._p2p.Improbe(sender, wire, self._status), timeout=timeout,
-                          what="next chunk of a chunked message", peer=sender)
+    def _probe_from(self, sender: int, wire: int, timeout: float = 60.0) -> MPI.Message:
+        return poll_until(
+            lambda: self._p2p.Improbe(sender, wire, self._status),
+            timeout=timeout,
+            what="next chunk of a chunked message",
+            peer=sender,
+        )
 
-    def _drain_part(self, message: "MPI.Message", status: "MPI.Status", sender: int, wire: int) -> None:
+    def _drain_part(self, message: MPI.Message, status: MPI.Status, sender: int, wire: int) -> None:
         count = status.Get_count(MPI.BYTE)
-        message.Recv([np.empty(min(count, 1 << 24), dtype=np.uint8) if count <= 1 << 24
-                      else np.empty(count, dtype=np.uint8), MPI.BYTE])
+        message.Recv(
+            [
+                np.empty(min(count, 1 << 24), dtype=np.uint8) if count <= 1 << 24 else np.empty(count, dtype=np.uint8),
+                MPI.BYTE,
+            ]
+        )
         left = self._draining[(sender, wire)] - max(count, 1)
         if left > 0:
             self._draining[(sender, wire)] = left

@@ -37,8 +37,16 @@ from typing import Any
 from gflowdist.comm.base import Communicator
 from gflowdist.errors import GflowdistError
 
-__all__ = ["Group", "NotAMemberError", "as_communicator", "is_native_group", "is_non_member", "rank_and_size", "register",
-           "unregister"]
+__all__ = [
+    "Group",
+    "NotAMemberError",
+    "as_communicator",
+    "is_native_group",
+    "is_non_member",
+    "rank_and_size",
+    "register",
+    "unregister",
+]
 
 
 #: What a ``group`` argument may be: a gflowdist :class:`Communicator`, a torch.distributed
@@ -113,8 +121,13 @@ def _known(group: Any, key: tuple[str, int]) -> Communicator | None:
 def is_non_member(group: Any) -> bool:
     """True for what a rank outside a group holds: ``NON_GROUP_MEMBER`` or ``MPI.COMM_NULL``."""
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and isinstance(group, int) and not isinstance(group, bool) \
-            and group == dist.GroupMember.NON_GROUP_MEMBER:
+    if (
+        dist is not None
+        and dist.is_available()
+        and isinstance(group, int)
+        and not isinstance(group, bool)
+        and group == dist.GroupMember.NON_GROUP_MEMBER
+    ):
         return True
     mpi = _mpi()
     return mpi is not None and isinstance(group, mpi.Comm) and group == mpi.COMM_NULL
@@ -147,8 +160,10 @@ def as_communicator(group: Any, what: str = "this call") -> Communicator:
     if isinstance(group, Communicator):
         return group
     if is_non_member(group):
-        raise NotAMemberError(f"{what}: this rank is not a member of the group it was given "
-                              f"({_describe(group)}); only the group's members may use it")
+        raise NotAMemberError(
+            f"{what}: this rank is not a member of the group it was given "
+            f"({_describe(group)}); only the group's members may use it"
+        )
     key = _key(group)
     if key is None:
         raise _not_a_group(group, what)
@@ -183,5 +198,7 @@ def _describe(group: Any) -> str:
 
 
 def _not_a_group(group: Any, what: str) -> TypeError:
-    return TypeError(f"{what}: group must be None, a gflowdist Communicator, a torch.distributed ProcessGroup "
-                     f"or an mpi4py communicator; got {type(group).__module__}.{type(group).__qualname__}")
+    return TypeError(
+        f"{what}: group must be None, a gflowdist Communicator, a torch.distributed ProcessGroup "
+        f"or an mpi4py communicator; got {type(group).__module__}.{type(group).__qualname__}"
+    )

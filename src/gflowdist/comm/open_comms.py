@@ -20,7 +20,7 @@ __all__ = ["EXIT_FREE_TIMEOUT_S", "track", "forget"]
 #: how long the exit hook waits, over all communicators still open, for them to free
 EXIT_FREE_TIMEOUT_S = 5.0
 
-_OPEN: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # communicator -> serial
+_OPEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # communicator -> serial
 _SERIALS = itertools.count()
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from gflowdist.errors import DeadlineError
 
@@ -44,7 +45,7 @@ class Backoff:
     progress.
     """
 
-    __slots__ = ("spin_s", "first_sleep_s", "max_sleep_s", "_spin_until", "_sleep")
+    __slots__ = ("_sleep", "_spin_until", "first_sleep_s", "max_sleep_s", "spin_s")
 
     def __init__(self, spin_s: float = 0.002, first_sleep_s: float = 2e-5, max_sleep_s: float = 0.002):
         if not (spin_s >= 0 and 0 < first_sleep_s <= max_sleep_s):
@@ -75,8 +76,14 @@ class Backoff:
         self._sleep = min(self._sleep * 2, self.max_sleep_s)
 
 
-def poll_until(check: Callable[[], T | None], *, timeout: float | None, what: str,
-               peer: int | None = None, backoff: Backoff | None = None) -> T:
+def poll_until(
+    check: Callable[[], T | None],
+    *,
+    timeout: float | None,
+    what: str,
+    peer: int | None = None,
+    backoff: Backoff | None = None,
+) -> T:
     """Call ``check()`` until it returns something other than None.
 
     Raises :class:`DeadlineError` (naming ``what`` and ``peer``) after

@@ -61,12 +61,21 @@ class _Rendezvous:
 
     @property
     def where(self) -> str:
-        return f"{self.host}:{self.port} ({self.host_key}:{self.port_key})" if self.host_key != self.port_key \
+        return (
+            f"{self.host}:{self.port} ({self.host_key}:{self.port_key})"
+            if self.host_key != self.port_key
             else f"{self.host}:{self.port} ({self.host_key})"
+        )
 
 
-def init_default_group(backend: str, *, timeout: timedelta | None = None, init_method: str = "env://",
-                       rank: int | None = None, world_size: int | None = None) -> None:
+def init_default_group(
+    backend: str,
+    *,
+    timeout: timedelta | None = None,
+    init_method: str = "env://",
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> None:
     """Initialise torch's default process group with a store listening on the rendezvous address only.
 
     ``init_method``:
@@ -90,16 +99,23 @@ def init_default_group(backend: str, *, timeout: timedelta | None = None, init_m
     elif urlsplit(init_method).scheme == "tcp":
         where = _from_url(init_method, rank, world_size)
     else:
-        dist.init_process_group(backend, init_method=init_method, rank=-1 if rank is None else rank,
-                                world_size=-1 if world_size is None else world_size, **extra)
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=-1 if rank is None else rank,
+            world_size=-1 if world_size is None else world_size,
+            **extra,
+        )
         return
     store = _store(where, timeout if timeout is not None else _default_timeout())
-    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=where.rank,
-                            world_size=where.world_size, **extra)
+    dist.init_process_group(
+        backend, store=dist.PrefixStore("default_pg", store), rank=where.rank, world_size=where.world_size, **extra
+    )
 
 
-def bind_listener(host: str, port: int, *, host_key: str = "MASTER_ADDR",
-                  port_key: str = "MASTER_PORT") -> socket.socket:
+def bind_listener(
+    host: str, port: int, *, host_key: str = "MASTER_ADDR", port_key: str = "MASTER_PORT"
+) -> socket.socket:
     """A listening TCP socket on ``(host, port)``: the first address ``host`` resolves to that is this host's.
 
     Raises :class:`ConfigError` (naming ``host_key``) when ``host`` does not
@@ -109,8 +125,7 @@ def bind_listener(host: str, port: int, *, host_key: str = "MASTER_ADDR",
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
-        raise ConfigError(f"{host!r} does not resolve on {socket.gethostname()}: {exc.strerror}",
-                          key=host_key) from exc
+        raise ConfigError(f"{host!r} does not resolve on {socket.gethostname()}: {exc.strerror}", key=host_key) from exc
     foreign: list[str] = []
     for family, kind, proto, _, sockaddr in infos:
         sock = socket.socket(family, kind, proto)
@@ -124,15 +139,22 @@ def bind_listener(host: str, port: int, *, host_key: str = "MASTER_ADDR",
                 foreign.append(sockaddr[0])
                 continue
             if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(f"port {port} is already in use on {sockaddr[0]} (another job, or a store this "
-                                  "process still holds); pick a free port", key=port_key) from exc
-            raise TransportError(f"cannot listen on {sockaddr[0]}:{port} ({host_key}:{port_key}): "
-                                 f"{exc.strerror}") from exc
+                raise ConfigError(
+                    f"port {port} is already in use on {sockaddr[0]} (another job, or a store this "
+                    "process still holds); pick a free port",
+                    key=port_key,
+                ) from exc
+            raise TransportError(
+                f"cannot listen on {sockaddr[0]}:{port} ({host_key}:{port_key}): {exc.strerror}"
+            ) from exc
         return sock
     resolved = f"{host!r}" if foreign == [host] else f"{host!r} (resolves to {', '.join(dict.fromkeys(foreign))})"
-    raise ConfigError(f"{resolved} is not an address of this host ({socket.gethostname()}), which runs rank 0 and "
-                      "so serves the rendezvous store there; set it to an address of rank 0's host that the "
-                      "other ranks can reach", key=host_key)
+    raise ConfigError(
+        f"{resolved} is not an address of this host ({socket.gethostname()}), which runs rank 0 and "
+        "so serves the rendezvous store there; set it to an address of rank 0's host that the "
+        "other ranks can reach",
+        key=host_key,
+    )
 
 
 def reachable_address(hostname: str) -> str:
@@ -147,8 +169,10 @@ def reachable_address(hostname: str) -> str:
     for address in addresses:
         if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
             return address
-    raise ConfigError(f"rank 0's host name {hostname!r} resolves only to loopback addresses "
-                      f"({', '.join(addresses)}), which the other hosts cannot reach")
+    raise ConfigError(
+        f"rank 0's host name {hostname!r} resolves only to loopback addresses "
+        f"({', '.join(addresses)}), which the other hosts cannot reach"
+    )
 
 
 def _store(where: _Rendezvous, timeout: timedelta):
@@ -164,28 +188,46 @@ def _store(where: _Rendezvous, timeout: timedelta):
         log.debug("rendezvous store listening on %s:%d only", bound, where.port)
         fd = listener.detach()  # the store owns the socket from here on, failure included
         try:
-            return dist.TCPStore(bound, where.port, where.world_size, True, timeout, wait_for_workers=True,
-                                 multi_tenant=False, master_listen_fd=fd, use_libuv=use_libuv)
+            return dist.TCPStore(
+                bound,
+                where.port,
+                where.world_size,
+                True,
+                timeout,
+                wait_for_workers=True,
+                multi_tenant=False,
+                master_listen_fd=fd,
+                use_libuv=use_libuv,
+            )
         except dist.DistError as exc:
             if _timed_out(exc):
-                raise DeadlineError(f"rank 0: not every one of the {where.world_size} ranks reached the rendezvous "
-                                    f"store at {where.where} within {seconds:g} s: {exc}") from exc
+                raise DeadlineError(
+                    f"rank 0: not every one of the {where.world_size} ranks reached the rendezvous "
+                    f"store at {where.where} within {seconds:g} s: {exc}"
+                ) from exc
             raise TransportError(f"rank 0: the rendezvous store at {where.where} failed: {exc}") from exc
     try:
         socket.getaddrinfo(where.host, where.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise ConfigError(f"{where.host!r} does not resolve on {socket.gethostname()}: {exc.strerror}",
-                          key=where.host_key) from exc
+        raise ConfigError(
+            f"{where.host!r} does not resolve on {socket.gethostname()}: {exc.strerror}", key=where.host_key
+        ) from exc
     try:
         return dist.TCPStore(where.host, where.port, where.world_size, False, timeout, use_libuv=use_libuv)
     except dist.DistError as exc:
-        hint = ("is rank 0 running, is that an address of rank 0's host (the store listens on that address "
-                "only), and can this host reach it?")
+        hint = (
+            "is rank 0 running, is that an address of rank 0's host (the store listens on that address "
+            "only), and can this host reach it?"
+        )
         if _timed_out(exc):
-            raise DeadlineError(f"rank {where.rank}: the rendezvous store at {where.where} did not answer within "
-                                f"{seconds:g} s: {hint} ({exc})", peer=0) from exc
-        raise TransportError(f"rank {where.rank}: cannot reach the rendezvous store at {where.where}: {hint} "
-                             f"({exc})", peer=0) from exc
+            raise DeadlineError(
+                f"rank {where.rank}: the rendezvous store at {where.where} did not answer within "
+                f"{seconds:g} s: {hint} ({exc})",
+                peer=0,
+            ) from exc
+        raise TransportError(
+            f"rank {where.rank}: cannot reach the rendezvous store at {where.where}: {hint} ({exc})", peer=0
+        ) from exc
 
 
 def _timed_out(exc: Exception) -> bool:
@@ -201,8 +243,9 @@ def _default_timeout() -> timedelta:
 def _from_environment(rank: int | None, world_size: int | None) -> _Rendezvous:
     host = os.environ.get("MASTER_ADDR", "")
     if not host:
-        raise ConfigError("not set: the address of rank 0's host, where the rendezvous store listens",
-                          key="MASTER_ADDR")
+        raise ConfigError(
+            "not set: the address of rank 0's host, where the rendezvous store listens", key="MASTER_ADDR"
+        )
     port = _port(os.environ.get("MASTER_PORT", ""), "MASTER_PORT")
     world = world_size if world_size is not None else _count(os.environ.get("WORLD_SIZE", ""), "WORLD_SIZE", 1)
     me = rank if rank is not None else _count(os.environ.get("RANK", ""), "RANK", 0)
@@ -221,14 +264,16 @@ def _from_url(url: str, rank: int | None, world_size: int | None) -> _Rendezvous
     if rank is None or world_size is None:
         raise ConfigError(f"{url!r}: a tcp:// rendezvous needs rank and world_size", key="init_method")
     _check_rank(rank, world_size, "init_method")
-    return _Rendezvous(parts.hostname, _port(port_text, "init_method"), rank, world_size, "init_method",
-                       "init_method")
+    return _Rendezvous(parts.hostname, _port(port_text, "init_method"), rank, world_size, "init_method", "init_method")
 
 
 def _port(text: str, key: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 2 ** 16:
-        raise ConfigError(f"{text!r} is not a port: expected an integer in [1, 65535] on which rank 0's host "
-                          "serves the rendezvous store", key=key)
+    if not text.isdigit() or not 0 < int(text) < 2**16:
+        raise ConfigError(
+            f"{text!r} is not a port: expected an integer in [1, 65535] on which rank 0's host "
+            "serves the rendezvous store",
+            key=key,
+        )
     return int(text)
 
 

@@ -12,11 +12,26 @@ from __future__ import annotations
 
 from gflowdist.comm.base import Communicator
 from gflowdist.errors import ConfigError, GflowdistError
-from gflowdist.jobenv import (MPI_JOB_VARIABLES, MPI_SIZE_VARIABLES, describe_environment, in_mpi_job,  # noqa: F401
-                              in_torch_job, launcher_world_size, mpi_world_mismatch)
+from gflowdist.jobenv import (  # noqa: F401
+    MPI_JOB_VARIABLES,
+    MPI_SIZE_VARIABLES,
+    describe_environment,
+    in_mpi_job,
+    in_torch_job,
+    launcher_world_size,
+    mpi_world_mismatch,
+)
 
-__all__ = ["world_comm", "launcher_world_size", "in_mpi_job", "in_torch_job", "release_world_comm", "reset_world_comm",
-           "describe_environment", "detect_engine"]
+__all__ = [
+    "world_comm",
+    "launcher_world_size",
+    "in_mpi_job",
+    "in_torch_job",
+    "release_world_comm",
+    "reset_world_comm",
+    "describe_environment",
+    "detect_engine",
+]
 
 _WORLD: Communicator | None = None
 
@@ -36,8 +51,7 @@ def world_comm(engine: str = "auto", *, cuda: bool | None = None) -> Communicato
     if _WORLD is not None and (engine == "auto" or engine == _WORLD.engine):
         return _WORLD
     if engine not in ("auto", "mpi", "torch", "local"):
-        raise ConfigError(f"unknown engine {engine!r}; expected auto, mpi, torch or local",
-                          key="launch.engine")
+        raise ConfigError(f"unknown engine {engine!r}; expected auto, mpi, torch or local", key="launch.engine")
     if engine == "auto":
         engine = detect_engine()
     if engine == "torch":

@@ -7,7 +7,8 @@ that is written back after an in-place collective.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +38,12 @@ def numpy_view(x: Any) -> tuple[np.ndarray, Callable[[], None]]:
         t = x.detach()
         if t.device.type == "cpu" and t.is_contiguous() and t.dtype != torch.bfloat16:
             return t.numpy(), _noop
-        staged_tensor = t.to(device="cpu", dtype=torch.float32 if t.dtype == torch.bfloat16 else t.dtype,
-                             memory_format=torch.contiguous_format, copy=True)
+        staged_tensor = t.to(
+            device="cpu",
+            dtype=torch.float32 if t.dtype == torch.bfloat16 else t.dtype,
+            memory_format=torch.contiguous_format,
+            copy=True,
+        )
 
         def write_back_tensor() -> None:
             t.copy_(staged_tensor)

@@ -32,16 +32,25 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gflowdist.comm.base import (AsyncSendHandle, Communicator, CompletedSend, ReduceOp, check_groups,
-                                 file_in_inbox, require_float_for_avg, take_from_inbox)
-from gflowdist.comm.buffers import as_byte_array, read_only_tensor
 from gflowdist.comm import open_comms
+from gflowdist.comm.base import (
+    AsyncSendHandle,
+    Communicator,
+    CompletedSend,
+    ReduceOp,
+    check_groups,
+    file_in_inbox,
+    require_float_for_avg,
+    take_from_inbox,
+)
+from gflowdist.comm.buffers import as_byte_array, read_only_tensor
 from gflowdist.comm.native import register, unregister
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
 from gflowdist.errors import DeadlineError, TransportError
@@ -55,8 +64,12 @@ FREE_TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
 
 
-_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MAX: dist.ReduceOp.MAX,
-        ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.AVG: dist.ReduceOp.SUM}
+_OPS = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.AVG: dist.ReduceOp.SUM,
+}
 
 
 class TorchComm(Communicator):
@@ -64,9 +77,15 @@ class TorchComm(Communicator):
 
     engine = "torch"
 
-    def __init__(self, group: "dist.ProcessGroup | None" = None, *,
-                 p2p_group: "dist.ProcessGroup | None" = None, is_world: bool | None = None,
-                 chunk_bytes: int | None = None, max_recv_bytes: int | None = None):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        *,
+        p2p_group: dist.ProcessGroup | None = None,
+        is_world: bool | None = None,
+        chunk_bytes: int | None = None,
+        max_recv_bytes: int | None = None,
+    ):
         if not dist.is_initialized():
             raise RuntimeError("TorchComm needs an initialised torch.distributed process group")
         self._group = group
@@ -75,8 +94,11 @@ class TorchComm(Communicator):
         self.size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
         if p2p_group is None:
-            p2p_group = group if self.backend == "gloo" else dist.new_group(
-                dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
+            p2p_group = (
+                group
+                if self.backend == "gloo"
+                else dist.new_group(dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
+            )
         self._p2p = p2p_group
         self._pg = p2p_group if p2p_group is not None else dist.group.WORLD  # its send/recv take the works
         self._p2p_ranks = [self._group_to_p2p_rank(r) for r in range(self.size)]
@@ -93,7 +115,7 @@ class TorchComm(Communicator):
         self._lanes: dict[int, Lane] = {}  # peer -> what it sends us (torch_p2p)
         self._receivers: list[threading.Thread] = []
         self._send_lock = threading.Lock()
-        self._sends: "queue.SimpleQueue[SendHandle | None]" = queue.SimpleQueue()
+        self._sends: queue.SimpleQueue[SendHandle | None] = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
         self._freed = False
         open_comms.track(self)  # freed at exit if nobody frees it
@@ -103,7 +125,7 @@ class TorchComm(Communicator):
         self._receivers_lock = threading.Lock()
 
     @property
-    def process_group(self) -> "dist.ProcessGroup | None":
+    def process_group(self) -> dist.ProcessGroup | None:
         return self._group
 
     def world_rank(self, rank: int) -> int:
@@ -115,8 +137,7 @@ class TorchComm(Communicator):
             raise ValueError("this communicator's backend is nccl: collectives need CUDA tensors")
         return x
 
-    def _finish(self, work, what: str, tensor: torch.Tensor, factor: int = 1,
-                timeout: float | None = None) -> None:
+    def _finish(self, work, what: str, tensor: torch.Tensor, factor: int = 1, timeout: float | None = None) -> None:
         """Wait for an async collective by polling (hook between checks), then surface its errors."""
         if self.wait_hook is not None or timeout is not None:
             nbytes = tensor.numel() * tensor.element_size() * factor if tensor is not None else 0
@@ -164,8 +185,7 @@ class TorchComm(Communicator):
         self._check_peer(dst, "dst")
         tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == dst else None
-        work = dist.gather(self._device_for(tensor), gather_list=out, group=self._group, group_dst=dst,
-                           async_op=True)
+        work = dist.gather(self._device_for(tensor), gather_list=out, group=self._group, group_dst=dst, async_op=True)
         self._finish(work, "gather", tensor, factor=self.size)
         if out is None:
             return None
@@ -177,16 +197,17 @@ class TorchComm(Communicator):
         dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self._p2p)
         longest = max(int(s) for s in sizes)
         padded = torch.zeros(max(longest, 1), dtype=torch.uint8)
-        padded[:payload.numel()] = payload
+        padded[: payload.numel()] = payload
         out = [torch.empty_like(padded) for _ in range(self.size)]
         dist.all_gather(out, padded, group=self._p2p)
-        return [o[:int(s)].numpy().tobytes() for o, s in zip(out, sizes)]
+        return [o[: int(s)].numpy().tobytes() for o, s in zip(out, sizes, strict=False)]
 
-    def split(self, groups: Sequence[Sequence[int]]) -> "TorchComm | None":
+    def split(self, groups: Sequence[Sequence[int]]) -> TorchComm | None:
         if not self._is_world:
             raise NotImplementedError(
                 "torch.distributed creates process groups collectively over the world: "
-                "split the world communicator, not a sub-group")
+                "split the world communicator, not a sub-group"
+            )
         groups = check_groups(groups, self.size)
         mine = None
         for members in groups:  # every rank creates every group, in the same order
@@ -196,15 +217,21 @@ class TorchComm(Communicator):
                 mine = (group, p2p)
         if mine is None:
             return None
-        return TorchComm(mine[0], p2p_group=mine[1], is_world=False, chunk_bytes=self.chunk_bytes,
-                         max_recv_bytes=self.max_recv_bytes)
+        return TorchComm(
+            mine[0], p2p_group=mine[1], is_world=False, chunk_bytes=self.chunk_bytes, max_recv_bytes=self.max_recv_bytes
+        )
 
     # -- point to point ---------------------------------------------------------
     def _payload(self, data: Any, dst: int, tag: int, kind: int) -> torch.Tensor:
         """``data`` as a flat uint8 CPU tensor, after checking the arguments of a send."""
         self._check_send(dst, tag, kind)
-        if type(data) is torch.Tensor and data.dtype is _UINT8 and data.ndim == 1 and data.is_cpu \
-                and data.is_contiguous():
+        if (
+            type(data) is torch.Tensor
+            and data.dtype is _UINT8
+            and data.ndim == 1
+            and data.is_cpu
+            and data.is_contiguous()
+        ):
             return data
         return read_only_tensor(as_byte_array(data))
 
@@ -279,8 +306,11 @@ class TorchComm(Communicator):
                 return found
             message = lane.next_message()
             if message is None:
-                raise TransportError(f"rank {lane.peer} freed the communicator while rank {self.rank} waited for "
-                                     f"a message from it on tag {tag}", peer=lane.peer)
+                raise TransportError(
+                    f"rank {lane.peer} freed the communicator while rank {self.rank} waited for "
+                    f"a message from it on tag {tag}",
+                    peer=lane.peer,
+                )
             channel, payload, kind = message
             if channel == tag:
                 return lane.peer, payload, kind
@@ -351,8 +381,9 @@ class TorchComm(Communicator):
                 try:
                     works, buffers = close_notices(self._pg, self._p2p_ranks[peer])
                 except RuntimeError as exc:  # a broken pair: the receiver has stopped already
-                    log.warning("rank %d: freeing the communicator: close notice to rank %d not sent: %s",
-                                self.rank, peer, exc)
+                    log.warning(
+                        "rank %d: freeing the communicator: close notice to rank %d not sent: %s", self.rank, peer, exc
+                    )
                     continue
                 self._ensure_completer()
                 self._sends.put(SendHandle(peer, CLOSE_CHANNEL, 0, works, buffers))
@@ -371,8 +402,12 @@ class TorchComm(Communicator):
                 continue
             lane = self._lanes[peer] = Lane(self._pg, peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes)
             deliver = lambda channel, payload, kind, peer=peer: self._file(channel, peer, payload, kind)  # noqa: E731
-            thread = threading.Thread(target=lane.serve, args=(deliver, self._wait_for_room, self._fail),
-                                      daemon=True, name=f"gflowdist-recv-{self.rank}-from-{peer}")
+            thread = threading.Thread(
+                target=lane.serve,
+                args=(deliver, self._wait_for_room, self._fail),
+                daemon=True,
+                name=f"gflowdist-recv-{self.rank}-from-{peer}",
+            )
             self._receivers.append(thread)
             thread.start()
 
@@ -385,8 +420,9 @@ class TorchComm(Communicator):
     def _ensure_completer(self) -> None:
         """Start the send-completion thread (caller holds ``_send_lock``)."""
         if self._completer is None:
-            self._completer = threading.Thread(target=self._complete_sends, daemon=True,
-                                               name=f"gflowdist-send-{self.rank}")
+            self._completer = threading.Thread(
+                target=self._complete_sends, daemon=True, name=f"gflowdist-send-{self.rank}"
+            )
             self._completer.start()
 
     def _complete_sends(self) -> None:
@@ -425,15 +461,20 @@ class TorchComm(Communicator):
         with self._arrived:
             self._arrived.notify_all()
         self._observe(None)
-        threads = [self._completer] + self._receivers
+        threads = [self._completer, *self._receivers]
         for thread in threads:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in threads if t is not None and t.is_alive()]
         if stuck:
             missing = [str(peer) for peer, lane in self._lanes.items() if not lane.closed]
-            log.warning("rank %d: freeing the communicator: %s still blocked after %g s (no close notice "
-                        "from rank(s) %s)", self.rank, ", ".join(stuck), timeout, ", ".join(missing) or "-")
+            log.warning(
+                "rank %d: freeing the communicator: %s still blocked after %g s (no close notice from rank(s) %s)",
+                self.rank,
+                ", ".join(stuck),
+                timeout,
+                ", ".join(missing) or "-",
+            )
             return
         # Hold nothing of gloo's past this point: a process group (or a work) that the interpreter
         # destroys while it shuts down can abort the process, as one left undestroyed can (the

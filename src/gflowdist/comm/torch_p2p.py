@@ -41,7 +41,7 @@ import collections
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -50,8 +50,20 @@ from gflowdist.comm.base import AsyncSendHandle
 from gflowdist.comm.buffers import BufferPool
 from gflowdist.errors import DeadlineError, ProtocolError, TransportError
 
-__all__ = ["HEADER_TAG", "DATA_TAG", "CHUNK_TAG", "CLOSE_CHANNEL", "INLINE_BYTES", "DATA_BYTES",
-           "HEADER_WINDOW", "PARK_S", "Lane", "SendHandle", "post_message", "close_notices"]
+__all__ = [
+    "HEADER_TAG",
+    "DATA_TAG",
+    "CHUNK_TAG",
+    "CLOSE_CHANNEL",
+    "INLINE_BYTES",
+    "DATA_BYTES",
+    "HEADER_WINDOW",
+    "PARK_S",
+    "Lane",
+    "SendHandle",
+    "post_message",
+    "close_notices",
+]
 
 HEADER_TAG = 1 << 20
 CHUNK_TAG = HEADER_TAG + 1
@@ -72,8 +84,7 @@ PARK_S = 0.002
 _UINT8 = torch.uint8
 
 
-def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int,
-                 chunk_bytes: int) -> tuple[list, list]:
+def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int, chunk_bytes: int) -> tuple[list, list]:
     """Start sending one message to ``dst`` (a rank of ``pg``): ``(gloo works, buffers to keep)``.
 
     ``payload`` is a flat uint8 CPU tensor. The caller keeps the parts of one
@@ -88,13 +99,14 @@ def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int,
         message = torch.from_numpy(envelope)
         return [pg.send([message], dst, HEADER_TAG)], [message]
     mode = DATA if nbytes <= DATA_BYTES and nbytes <= chunk_bytes else CHUNKS
-    header = torch.from_numpy(np.frombuffer(_HEADER.pack(channel, kind, mode, nbytes, chunk_bytes),
-                                            dtype=np.uint8).copy())
+    header = torch.from_numpy(
+        np.frombuffer(_HEADER.pack(channel, kind, mode, nbytes, chunk_bytes), dtype=np.uint8).copy()
+    )
     if mode == DATA:  # the payload first: by the time its header lands, it has landed too (one wake-up)
         return [pg.send([payload], dst, DATA_TAG), pg.send([header], dst, HEADER_TAG)], [header, payload]
     works = [pg.send([header], dst, HEADER_TAG)]  # the receiver posts the chunks' receives once it reads this
     for start in range(0, nbytes, chunk_bytes):
-        works.append(pg.send([payload[start:start + chunk_bytes]], dst, CHUNK_TAG))
+        works.append(pg.send([payload[start : start + chunk_bytes]], dst, CHUNK_TAG))
     return works, [header, payload]
 
 
@@ -136,8 +148,9 @@ class Lane:
         self._data_buffers = BufferPool(min_bytes=0, max_buffers=3)
         self._chunk_buffers = BufferPool(max_buffers=2)  # recycled: a fresh 64 MiB costs a page fault per 4 KiB
         # posted from the start: a sender's message goes out at once (see the module docstring)
-        self._headers = collections.deque(self._post(np.empty(HEADER_BYTES + INLINE_BYTES, dtype=np.uint8),
-                                                     HEADER_TAG) for _ in range(HEADER_WINDOW))
+        self._headers = collections.deque(
+            self._post(np.empty(HEADER_BYTES + INLINE_BYTES, dtype=np.uint8), HEADER_TAG) for _ in range(HEADER_WINDOW)
+        )
         self._data = self._post(self._data_buffers.take(DATA_BYTES), DATA_TAG)
         self._repost: list[np.ndarray] = []  # header buffers read, to post again before the next wait
 
@@ -231,7 +244,7 @@ class Lane:
         if not 0 <= channel <= (1 << 31) or kind not in (0, 1):
             raise ProtocolError(f"header names channel {channel} and kind {kind}", sender=self.peer)
         if mode == INLINE and 0 <= total <= INLINE_BYTES:
-            return buffer[HEADER_BYTES:HEADER_BYTES + total].copy()
+            return buffer[HEADER_BYTES : HEADER_BYTES + total].copy()
         limit = self._max_recv_bytes()
         if mode == DATA and INLINE_BYTES < total <= DATA_BYTES:
             work, landed = self._data
@@ -243,16 +256,17 @@ class Lane:
         if mode == CHUNKS and total >= 0 and chunk > 0 and (limit is None or total <= limit):
             payload = self._chunk_buffers.take(total)
             for start in range(0, total, chunk):
-                self._pg.recv([torch.from_numpy(payload[start:start + chunk])], self._src, CHUNK_TAG).wait()
+                self._pg.recv([torch.from_numpy(payload[start : start + chunk])], self._src, CHUNK_TAG).wait()
             return payload
-        raise ProtocolError(f"header claims {total} bytes in mode {mode} (chunks of {chunk}, limit {limit})",
-                            sender=self.peer)
+        raise ProtocolError(
+            f"header claims {total} bytes in mode {mode} (chunks of {chunk}, limit {limit})", sender=self.peer
+        )
 
 
 class SendHandle(AsyncSendHandle):
     """A send in flight: done when the send-completion thread has waited on every gloo work of it."""
 
-    __slots__ = ("dst", "tag", "nbytes", "_works", "_buffers", "_done", "_error")
+    __slots__ = ("_buffers", "_done", "_error", "_works", "dst", "nbytes", "tag")
 
     def __init__(self, dst: int, tag: int, nbytes: int, works: list, buffers: list):
         self.dst, self.tag, self.nbytes = dst, tag, nbytes
@@ -268,8 +282,10 @@ class SendHandle(AsyncSendHandle):
 
     def wait(self, timeout: float | None = None) -> None:
         if not self._done.wait(timeout):
-            raise DeadlineError(f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag}): "
-                                f"not complete within {timeout:g} s", peer=self.dst)
+            raise DeadlineError(
+                f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag}): not complete within {timeout:g} s",
+                peer=self.dst,
+            )
         self.is_complete()
 
     def _complete(self) -> None:

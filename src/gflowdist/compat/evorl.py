@@ -28,8 +28,8 @@ devices, here each rank is one position on the axis.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +41,25 @@ from gflowdist.ops.axes import DP_AXIS_NAME, POP_AXIS_NAME, axis_group
 from gflowdist.ops.collectives import rank_and_size
 from gflowdist.ops.trees import tree_leaves, tree_map
 
-__all__ = ["DP_AXIS_NAME", "POP_AXIS_NAME", "pmean", "psum", "pmax", "pmin", "all_gather", "get_process_id",
-           "get_global_ranks", "is_dist_initialized", "split_key_to_devices", "tree_device_put",
-           "gradient_update", "agent_gradient_update", "shmap_map", "shmap_vmap"]
+__all__ = [
+    "DP_AXIS_NAME",
+    "POP_AXIS_NAME",
+    "pmean",
+    "psum",
+    "pmax",
+    "pmin",
+    "all_gather",
+    "get_process_id",
+    "get_global_ranks",
+    "is_dist_initialized",
+    "split_key_to_devices",
+    "tree_device_put",
+    "gradient_update",
+    "agent_gradient_update",
+    "shmap_map",
+    "shmap_vmap",
+]
+
 
 def _reduce(x: Any, op: ReduceOp, axis_name: Any) -> Any:
     if axis_name is None:
@@ -117,8 +133,12 @@ def _split_loss(out: Any, has_aux: bool) -> tuple[torch.Tensor, Any]:
     return out, out.detach()
 
 
-def gradient_update(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
-                    dp_axis_name: str | Group | None, has_aux: bool = False) -> Callable[..., tuple]:
+def gradient_update(
+    loss_fn: Callable[..., Any],
+    optimizer: torch.optim.Optimizer,
+    dp_axis_name: str | Group | None,
+    has_aux: bool = False,
+) -> Callable[..., tuple]:
     """``f(optimizer, module, *args) -> (loss value, module, optimizer)`` taking one averaged step.
 
     ``optimizer`` given here is used when ``f`` is called with ``None``.
@@ -154,11 +174,14 @@ def _detach_params_from_agent_state(agent_state: Any) -> torch.nn.Module:
     return agent_state.params
 
 
-def agent_gradient_update(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer,
-                          dp_axis_name: str | Group | None = None, has_aux: bool = False,
-                          attach_fn: Callable[[Any, torch.nn.Module], Any] = _attach_params_to_agent_state,
-                          detach_fn: Callable[[Any], torch.nn.Module] = _detach_params_from_agent_state
-                          ) -> Callable[..., tuple]:
+def agent_gradient_update(
+    loss_fn: Callable[..., Any],
+    optimizer: torch.optim.Optimizer,
+    dp_axis_name: str | Group | None = None,
+    has_aux: bool = False,
+    attach_fn: Callable[[Any, torch.nn.Module], Any] = _attach_params_to_agent_state,
+    detach_fn: Callable[[Any], torch.nn.Module] = _detach_params_from_agent_state,
+) -> Callable[..., tuple]:
     """:func:`gradient_update` for an agent state holding the module (``detach_fn(state)``).
 
     Returns ``f(optimizer, agent_state, sample_batch, key) -> (loss value, agent_state, optimizer)``;
@@ -183,18 +206,20 @@ def _shard_bounds(population: int, size: int, rank: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _population_map(fn: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any,
-                    batched: bool) -> Callable[..., Any]:
+def _population_map(
+    fn: Callable[..., Any], mesh: Any, in_specs: Any, out_specs: Any, batched: bool
+) -> Callable[..., Any]:
     if out_specs is not None:
         raise ValueError("out_specs: the result is always the whole population gathered along dim 0; pass None")
 
     def run(*args: Any) -> Any:
         comm = axis_group(POP_AXIS_NAME) if mesh is None else axis_group(mesh)
-        specs = [True] * len(args) if in_specs is None else [spec is not None and spec is not False
-                                                              for spec in in_specs]
+        specs = (
+            [True] * len(args) if in_specs is None else [spec is not None and spec is not False for spec in in_specs]
+        )
         if len(specs) != len(args):
             raise ValueError(f"in_specs has {len(specs)} entries for {len(args)} arguments")
-        sizes = {int(a.shape[0]) for a, sharded in zip(args, specs) if sharded}
+        sizes = {int(a.shape[0]) for a, sharded in zip(args, specs, strict=False) if sharded}
         if len(sizes) != 1:
             raise ValueError(f"sharded arguments must share their leading (population) size, got {sorted(sizes)}")
         population = sizes.pop()
@@ -205,12 +230,15 @@ def _population_map(fn: Callable[..., Any], mesh: Any, in_specs: Any, out_specs:
         if population < comm.size:
             raise ValueError(f"a population of {population} cannot give each of {comm.size} ranks a shard")
         start, stop = _shard_bounds(population, comm.size, comm.rank)
-        local = [a[start:stop] if sharded else a for a, sharded in zip(args, specs)]
+        local = [a[start:stop] if sharded else a for a, sharded in zip(args, specs, strict=False)]
         if batched:
             dims = tuple(0 if sharded else None for sharded in specs)
             out = torch.func.vmap(fn, in_dims=dims)(*local)
         else:
-            items = [fn(*[a[i] if sharded else a for a, sharded in zip(local, specs)]) for i in range(stop - start)]
+            items = [
+                fn(*[a[i] if sharded else a for a, sharded in zip(local, specs, strict=False)])
+                for i in range(stop - start)
+            ]
             rows = [tree_leaves(item) for item in items]
             columns = iter([torch.stack([torch.as_tensor(row[k]) for row in rows]) for k in range(len(rows[0]))])
             out = tree_map(lambda _: next(columns), items[0])
@@ -218,18 +246,19 @@ def _population_map(fn: Callable[..., Any], mesh: Any, in_specs: Any, out_specs:
         bounds = [_shard_bounds(population, comm.size, r) for r in range(comm.size)]
 
         def gather(leaf: torch.Tensor) -> torch.Tensor:
-            padded = leaf.new_zeros((longest,) + tuple(leaf.shape[1:]))
-            padded[:leaf.shape[0]] = leaf
+            padded = leaf.new_zeros((longest, *tuple(leaf.shape[1:])))
+            padded[: leaf.shape[0]] = leaf
             parts = comm.all_gather(padded)
-            return torch.cat([part[:b - a] for part, (a, b) in zip(parts, bounds)])
+            return torch.cat([part[: b - a] for part, (a, b) in zip(parts, bounds, strict=False)])
 
         return tree_map(gather, out)
 
     return run
 
 
-def shmap_map(fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, out_specs: Any = None
-              ) -> Callable[..., Any]:
+def shmap_map(
+    fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, out_specs: Any = None
+) -> Callable[..., Any]:
     """Run ``fn`` on each member of the population, sharded over the mesh's ranks (see module docstring).
 
     ``mesh``: an axis name, a communicator or a native group (None: the POP axis).
@@ -239,7 +268,8 @@ def shmap_map(fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, ou
     return _population_map(fn, mesh, in_specs, out_specs, batched=False)
 
 
-def shmap_vmap(fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, out_specs: Any = None
-               ) -> Callable[..., Any]:
+def shmap_vmap(
+    fn: Callable[..., Any], mesh: Any = None, in_specs: Any = None, out_specs: Any = None
+) -> Callable[..., Any]:
     """As :func:`shmap_map`, but each rank runs ``torch.func.vmap(fn)`` over its whole shard at once."""
     return _population_map(fn, mesh, in_specs, out_specs, batched=True)

@@ -35,14 +35,44 @@ from gflowdist.comm.base import ReduceOp
 from gflowdist.comm.native import Group
 from gflowdist.launch.threads import share_torch_threads
 from gflowdist.launch.torchrun import fork
-from gflowdist.ops.averaging import average_gradients, average_models, sync_params as _sync_params
-from gflowdist.ops.collectives import (as_reduce_op, avg_tensor, dist_avg, dist_max, dist_min, dist_op, dist_sum,
-                                       group_or_world, rank_and_size)
+from gflowdist.ops.averaging import average_gradients, average_models
+from gflowdist.ops.averaging import sync_params as _sync_params
+from gflowdist.ops.collectives import (
+    as_reduce_op,
+    avg_tensor,
+    dist_avg,
+    dist_max,
+    dist_min,
+    dist_op,
+    dist_sum,
+    group_or_world,
+    rank_and_size,
+)
 from gflowdist.ops.statistics import statistics_scalar
 
-__all__ = ["setup_distributed", "get_rank", "is_master", "world_size", "fork", "avg_tensor", "avg_grads",
-           "sync_params", "avg_params", "dist_avg", "dist_sum", "dist_max", "dist_min", "dist_op",
-           "dist_statistics_scalar", "reduce", "all_reduce", "gather", "all_gather", "broadcast", "scatter"]
+__all__ = [
+    "setup_distributed",
+    "get_rank",
+    "is_master",
+    "world_size",
+    "fork",
+    "avg_tensor",
+    "avg_grads",
+    "sync_params",
+    "avg_params",
+    "dist_avg",
+    "dist_sum",
+    "dist_max",
+    "dist_min",
+    "dist_op",
+    "dist_statistics_scalar",
+    "reduce",
+    "all_reduce",
+    "gather",
+    "all_gather",
+    "broadcast",
+    "scatter",
+]
 
 
 def get_rank(group: Group | None = None) -> int:
@@ -64,8 +94,7 @@ def setup_distributed(group: Group | None = None) -> None:
     """Give torch ``max(int(threads / world), 1)`` threads when it has more than one; print what changed."""
     before, after = share_torch_threads(world_size(group))
     if after != before:
-        print(f"Warning! Set torch number of threads: {before} -> {after} (world of {world_size(group)})",
-              flush=True)
+        print(f"Warning! Set torch number of threads: {before} -> {after} (world of {world_size(group)})", flush=True)
 
 
 def avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
@@ -83,8 +112,9 @@ def avg_params(module: torch.nn.Module, group: Group | None = None) -> None:
     average_models(module, group)
 
 
-def dist_statistics_scalar(value: Any, with_min_and_max: bool = False,
-                           group: Group | None = None) -> tuple[torch.Tensor, ...]:
+def dist_statistics_scalar(
+    value: Any, with_min_and_max: bool = False, group: Group | None = None
+) -> tuple[torch.Tensor, ...]:
     """Pooled ``(mean, std)`` or ``(mean, std, min, max)`` of all ranks' samples as 0-d float32 tensors.
 
     Population std (ddof 0); ranks may hold different numbers of samples or
@@ -93,8 +123,6 @@ def dist_statistics_scalar(value: Any, with_min_and_max: bool = False,
     """
     stats = statistics_scalar(value, with_min_and_max, group)
     return tuple(torch.tensor(s, dtype=torch.float32) for s in stats)
-
-
 
 
 class _Completed:
@@ -111,36 +139,43 @@ def _done(async_op: bool) -> _Completed | None:
     return _Completed() if async_op else None
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Group | None = None,
-               async_op: bool = False) -> _Completed | None:
+def all_reduce(
+    tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+) -> _Completed | None:
     """``torch.distributed.all_reduce``: reduce ``tensor`` in place over the group."""
     group_or_world(group).all_reduce(tensor.data, as_reduce_op(op))
     return _done(async_op)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Group | None = None,
-           async_op: bool = False) -> _Completed | None:
+def reduce(
+    tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+) -> _Completed | None:
     """``torch.distributed.reduce``: the result lands on ``dst`` (here on every rank, as an all-reduce)."""
     return all_reduce(tensor, op, group, async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: Group | None = None,
-              async_op: bool = False) -> _Completed | None:
+def broadcast(tensor: torch.Tensor, src: int, group: Group | None = None, async_op: bool = False) -> _Completed | None:
     """``torch.distributed.broadcast``: overwrite ``tensor`` with rank ``src``'s, in place."""
     group_or_world(group).broadcast(tensor.data, src)
     return _done(async_op)
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Group | None = None,
-               async_op: bool = False) -> _Completed | None:
+def all_gather(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Group | None = None, async_op: bool = False
+) -> _Completed | None:
     """``torch.distributed.all_gather``: ``tensor_list[r]`` receives rank ``r``'s ``tensor``."""
     for slot, value in zip(tensor_list, group_or_world(group).all_gather(tensor.detach()), strict=True):
         slot.data.copy_(value)
     return _done(async_op)
 
 
-def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0,
-           group: Group | None = None, async_op: bool = False) -> _Completed | None:
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int = 0,
+    group: Group | None = None,
+    async_op: bool = False,
+) -> _Completed | None:
     """``torch.distributed.gather``: on ``dst``, ``gather_list[r]`` receives rank ``r``'s ``tensor``."""
     parts = group_or_world(group).gather(tensor.detach(), dst)
     if parts is not None:
@@ -151,14 +186,19 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     return _done(async_op)
 
 
-def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0,
-            group: Group | None = None, async_op: bool = False) -> _Completed | None:
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: list[torch.Tensor] | None = None,
+    src: int = 0,
+    group: Group | None = None,
+    async_op: bool = False,
+) -> _Completed | None:
     """``torch.distributed.scatter``: ``tensor`` receives ``scatter_list[rank]`` of rank ``src``.
 
     Runs as one broadcast of the stacked list (every rank receives all parts).
     """
     comm = group_or_world(group)
-    stacked = torch.empty((comm.size,) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    stacked = torch.empty((comm.size, *tuple(tensor.shape)), dtype=tensor.dtype, device=tensor.device)
     if comm.rank == src:
         if scatter_list is None or len(scatter_list) != comm.size:
             raise ValueError(f"scatter: rank {src} is the source and needs a scatter_list of {comm.size} tensors")

@@ -26,12 +26,26 @@ from gflowdist.comm.base import ReduceOp
 from gflowdist.comm.native import Group
 from gflowdist.launch.mpiexec import mpi_fork
 from gflowdist.launch.threads import share_torch_threads
-from gflowdist.ops.averaging import average_gradients, sync_params as _sync_params
+from gflowdist.ops.averaging import average_gradients
+from gflowdist.ops.averaging import sync_params as _sync_params
 from gflowdist.ops.collectives import as_reduce_op, group_or_world, rank_and_size
 from gflowdist.ops.statistics import statistics_scalar
 
-__all__ = ["mpi_fork", "msg", "proc_id", "num_procs", "allreduce", "broadcast", "mpi_op", "mpi_sum", "mpi_avg",
-           "mpi_statistics_scalar", "setup_pytorch_for_mpi", "mpi_avg_grads", "sync_params"]
+__all__ = [
+    "mpi_fork",
+    "msg",
+    "proc_id",
+    "num_procs",
+    "allreduce",
+    "broadcast",
+    "mpi_op",
+    "mpi_sum",
+    "mpi_avg",
+    "mpi_statistics_scalar",
+    "setup_pytorch_for_mpi",
+    "mpi_avg_grads",
+    "sync_params",
+]
 
 
 def proc_id(group: Group | None = None) -> int:

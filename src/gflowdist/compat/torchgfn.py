@@ -120,7 +120,8 @@ def _encode(data: Any, sender: int, dst_rank: int):
         raise EncodeError(
             f"send to rank {dst_rank}: {err}. gflowdist never pickles: send tensors and plain values "
             "(e.g. {'message_type': 'DATA', 'message_data': {...}}) instead of Message.serialize() "
-            "(docs/migration-torchgfn.md)") from err
+            "(docs/migration-torchgfn.md)"
+        ) from err
 
 
 def send(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0) -> None:
@@ -157,8 +158,9 @@ def isend(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0
     return comm.isend(_encode(data, comm.rank, dst_rank), dst_rank, tag, kind=_ENCODED)
 
 
-def recv(src_rank: int | None = None, backend: str = default_backend, tag: int = 0, *,
-         timeout: float | None = None) -> tuple[int, Any]:
+def recv(
+    src_rank: int | None = None, backend: str = default_backend, tag: int = 0, *, timeout: float | None = None
+) -> tuple[int, Any]:
     """Receive one message on ``tag`` from ``src_rank`` (None: any rank): ``(source rank, data)``.
 
     ``data`` is what the sender passed to :func:`send` (a uint8 tensor stays a
@@ -200,8 +202,9 @@ def get_world_size(backend: str = default_backend, group: Group | None = None) -
     return rank_and_size(group)[1]
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = "SUM", backend: str = default_backend,
-               group: Group | None = None) -> None:
+def all_reduce(
+    tensor: torch.Tensor, op: Any = "SUM", backend: str = default_backend, group: Group | None = None
+) -> None:
     """Reduce ``tensor`` over ``group`` in place.
 
     ``op``: ``"SUM"``, ``"MAX"``, ``"MIN"`` (torchgfn's) or ``"AVG"``, which is
@@ -214,8 +217,9 @@ def all_reduce(tensor: torch.Tensor, op: Any = "SUM", backend: str = default_bac
     resolve_group(backend, group, "all_reduce").all_reduce(tensor.detach(), reduce_op)
 
 
-def all_gather(output_list: list[torch.Tensor], tensor: torch.Tensor, backend: str = default_backend,
-               group: Group | None = None) -> None:
+def all_gather(
+    output_list: list[torch.Tensor], tensor: torch.Tensor, backend: str = default_backend, group: Group | None = None
+) -> None:
     """Fill ``output_list[r]`` with rank ``r``'s ``tensor``, for every rank ``r`` of ``group``.
 
     Every rank passes a tensor of the same shape and dtype, and one
@@ -223,18 +227,19 @@ def all_gather(output_list: list[torch.Tensor], tensor: torch.Tensor, backend: s
     """
     comm = resolve_group(backend, group, "all_gather")
     if len(output_list) != comm.size:
-        raise ValueError(f"all_gather: output_list holds {len(output_list)} tensors but the group has "
-                         f"{comm.size} ranks")
+        raise ValueError(
+            f"all_gather: output_list holds {len(output_list)} tensors but the group has {comm.size} ranks"
+        )
     parts = comm.all_gather(tensor.detach())
-    for rank, (out, part) in enumerate(zip(output_list, parts)):
+    for rank, (out, part) in enumerate(zip(output_list, parts, strict=False)):
         if out.shape != part.shape:
-            raise ValueError(f"all_gather: output_list[{rank}] has shape {tuple(out.shape)}, "
-                             f"rank {rank} sent {tuple(part.shape)}")
+            raise ValueError(
+                f"all_gather: output_list[{rank}] has shape {tuple(out.shape)}, rank {rank} sent {tuple(part.shape)}"
+            )
         out.detach().copy_(part)
 
 
-def broadcast(tensor: torch.Tensor, src: int, backend: str = default_backend,
-              group: Group | None = None) -> None:
+def broadcast(tensor: torch.Tensor, src: int, backend: str = default_backend, group: Group | None = None) -> None:
     """Overwrite ``tensor`` on every rank of ``group`` with rank ``src``'s, in place.
 
     ``src`` is a rank **of the group** (0 = its first member) on both
@@ -243,8 +248,12 @@ def broadcast(tensor: torch.Tensor, src: int, backend: str = default_backend,
     resolve_group(backend, group, "broadcast").broadcast(tensor.detach(), src)
 
 
-def gather_distributed_data(local_tensor: torch.Tensor, world_size: int | None = None,
-                            rank: int | None = None, training_group: Group | None = None) -> torch.Tensor | None:
+def gather_distributed_data(
+    local_tensor: torch.Tensor,
+    world_size: int | None = None,
+    rank: int | None = None,
+    training_group: Group | None = None,
+) -> torch.Tensor | None:
     """Every rank's rows, concatenated in rank order on rank 0 of ``training_group``; None elsewhere.
 
     ``training_group`` None is the job's world. Ranks may hold different
@@ -297,4 +306,3 @@ def average_models(model: torch.nn.Module, training_group: Group | None = None) 
     from gflowdist.ops import average_models as average
 
     average(model, _group_or_job_world(training_group, "average_models"))
-

@@ -36,7 +36,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_comm
 from gflowdist.comm.rendezvous import reachable_address
@@ -68,15 +68,15 @@ _OWNS_PROCESS_GROUP = False
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or \
-            (high is not None and value > high):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ConfigError(f"must be an integer {bound}, got {value!r}", key=name)
     return value
 
 
-def torchgfn_layout_config(num_remote_buffers: int, num_agent_groups: int = 1,
-                           num_coordinators: int = 0) -> dict[str, Any]:
+def torchgfn_layout_config(
+    num_remote_buffers: int, num_agent_groups: int = 1, num_coordinators: int = 0
+) -> dict[str, Any]:
     """The gflowdist layout config that reproduces torchgfn's rank assignment.
 
     Node-local placement when there are buffers (plan it with
@@ -86,21 +86,33 @@ def torchgfn_layout_config(num_remote_buffers: int, num_agent_groups: int = 1,
     buffers = _check_int("num_remote_buffers", num_remote_buffers, 0)
     groups = _check_int("num_agent_groups", num_agent_groups, 1)
     coordinators = _check_int("num_coordinators", num_coordinators, 0, 1)
-    return {"trainers": "rest", "actors": 0, "buffers": buffers, "coordinator": bool(coordinators),
-            "agent_groups": groups, "placement": "node-local" if buffers else "block"}
+    return {
+        "trainers": "rest",
+        "actors": 0,
+        "buffers": buffers,
+        "coordinator": bool(coordinators),
+        "agent_groups": groups,
+        "placement": "node-local" if buffers else "block",
+    }
 
 
-_SINGLE_PROCESS = {"trainers": 1, "actors": 0, "buffers": 0, "coordinator": False, "agent_groups": 1,
-                   "placement": "block"}
+_SINGLE_PROCESS = {
+    "trainers": 1,
+    "actors": 0,
+    "buffers": 0,
+    "coordinator": False,
+    "agent_groups": 1,
+    "placement": "block",
+}
 
 
-def _create_core(world: Communicator, num_remote_buffers: int, num_agent_groups: int,
-                 num_coordinators: int) -> CoreContext:
+def _create_core(
+    world: Communicator, num_remote_buffers: int, num_agent_groups: int, num_coordinators: int
+) -> CoreContext:
     cfg = torchgfn_layout_config(num_remote_buffers, num_agent_groups, num_coordinators)
     if world.size == 1:
         # torchgfn's single-process mode: one trainer, whatever was asked for.
-        logger.info("world of one rank: single-process mode (buffers, coordinator and agent "
-                    "groups are ignored)")
+        logger.info("world of one rank: single-process mode (buffers, coordinator and agent groups are ignored)")
         cfg = _SINGLE_PROCESS
     core = CoreContext.create(cfg, comm=world, fallback_to_block=True)
     if world.rank == 0:
@@ -160,22 +172,23 @@ class _RankFacts:
     world_size: int
     num_training_ranks: int
     agent_group_size: int
-    agent_groups: Optional[list[Any]] = None
-    agent_group_id: Optional[int] = None
-    train_global_group: Optional[Any] = None
-    assigned_buffer: Optional[int] = None
-    buffer_group: Optional[Any] = None
-    assigned_training_ranks: Optional[list[int]] = None
+    agent_groups: list[Any] | None = None
+    agent_group_id: int | None = None
+    train_global_group: Any | None = None
+    assigned_buffer: int | None = None
+    buffer_group: Any | None = None
+    assigned_training_ranks: list[int] | None = None
     if TYPE_CHECKING:  # fields of the subclasses, each at its place in torchgfn's order
-        buffer_rank_set: Optional[set[int]]
-        coordinator_rank: Optional[int]
+        buffer_rank_set: set[int] | None
+        coordinator_rank: int | None
 
     def __post_init__(self) -> None:
         if self.buffer_rank_set is None:
             # Built by hand without it (torchgfn 2.4.1's own scripts do): 2.4.1's rule,
             # every rank past the trainers (other than the coordinator) is a buffer.
-            self.buffer_rank_set = {r for r in range(self.num_training_ranks, self.world_size)
-                                    if r != self.coordinator_rank}
+            self.buffer_rank_set = {
+                r for r in range(self.num_training_ranks, self.world_size) if r != self.coordinator_rank
+            }
 
     def is_buffer_rank(self) -> bool:
         """True for a replay-buffer rank (never the coordinator)."""
@@ -202,9 +215,9 @@ class DistributedContextMPI4Py(_RankFacts):
     torchgfn 2.4.1's rule: the ranks from ``num_training_ranks`` on.
     """
 
-    buffer_rank_set: Optional[set[int]] = None
-    coordinator_rank: Optional[int] = None
-    core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
+    buffer_rank_set: set[int] | None = None
+    coordinator_rank: int | None = None
+    core: CoreContext | None = field(default=None, repr=False, compare=False)
 
     def cleanup(self) -> None:
         """Free this context's sub-communicators. Never raises; calling it again does nothing."""
@@ -225,11 +238,11 @@ class DistributedContext(_RankFacts):
     torchgfn 2.4.1's rule: the ranks from ``num_training_ranks`` on.
     """
 
-    dc_mpi4py: Optional[DistributedContextMPI4Py] = None
-    coordinator_rank: Optional[int] = None
-    buffer_rank_set: Optional[set[int]] = None
+    dc_mpi4py: DistributedContextMPI4Py | None = None
+    coordinator_rank: int | None = None
+    buffer_rank_set: set[int] | None = None
     training_ranks: list[int] = field(default_factory=list)
-    core: Optional[CoreContext] = field(default=None, repr=False, compare=False)
+    core: CoreContext | None = field(default=None, repr=False, compare=False)
 
     def cleanup(self) -> None:
         """Free the sub-communicators, and the process group if initialize_distributed_compute made it.
@@ -252,8 +265,10 @@ class DistributedContext(_RankFacts):
             return self.dc_mpi4py.train_global_group
         if self.world_size == 1:
             return self.train_global_group  # a world of one has one group for both names
-        raise GflowdistError("get_train_group('mpi'): this job has no MPI groups (no MPI launcher "
-                             "started it); use get_train_group('torch')")
+        raise GflowdistError(
+            "get_train_group('mpi'): this job has no MPI groups (no MPI launcher "
+            "started it); use get_train_group('torch')"
+        )
 
 
 #: torchgfn 2.4.1's name of the MPI context class.
@@ -267,7 +282,7 @@ def initialize_distributed_compute_mpi4py(
     num_remote_buffers: int,
     num_agent_groups: int = 1,
     num_coordinators: int = 0,
-    layout: Optional[Layout] = None,
+    layout: Layout | None = None,
 ) -> DistributedContextMPI4Py:
     """torchgfn's MPI context over the MPI world; needs nothing else (no torch.distributed).
 
@@ -283,8 +298,10 @@ def initialize_distributed_compute_mpi4py(
     core = _create_core(world, num_remote_buffers, num_agent_groups, num_coordinators)
     if layout is not None and world.size > 1 and _layout_facts(layout) != _layout_facts(core.layout):
         core.cleanup()
-        raise LayoutError("initialize_distributed_compute_mpi4py: the layout passed in differs from "
-                          f"the one this job plans ({core.layout.summary()})")
+        raise LayoutError(
+            "initialize_distributed_compute_mpi4py: the layout passed in differs from "
+            f"the one this job plans ({core.layout.summary()})"
+        )
     return DistributedContextMPI4Py(**_context_fields(core))
 
 
@@ -300,11 +317,14 @@ def _check_dist_backend(dist_backend: str) -> None:
     import torch.distributed as dist
 
     if dist_backend not in DIST_BACKENDS:
-        raise ConfigError(f"invalid backend {dist_backend!r}; expected one of {', '.join(DIST_BACKENDS)}",
-                          key="dist_backend")
+        raise ConfigError(
+            f"invalid backend {dist_backend!r}; expected one of {', '.join(DIST_BACKENDS)}", key="dist_backend"
+        )
     if dist_backend == "mpi" and not dist.is_mpi_available():
-        raise GflowdistError("dist_backend='mpi': this torch was built without MPI support; use "
-                             "dist_backend='gloo' (or initialize_distributed_compute_mpi4py for MPI groups)")
+        raise GflowdistError(
+            "dist_backend='mpi': this torch was built without MPI support; use "
+            "dist_backend='gloo' (or initialize_distributed_compute_mpi4py for MPI groups)"
+        )
     if dist_backend == "ccl":
         try:
             import oneccl_bindings_for_pytorch  # noqa: F401
@@ -336,8 +356,11 @@ def _rendezvous_over_mpi() -> str:
             mine = f"error:{exc}".encode()
     agreed = mpi_world.all_gather_bytes(mine)[0].decode()
     if agreed.startswith("error:"):
-        raise ConfigError(f"the ranks could not agree on a rendezvous address through MPI: "
-                          f"{agreed[len('error:'):]}; set MASTER_ADDR and MASTER_PORT", key="MASTER_ADDR")
+        raise ConfigError(
+            f"the ranks could not agree on a rendezvous address through MPI: "
+            f"{agreed[len('error:') :]}; set MASTER_ADDR and MASTER_PORT",
+            key="MASTER_ADDR",
+        )
     return agreed
 
 
@@ -350,19 +373,25 @@ def _init_process_group(dist_backend: str, world_size: int) -> None:
 
     rank = _first_env("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "RANK")
     if rank is None or not rank.isdigit():
-        raise GflowdistError(f"initialize_distributed_compute: the launcher announced {world_size} ranks "
-                             f"but no rank variable (PMI_RANK, OMPI_COMM_WORLD_RANK, RANK) was found")
+        raise GflowdistError(
+            f"initialize_distributed_compute: the launcher announced {world_size} ranks "
+            f"but no rank variable (PMI_RANK, OMPI_COMM_WORLD_RANK, RANK) was found"
+        )
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         init_method = "env://"
     elif in_mpi_job():
         init_method = _rendezvous_over_mpi()  # torchgfn needs MASTER_ADDR/MASTER_PORT set by hand
     else:
-        raise GflowdistError("initialize_distributed_compute: set MASTER_ADDR and MASTER_PORT, or start "
-                             "the job with mpiexec (ranks then agree on an address through MPI)")
-    logger.info("initializing torch.distributed (%s) as rank %s of %d via %s", dist_backend, rank,
-                world_size, init_method)
-    init_default_group(dist_backend, init_method=init_method, world_size=world_size, rank=int(rank),
-                       timeout=timedelta(minutes=5))
+        raise GflowdistError(
+            "initialize_distributed_compute: set MASTER_ADDR and MASTER_PORT, or start "
+            "the job with mpiexec (ranks then agree on an address through MPI)"
+        )
+    logger.info(
+        "initializing torch.distributed (%s) as rank %s of %d via %s", dist_backend, rank, world_size, init_method
+    )
+    init_default_group(
+        dist_backend, init_method=init_method, world_size=world_size, rank=int(rank), timeout=timedelta(minutes=5)
+    )
     _OWNS_PROCESS_GROUP = True
 
 
@@ -410,7 +439,7 @@ def initialize_distributed_compute(
     core = _create_core(world, num_remote_buffers, num_agent_groups, coordinators)
     dc = None
     if world.size > 1 and in_mpi_job():
-        dc = initialize_distributed_compute_mpi4py(num_remote_buffers, num_agent_groups, coordinators,
-                                                   layout=core.layout)
-    return DistributedContext(dc_mpi4py=dc, training_ranks=list(core.layout.trainers),
-                              **_context_fields(core))
+        dc = initialize_distributed_compute_mpi4py(
+            num_remote_buffers, num_agent_groups, coordinators, layout=core.layout
+        )
+    return DistributedContext(dc_mpi4py=dc, training_ranks=list(core.layout.trainers), **_context_fields(core))

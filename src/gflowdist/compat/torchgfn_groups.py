@@ -23,8 +23,7 @@ from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, world_comm
 from gflowdist.comm.native import as_communicator
 from gflowdist.errors import ConfigError, GflowdistError
 
-__all__ = ["BACKENDS", "engine_of", "world_for", "forget_world", "resolve_group", "native_handle",
-           "torch_initialized"]
+__all__ = ["BACKENDS", "engine_of", "world_for", "forget_world", "resolve_group", "native_handle", "torch_initialized"]
 
 #: torchgfn's ``backend`` names and the gflowdist engine each one means.
 BACKENDS = {"mpi": "mpi", "torch": "torch"}
@@ -75,7 +74,8 @@ def world_for(engine: str) -> Communicator:
         if not in_mpi_job():
             raise GflowdistError(
                 f"backend 'mpi' was requested, but this is a {current.engine} job of {current.size} "
-                "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)")
+                "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)"
+            )
         from mpi4py import MPI
 
         from gflowdist.comm.mpi import MPIComm
@@ -86,7 +86,8 @@ def world_for(engine: str) -> Communicator:
             raise GflowdistError(
                 f"backend 'torch' was requested, but this {current.engine} job of {current.size} ranks "
                 "has no torch.distributed process group; call initialize_distributed_compute(...) "
-                "first, or pass backend='mpi'")
+                "first, or pass backend='mpi'"
+            )
         if current.engine == "mpi":
             _WORLDS.setdefault("mpi", current)
         comm = world_comm("torch")

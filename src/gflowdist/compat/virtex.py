@@ -26,8 +26,15 @@ from gflowdist.ops.buckets import reduce_tensors
 from gflowdist.ops.collectives import group_or_world, rank_and_size
 from gflowdist.ops.trees import tree_leaves
 
-__all__ = ["launch", "synchronize", "get_world_size", "get_rank", "is_master_process",
-           "average_across_processes", "gpu_mem_usage"]
+__all__ = [
+    "launch",
+    "synchronize",
+    "get_world_size",
+    "get_rank",
+    "is_master_process",
+    "average_across_processes",
+    "gpu_mem_usage",
+]
 
 
 def synchronize(group: Group | None = None) -> None:

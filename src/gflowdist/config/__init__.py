@@ -16,7 +16,6 @@ from gflowdist.config.classes import absolute_ref, check_class_ref, load_class
 from gflowdist.config.frozen import FrozenMapping
 from gflowdist.config.loading import parse_yaml, read_yaml_file
 from gflowdist.config.reference import config_reference_markdown
-from gflowdist.errors import ConfigError
 from gflowdist.config.schema import Config
 from gflowdist.config.sections import (
     REST,
@@ -29,6 +28,7 @@ from gflowdist.config.sections import (
     RunConfig,
     SyncConfig,
 )
+from gflowdist.errors import ConfigError
 
 __all__ = [
     "Config",

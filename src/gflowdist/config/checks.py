@@ -116,8 +116,9 @@ class FloatCheck(Check):
     ``low_open=True`` makes the lower bound strict (``> low``).
     """
 
-    def __init__(self, low: float | None = None, high: float | None = None, *,
-                 low_open: bool = False, high_open: bool = False):
+    def __init__(
+        self, low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+    ):
         self.low = low
         self.high = high
         self.low_open = low_open

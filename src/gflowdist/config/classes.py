@@ -56,8 +56,9 @@ def _find_file(path: str, *, key: str, file: str | None) -> str:
     places = _candidates(path, file)
     found_path = next((place for place in places if os.path.isfile(place)), None)
     if found_path is None:
-        raise ConfigError(f"file '{path}' not found (looked in {', '.join(places)}){_nearest_file(path, places)}",
-                          key=key, file=file)
+        raise ConfigError(
+            f"file '{path}' not found (looked in {', '.join(places)}){_nearest_file(path, places)}", key=key, file=file
+        )
     return found_path
 
 
@@ -88,8 +89,7 @@ def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as err:  # the user's module failed while running: say which key led there
         del sys.modules[name]
-        raise ConfigError(f"running '{found_path}' raised {type(err).__name__}: {err}",
-                          key=key, file=file) from err
+        raise ConfigError(f"running '{found_path}' raised {type(err).__name__}: {err}", key=key, file=file) from err
     _FILE_MODULES[found_path] = module
     return module
 
@@ -100,12 +100,14 @@ def _import_module(module: str, *, key: str, file: str | None) -> ModuleType:
     except ModuleNotFoundError as err:
         missing = err.name or ""
         if module == missing or module.startswith(missing + "."):
-            raise ConfigError(f"cannot import module '{module}': no module named '{missing}'",
-                              key=key, file=file) from None
+            raise ConfigError(
+                f"cannot import module '{module}': no module named '{missing}'", key=key, file=file
+            ) from None
         raise ConfigError(f"importing module '{module}' failed: {err}", key=key, file=file) from err
     except Exception as err:  # the user's module failed while running: say which key led there
-        raise ConfigError(f"importing module '{module}' raised {type(err).__name__}: {err}",
-                          key=key, file=file) from err
+        raise ConfigError(
+            f"importing module '{module}' raised {type(err).__name__}: {err}", key=key, file=file
+        ) from err
 
 
 def load_class(ref: str, *, key: str, file: str | None = None, base: type | None = None) -> type:
@@ -118,8 +120,9 @@ def load_class(ref: str, *, key: str, file: str | None = None, base: type | None
     missing or is not a class.
     """
     if not isinstance(ref, str) or ":" not in ref:
-        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
-                          f"found {ref!r}", key=key, file=file)
+        raise ConfigError(
+            f"expected 'package.module:Class' or 'path/to/file.py:Class', found {ref!r}", key=key, file=file
+        )
     module_name, _, attr_path = ref.rpartition(":")
     if _is_file_ref(module_name):
         module = _load_file(module_name, key=key, file=file)
@@ -130,15 +133,13 @@ def load_class(ref: str, *, key: str, file: str | None = None, base: type | None
     for part in attr_path.split("."):
         if not hasattr(target, part):
             names = [name for name in dir(target) if not name.startswith("_")]
-            raise ConfigError(f"'{walked}' has no attribute '{part}'{suggest(part, names)}",
-                              key=key, file=file)
+            raise ConfigError(f"'{walked}' has no attribute '{part}'{suggest(part, names)}", key=key, file=file)
         target = getattr(target, part)
         walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
     if not inspect.isclass(target):
         raise ConfigError(f"'{ref}' is a {type(target).__name__}, not a class", key=key, file=file)
     if base is not None and not issubclass(target, base):
-        raise ConfigError(f"'{ref}' must be a subclass of {base.__module__}.{base.__qualname__}",
-                          key=key, file=file)
+        raise ConfigError(f"'{ref}' must be a subclass of {base.__module__}.{base.__qualname__}", key=key, file=file)
     return target
 
 
@@ -151,8 +152,9 @@ def absolute_ref(ref: str, *, key: str, file: str | None = None) -> str:
     come back unchanged. Raises :class:`ConfigError` when the file is not found.
     """
     if not isinstance(ref, str) or ":" not in ref:
-        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
-                          f"found {ref!r}", key=key, file=file)
+        raise ConfigError(
+            f"expected 'package.module:Class' or 'path/to/file.py:Class', found {ref!r}", key=key, file=file
+        )
     module_name, _, attr_path = ref.rpartition(":")
     if not _is_file_ref(module_name) or os.path.isabs(module_name):
         return ref
@@ -171,15 +173,15 @@ def check_class_ref(ref: str, *, key: str, file: str | None = None) -> str:
     or ``"<origin of the top-level package>|pkg.mod:Class"``.
     """
     if not isinstance(ref, str) or ":" not in ref:
-        raise ConfigError(f"expected 'package.module:Class' or 'path/to/file.py:Class', "
-                          f"found {ref!r}", key=key, file=file)
+        raise ConfigError(
+            f"expected 'package.module:Class' or 'path/to/file.py:Class', found {ref!r}", key=key, file=file
+        )
     module_name, _, attr_path = ref.rpartition(":")
     if not _is_file_ref(module_name):
         top = module_name.split(".")[0]
         spec = getattr(sys.modules.get(top), "__spec__", None) or importlib.util.find_spec(top)
         if spec is None:
-            raise ConfigError(f"cannot import module '{module_name}': no module named '{top}'",
-                              key=key, file=file)
+            raise ConfigError(f"cannot import module '{module_name}': no module named '{top}'", key=key, file=file)
         return f"{spec.origin}|{ref}"
     path = _find_file(module_name, key=key, file=file)
     try:
@@ -193,8 +195,7 @@ def check_class_ref(ref: str, *, key: str, file: str | None = None) -> str:
     first = attr_path.split(".")[0]
     if first not in names and not open_ended:
         public = sorted(name for name in names if not name.startswith("_"))
-        raise ConfigError(f"'{module_name}' has no attribute '{first}'{suggest(first, public)}",
-                          key=key, file=file)
+        raise ConfigError(f"'{module_name}' has no attribute '{first}'{suggest(first, public)}", key=key, file=file)
     return f"{path}:{attr_path}"
 
 

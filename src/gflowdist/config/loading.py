@@ -49,8 +49,11 @@ class _ConfigLoader(yaml.SafeLoader):
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                 if key_node.value in seen:
                     raise yaml.constructor.ConstructorError(
-                        "while reading a mapping", node.start_mark,
-                        f"duplicate key '{key_node.value}'", key_node.start_mark)
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"duplicate key '{key_node.value}'",
+                        key_node.start_mark,
+                    )
                 seen.add(key_node.value)
         return super().construct_mapping(node, deep=deep)
 
@@ -65,7 +68,7 @@ _ConfigLoader.add_implicit_resolver(
 def parse_yaml(text: str, *, file: str | None = None) -> Any:
     """Parse YAML text safely; syntax errors become :class:`ConfigError` with the line."""
     try:
-        return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_ConfigLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -108,9 +111,7 @@ def section_from_mapping(cls: type, data: Any, key: str) -> Any:
             raise ConfigError(cls.removed[name], key=f"{key}.{name}")
         if not isinstance(name, str) or name not in valid:
             hint = suggest(name, valid) if isinstance(name, str) else ""
-            raise ConfigError(
-                f"unknown key '{name}'{hint}; valid keys are: {', '.join(valid)}",
-                key=f"{key}.{name}")
+            raise ConfigError(f"unknown key '{name}'{hint}; valid keys are: {', '.join(valid)}", key=f"{key}.{name}")
     return cls(**dict(data))
 
 
@@ -142,8 +143,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = parse_yaml(raw)
     except ConfigError as err:
-        raise ConfigError(f"cannot parse the value of override {text!r}: {err.detail}",
-                          key=".".join(path)) from None
+        raise ConfigError(f"cannot parse the value of override {text!r}: {err.detail}", key=".".join(path)) from None
     return path, value
 
 
@@ -155,7 +155,6 @@ def set_in_tree(tree: dict[str, Any], path: list[str], value: Any) -> None:
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
-            raise ConfigError(f"cannot set a key inside {found(child)}",
-                              key=".".join(path[:depth + 1]))
+            raise ConfigError(f"cannot set a key inside {found(child)}", key=".".join(path[: depth + 1]))
         node = child
     node[path[-1]] = value

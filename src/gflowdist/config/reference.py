@@ -40,15 +40,20 @@ def config_reference_markdown() -> str:
     """Markdown tables of every section: key, accepted values, default, meaning."""
     lines: list[str] = []
     for name, cls in SECTIONS.items():
-        lines += [f"### `{name}`", "", _summary(cls), "",
-                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [f"### `{name}`", "", _summary(cls), "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for spec in dataclasses.fields(cls):
             check = spec.metadata["check"]
-            lines.append(f"| `{name}.{spec.name}` | {check.describe()} | "
-                         f"{format_default(spec.default)} | {spec.metadata['doc']} |")
+            lines.append(
+                f"| `{name}.{spec.name}` | {check.describe()} | "
+                f"{format_default(spec.default)} | {spec.metadata['doc']} |"
+            )
         lines.append("")
-    lines += ["### `params`", "",
-              "Free-form mapping with string keys, handed to the user's role classes as the "
-              "read-only `self.params` (for example `ndim`, `height`, `lr`; lists read as "
-              "tuples). Default: `{}`.", ""]
+    lines += [
+        "### `params`",
+        "",
+        "Free-form mapping with string keys, handed to the user's role classes as the "
+        "read-only `self.params` (for example `ndim`, `height`, `lr`; lists read as "
+        "tuples). Default: `{}`.",
+        "",
+    ]
     return "\n".join(lines)

@@ -87,15 +87,18 @@ class Config:
         for name, cls in SECTIONS.items():
             value = getattr(self, name)
             if not isinstance(value, cls):
-                raise ConfigError(f"expected a {cls.__name__}, found {found(value)}", key=name,
-                                  file=self.file)
+                raise ConfigError(f"expected a {cls.__name__}, found {found(value)}", key=name, file=self.file)
         if self.sync.weights_to_coordinator_every and not self.layout.coordinator:
-            raise ConfigError(f"is {self.sync.weights_to_coordinator_every} but layout.coordinator is false: "
-                              "there is no coordinator to send the weights to",
-                              key="sync.weights_to_coordinator_every", file=self.file)
+            raise ConfigError(
+                f"is {self.sync.weights_to_coordinator_every} but layout.coordinator is false: "
+                "there is no coordinator to send the weights to",
+                key="sync.weights_to_coordinator_every",
+                file=self.file,
+            )
         if self.faults.on_actor_loss == "continue" and self.launch.engine == "torch":
-            raise ConfigError(ACTOR_LOSS_ON_TORCH.format(engine="launch.engine is torch"),
-                              key="faults.on_actor_loss", file=self.file)
+            raise ConfigError(
+                ACTOR_LOSS_ON_TORCH.format(engine="launch.engine is torch"), key="faults.on_actor_loss", file=self.file
+            )
         object.__setattr__(self, "params", _frozen_params(self.params))
 
     # --- loading ---------------------------------------------------------
@@ -115,10 +118,13 @@ class Config:
             for key in data:
                 if not isinstance(key, str) or key not in _TOP_LEVEL:
                     hint = suggest(key, _TOP_LEVEL) if isinstance(key, str) else ""
-                    raise ConfigError(f"unknown section '{key}'{hint}; valid sections are: "
-                                      f"{', '.join(_TOP_LEVEL)}", key=str(key))
-            sections = {section: section_from_mapping(section_cls, data.get(section), section)
-                        for section, section_cls in SECTIONS.items()}
+                    raise ConfigError(
+                        f"unknown section '{key}'{hint}; valid sections are: {', '.join(_TOP_LEVEL)}", key=str(key)
+                    )
+            sections = {
+                section: section_from_mapping(section_cls, data.get(section), section)
+                for section, section_cls in SECTIONS.items()
+            }
             return cls(**sections, params=_frozen_params(data.get("params")), file=name)
         except ConfigError as err:
             if err.file is not None or name is None:
@@ -134,8 +140,11 @@ class Config:
         """
         data = read_yaml_file(path)
         if data is None or data == {}:
-            raise ConfigError("the file is empty: a config needs at least the role classes (roles.trainer: "
-                              "my_roles.py:MyTrainer); see docs/configuration.md", file=os.fspath(path))
+            raise ConfigError(
+                "the file is empty: a config needs at least the role classes (roles.trainer: "
+                "my_roles.py:MyTrainer); see docs/configuration.md",
+                file=os.fspath(path),
+            )
         config = cls.from_dict(data, file=path)
         return config.apply_overrides(overrides)
 
@@ -162,21 +171,24 @@ class Config:
             if culprit is not None:
                 raise ConfigError(f"{err.detail} (from override '{culprit}')", key=err.key) from None
             listed = ", ".join(f"'{text}'" for text in overrides)
-            raise ConfigError(f"{err.detail} (after overrides {listed})", key=err.key,
-                              file=err.file) from None
+            raise ConfigError(f"{err.detail} (after overrides {listed})", key=err.key, file=err.file) from None
 
     @staticmethod
     def _check_override_path(path: list[str], text: str) -> None:
         head = path[0]
         if head not in _TOP_LEVEL:
             homes = [name for name, cls in SECTIONS.items() if head in known_keys(cls)]
-            hint = (f" (did you mean '{homes[0]}.{text}'?)" if len(homes) == 1 and len(path) == 1
-                    else suggest(head, _TOP_LEVEL))
+            hint = (
+                f" (did you mean '{homes[0]}.{text}'?)"
+                if len(homes) == 1 and len(path) == 1
+                else suggest(head, _TOP_LEVEL)
+            )
             raise ConfigError(f"unknown section '{head}'{hint} in override '{text}'", key=".".join(path))
         if head == "params":
             if len(path) < 2:
-                raise ConfigError(f"override '{text}' must name a key inside params "
-                                  "(params.<name>=value)", key="params")
+                raise ConfigError(
+                    f"override '{text}' must name a key inside params (params.<name>=value)", key="params"
+                )
             return
         valid = [f.name for f in dataclasses.fields(SECTIONS[head])]
         if len(path) == 2 and path[1] in SECTIONS[head].removed:
@@ -184,8 +196,10 @@ class Config:
         if len(path) != 2 or path[1] not in valid:
             leaf = path[1] if len(path) > 1 else ""
             hint = suggest(leaf, valid) if leaf else ""
-            raise ConfigError(f"unknown key '{'.'.join(path[1:])}'{hint} in override '{text}'; "
-                              f"valid keys are: {', '.join(valid)}", key=".".join(path))
+            raise ConfigError(
+                f"unknown key '{'.'.join(path[1:])}'{hint} in override '{text}'; valid keys are: {', '.join(valid)}",
+                key=".".join(path),
+            )
 
     # --- output ----------------------------------------------------------
 
@@ -198,8 +212,9 @@ class Config:
     def role_class(self, role: str, *, base: type | None = None) -> type | None:
         """Import the class configured for ``role`` (``roles.<role>``); ``None`` if unset."""
         if role not in known_roles():
-            raise ConfigError(f"unknown role '{role}'{suggest(role, known_roles())}",
-                              key=f"roles.{role}", file=self.file)
+            raise ConfigError(
+                f"unknown role '{role}'{suggest(role, known_roles())}", key=f"roles.{role}", file=self.file
+            )
         ref = getattr(self.roles, role)
         if ref is None:
             return None

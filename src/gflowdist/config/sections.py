@@ -94,32 +94,45 @@ class RunConfig(_Section):
 
     section: ClassVar[str] = "run"
 
-    name: str = setting("run", StrCheck(name_like=True),
-                        "Run name; each run's files go to `<out_dir>/<name>-<timestamp>/`.")
-    seed: int = setting(0, IntCheck(low=0),
-                        "Run seed; every rank's seed is derived from it.")
-    steps: int = setting(100, IntCheck(low=1),
-                         "Training steps per trainer.")
-    out_dir: str = setting("runs", StrCheck(nonempty=True),
-                           "Directory for run outputs (logs, checkpoints, timing reports).")
-    log_every: int = setting(10, IntCheck(low=1),
-                             "Log metrics every this many steps.")
-    tensorboard: bool = setting(False, BoolCheck(),
-                                "Also write TensorBoard event files (every metric per rank and averaged, "
-                                "every timing phase) into the run directory's tensorboard/ at the end; "
-                                "needs pip install 'gflowdist[tensorboard]'.")
-    trace: bool = setting(True, BoolCheck(),
-                          "Write trace.json, every rank's timeline (phases, collectives, messages as arrows) in "
-                          "the Chrome trace format, into the run directory; see docs/trace-replay.md.")
-    trace_events: int = setting(20_000, IntCheck(low=1),
-                                "Events each rank keeps for trace.json: a ring, the newest ones; the trace then "
-                                "covers the stretch of time every rank still holds.")
-    record: bool = setting(False, BoolCheck(),
-                           "Record every choice of every rank that depends on timing into record/ in the run "
-                           "directory, for gflowdist replay (gflowdist run --record).")
-    replay_of: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
-                                    "Set by gflowdist replay: the recorded run directory whose choices every "
-                                    "rank makes again.")
+    name: str = setting(
+        "run", StrCheck(name_like=True), "Run name; each run's files go to `<out_dir>/<name>-<timestamp>/`."
+    )
+    seed: int = setting(0, IntCheck(low=0), "Run seed; every rank's seed is derived from it.")
+    steps: int = setting(100, IntCheck(low=1), "Training steps per trainer.")
+    out_dir: str = setting(
+        "runs", StrCheck(nonempty=True), "Directory for run outputs (logs, checkpoints, timing reports)."
+    )
+    log_every: int = setting(10, IntCheck(low=1), "Log metrics every this many steps.")
+    tensorboard: bool = setting(
+        False,
+        BoolCheck(),
+        "Also write TensorBoard event files (every metric per rank and averaged, "
+        "every timing phase) into the run directory's tensorboard/ at the end; "
+        "needs pip install 'gflowdist[tensorboard]'.",
+    )
+    trace: bool = setting(
+        True,
+        BoolCheck(),
+        "Write trace.json, every rank's timeline (phases, collectives, messages as arrows) in "
+        "the Chrome trace format, into the run directory; see docs/trace-replay.md.",
+    )
+    trace_events: int = setting(
+        20_000,
+        IntCheck(low=1),
+        "Events each rank keeps for trace.json: a ring, the newest ones; the trace then "
+        "covers the stretch of time every rank still holds.",
+    )
+    record: bool = setting(
+        False,
+        BoolCheck(),
+        "Record every choice of every rank that depends on timing into record/ in the run "
+        "directory, for gflowdist replay (gflowdist run --record).",
+    )
+    replay_of: str | None = setting(
+        None,
+        OptionalCheck(StrCheck(nonempty=True)),
+        "Set by gflowdist replay: the recorded run directory whose choices every rank makes again.",
+    )
 
     def check_together(self) -> None:
         if self.record and self.replay_of is not None:
@@ -132,22 +145,28 @@ class LaunchConfig(_Section):
 
     section: ClassVar[str] = "launch"
 
-    engine: str = setting("auto", ChoiceCheck("auto", "mpi", "torch"),
-                          "Communication engine: mpi4py, torch.distributed, or auto "
-                          "(the job's own launcher decides).")
-    nprocs: int = setting(4, IntCheck(low=1),
-                          "Number of ranks to start when gflowdist launches the job itself.")
-    mpiexec: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
-                                  "Path of the site's mpiexec; null = the one the environment "
-                                  "variable GFLOWDIST_MPIEXEC names, else the one next to "
-                                  "sys.executable, else the one on PATH.")
-    mpiexec_args: tuple[str, ...] = setting((), StrListCheck(),
-                                            "Extra arguments passed to mpiexec before the program.")
-    devices: str | tuple[str, ...] = setting("auto", DevicesCheck(),
-                                             "Each rank's device: auto = cuda:<local rank mod visible "
-                                             "GPUs> (cpu without GPUs); cpu; cuda (auto, but no GPU is an "
-                                             "error); or a list [cuda:0, cuda:1, cpu] indexed by local rank "
-                                             "(cycled). See docs/cluster.md#gpus.")
+    engine: str = setting(
+        "auto",
+        ChoiceCheck("auto", "mpi", "torch"),
+        "Communication engine: mpi4py, torch.distributed, or auto (the job's own launcher decides).",
+    )
+    nprocs: int = setting(4, IntCheck(low=1), "Number of ranks to start when gflowdist launches the job itself.")
+    mpiexec: str | None = setting(
+        None,
+        OptionalCheck(StrCheck(nonempty=True)),
+        "Path of the site's mpiexec; null = the one the environment "
+        "variable GFLOWDIST_MPIEXEC names, else the one next to "
+        "sys.executable, else the one on PATH.",
+    )
+    mpiexec_args: tuple[str, ...] = setting((), StrListCheck(), "Extra arguments passed to mpiexec before the program.")
+    devices: str | tuple[str, ...] = setting(
+        "auto",
+        DevicesCheck(),
+        "Each rank's device: auto = cuda:<local rank mod visible "
+        "GPUs> (cpu without GPUs); cpu; cuda (auto, but no GPU is an "
+        "error); or a list [cuda:0, cuda:1, cpu] indexed by local rank "
+        "(cycled). See docs/cluster.md#gpus.",
+    )
 
 
 @dataclass(frozen=True)
@@ -156,27 +175,30 @@ class LayoutConfig(_Section):
 
     section: ClassVar[str] = "layout"
 
-    trainers: int | str = setting(REST, CountCheck(),
-                                  "Trainer ranks (sample and learn).")
-    actors: int | str = setting(0, CountCheck(),
-                                "Actor ranks (sample only, get weights from a trainer).")
-    buffers: int | str = setting(1, CountCheck(),
-                                 "Replay-buffer ranks; each serves the trainers and actors "
-                                 "assigned to it.")
-    coordinator: bool = setting(True, BoolCheck(),
-                                "Whether the last rank is a coordinator.")
-    agent_groups: int = setting(1, IntCheck(low=1),
-                                "Number of agent groups; the trainers are split into this many "
-                                "equal groups that average among themselves.")
-    placement: str = setting("block", ChoiceCheck("block", "node-local"),
-                             "Rank placement rule: block (torchgfn's arithmetic) or node-local "
-                             "(buffers on their clients' host).")
+    trainers: int | str = setting(REST, CountCheck(), "Trainer ranks (sample and learn).")
+    actors: int | str = setting(0, CountCheck(), "Actor ranks (sample only, get weights from a trainer).")
+    buffers: int | str = setting(
+        1, CountCheck(), "Replay-buffer ranks; each serves the trainers and actors assigned to it."
+    )
+    coordinator: bool = setting(True, BoolCheck(), "Whether the last rank is a coordinator.")
+    agent_groups: int = setting(
+        1,
+        IntCheck(low=1),
+        "Number of agent groups; the trainers are split into this many equal groups that average among themselves.",
+    )
+    placement: str = setting(
+        "block",
+        ChoiceCheck("block", "node-local"),
+        "Rank placement rule: block (torchgfn's arithmetic) or node-local (buffers on their clients' host).",
+    )
 
     def check_together(self) -> None:
         rest = [name for name in ("trainers", "actors", "buffers") if getattr(self, name) == REST]
         if len(rest) > 1:
-            raise self.fail(rest[1], f"at most one count may be 'rest', but {' and '.join(rest)} "
-                                     "both are; give the others as numbers")
+            raise self.fail(
+                rest[1],
+                f"at most one count may be 'rest', but {' and '.join(rest)} both are; give the others as numbers",
+            )
 
     def counts(self) -> dict[str, int | str]:
         """``{"trainers": ..., "actors": ..., "buffers": ...}`` as configured (ints or "rest")."""
@@ -202,79 +224,105 @@ class ReplayConfig(_Section):
     section: ClassVar[str] = "replay"
     removed: ClassVar[dict[str, str]] = {
         "batch_size": "was removed: the replayed count now follows from replay.replay_fraction (the replayed "
-                      "share of each learner batch) and the rollout size; set replay_fraction instead",
+        "share of each learner batch) and the rollout size; set replay_fraction instead",
     }
 
-    capacity: int = setting(10000, IntCheck(low=1),
-                            "Trajectories each buffer rank stores.")
-    sampler: str = setting("uniform", ChoiceCheck("uniform", "prioritized", "fifo"),
-                           "Which stored items come out when a trainer samples.")
-    writer: str = setting("round_robin", ChoiceCheck("round_robin", "keep_highest", "dedup"),
-                          "Which slot a new item takes, or whether it is admitted.")
-    min_size_to_sample: int = setting(0, IntCheck(low=0),
-                                      "Sampling waits until a buffer holds this many items.")
-    samples_per_insert: float | None = setting(None, OptionalCheck(FloatCheck(0.0, low_open=True)),
-                                               "Target ratio of samples to inserts; null = no "
-                                               "rate limit.")
-    tolerance: float = setting(0.0, FloatCheck(0.0),
-                               "Allowed deviation (in samples) from `samples_per_insert` "
-                               "(Reverb's error_buffer); must be >= max(1, samples_per_insert) "
-                               "when a ratio is set.")
-    dedup_key: str | None = setting(None, OptionalCheck(StrCheck(nonempty=True)),
-                                    "Trajectory field identifying duplicates for writer `dedup` "
-                                    "(e.g. `terminal`).")
-    priority_alpha: float = setting(0.6, FloatCheck(0.0),
-                                    "Prioritized sampler: P(i) proportional to priority^alpha.")
-    priority_beta: float = setting(0.4, FloatCheck(0.0),
-                                   "Prioritized sampler: importance weight exponent (the first, "
-                                   "when it anneals).")
-    priority_beta_final: float | None = setting(None, OptionalCheck(FloatCheck(0.0)),
-                                                "Prioritized sampler: beta anneals linearly to this "
-                                                "over `priority_beta_steps` learner steps; null = "
-                                                "constant beta.")
-    priority_beta_steps: int = setting(0, IntCheck(low=0),
-                                       "Learner steps (each sample request's policy version) over "
-                                       "which beta anneals; needs `priority_beta_final`.")
-    replay_fraction: float = setting(0.5, FloatCheck(0.0, 1.0, high_open=True),
-                                     "Share of each learner batch that is replayed: with F fresh "
-                                     "trajectories a step adds round(F x f / (1 - f)) replayed ones, "
-                                     "at least 1 (0.5: as many as fresh; 0: no replay). Below 1: "
-                                     "every batch holds the step's fresh rollout.")
-    learner_batch: int | None = setting(None, OptionalCheck(IntCheck(low=1)),
-                                        "Replayed items per step of a pure learner (a trainer "
-                                        "whose rollout() returns None, as in Ape-X); null = such a "
-                                        "trainer is refused.")
-    max_staleness: int | None = setting(None, OptionalCheck(IntCheck(low=0)),
-                                        "Drop trajectories older than this many policy versions; "
-                                        "null = keep all.")
-    max_in_flight: int = setting(8, IntCheck(low=1),
-                                 "Unacknowledged sends a client may have outstanding.")
-    prefetch: int = setting(1, IntCheck(low=0),
-                            "Replay batches a trainer keeps requested ahead of use; 0 = request "
-                            "and wait each step.")
+    capacity: int = setting(10000, IntCheck(low=1), "Trajectories each buffer rank stores.")
+    sampler: str = setting(
+        "uniform", ChoiceCheck("uniform", "prioritized", "fifo"), "Which stored items come out when a trainer samples."
+    )
+    writer: str = setting(
+        "round_robin",
+        ChoiceCheck("round_robin", "keep_highest", "dedup"),
+        "Which slot a new item takes, or whether it is admitted.",
+    )
+    min_size_to_sample: int = setting(0, IntCheck(low=0), "Sampling waits until a buffer holds this many items.")
+    samples_per_insert: float | None = setting(
+        None, OptionalCheck(FloatCheck(0.0, low_open=True)), "Target ratio of samples to inserts; null = no rate limit."
+    )
+    tolerance: float = setting(
+        0.0,
+        FloatCheck(0.0),
+        "Allowed deviation (in samples) from `samples_per_insert` "
+        "(Reverb's error_buffer); must be >= max(1, samples_per_insert) "
+        "when a ratio is set.",
+    )
+    dedup_key: str | None = setting(
+        None,
+        OptionalCheck(StrCheck(nonempty=True)),
+        "Trajectory field identifying duplicates for writer `dedup` (e.g. `terminal`).",
+    )
+    priority_alpha: float = setting(0.6, FloatCheck(0.0), "Prioritized sampler: P(i) proportional to priority^alpha.")
+    priority_beta: float = setting(
+        0.4, FloatCheck(0.0), "Prioritized sampler: importance weight exponent (the first, when it anneals)."
+    )
+    priority_beta_final: float | None = setting(
+        None,
+        OptionalCheck(FloatCheck(0.0)),
+        "Prioritized sampler: beta anneals linearly to this "
+        "over `priority_beta_steps` learner steps; null = "
+        "constant beta.",
+    )
+    priority_beta_steps: int = setting(
+        0,
+        IntCheck(low=0),
+        "Learner steps (each sample request's policy version) over which beta anneals; needs `priority_beta_final`.",
+    )
+    replay_fraction: float = setting(
+        0.5,
+        FloatCheck(0.0, 1.0, high_open=True),
+        "Share of each learner batch that is replayed: with F fresh "
+        "trajectories a step adds round(F x f / (1 - f)) replayed ones, "
+        "at least 1 (0.5: as many as fresh; 0: no replay). Below 1: "
+        "every batch holds the step's fresh rollout.",
+    )
+    learner_batch: int | None = setting(
+        None,
+        OptionalCheck(IntCheck(low=1)),
+        "Replayed items per step of a pure learner (a trainer "
+        "whose rollout() returns None, as in Ape-X); null = such a "
+        "trainer is refused.",
+    )
+    max_staleness: int | None = setting(
+        None, OptionalCheck(IntCheck(low=0)), "Drop trajectories older than this many policy versions; null = keep all."
+    )
+    max_in_flight: int = setting(8, IntCheck(low=1), "Unacknowledged sends a client may have outstanding.")
+    prefetch: int = setting(
+        1, IntCheck(low=0), "Replay batches a trainer keeps requested ahead of use; 0 = request and wait each step."
+    )
 
     def check_together(self) -> None:
         if self.min_size_to_sample > self.capacity:
-            raise self.fail("min_size_to_sample",
-                            f"must be <= replay.capacity ({self.capacity}), found "
-                            f"{self.min_size_to_sample}: sampling could never start")
+            raise self.fail(
+                "min_size_to_sample",
+                f"must be <= replay.capacity ({self.capacity}), found "
+                f"{self.min_size_to_sample}: sampling could never start",
+            )
         if self.tolerance > 0 and self.samples_per_insert is None:
-            raise self.fail("tolerance",
-                            f"only applies when replay.samples_per_insert is set, found "
-                            f"tolerance {self.tolerance} with samples_per_insert null")
+            raise self.fail(
+                "tolerance",
+                f"only applies when replay.samples_per_insert is set, found "
+                f"tolerance {self.tolerance} with samples_per_insert null",
+            )
         if self.samples_per_insert is not None and self.tolerance < max(1.0, self.samples_per_insert):
-            raise self.fail("tolerance",
-                            f"must be >= max(1, samples_per_insert) = {max(1.0, self.samples_per_insert):g}, "
-                            f"found {self.tolerance}: a smaller window could block inserts and samples forever")
+            raise self.fail(
+                "tolerance",
+                f"must be >= max(1, samples_per_insert) = {max(1.0, self.samples_per_insert):g}, "
+                f"found {self.tolerance}: a smaller window could block inserts and samples forever",
+            )
         if self.writer == "dedup" and self.dedup_key is None:
-            raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, "
-                                         "e.g. terminal)")
+            raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, e.g. terminal)")
         if self.priority_beta_final is not None and self.priority_beta_steps < 1:
-            raise self.fail("priority_beta_steps", f"must be >= 1 when replay.priority_beta_final is set, "
-                                                   f"found {self.priority_beta_steps}")
+            raise self.fail(
+                "priority_beta_steps",
+                f"must be >= 1 when replay.priority_beta_final is set, found {self.priority_beta_steps}",
+            )
         if self.priority_beta_final is None and self.priority_beta_steps:
-            raise self.fail("priority_beta_steps", f"is {self.priority_beta_steps} but replay.priority_beta_final "
-                                                   "is null: there is nothing to anneal towards")
+            raise self.fail(
+                "priority_beta_steps",
+                f"is {self.priority_beta_steps} but replay.priority_beta_final "
+                "is null: there is nothing to anneal towards",
+            )
 
     def replayed_per_step(self, fresh: int | None) -> int:
         """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.
@@ -296,23 +344,29 @@ class SyncConfig(_Section):
 
     section: ClassVar[str] = "sync"
 
-    mode: str = setting("gradients", ChoiceCheck("gradients", "models", "none"),
-                        "Within an agent group: average gradients every step, average model "
-                        "weights every `every` steps, or nothing.")
-    every: int = setting(1, IntCheck(low=1),
-                         "For mode models: average the weights every this many steps.")
-    weights_to_actors_every: int = setting(1, IntCheck(low=1),
-                                           "A trainer sends its weights to its actors every "
-                                           "this many steps.")
-    weights_to_coordinator_every: int = setting(0, IntCheck(low=0),
-                                                "The first trainer sends its weights to the "
-                                                "coordinator (Coordinator.on_weights) every this "
-                                                "many steps; 0 = never.")
+    mode: str = setting(
+        "gradients",
+        ChoiceCheck("gradients", "models", "none"),
+        "Within an agent group: average gradients every step, average model weights every `every` steps, or nothing.",
+    )
+    every: int = setting(1, IntCheck(low=1), "For mode models: average the weights every this many steps.")
+    weights_to_actors_every: int = setting(
+        1, IntCheck(low=1), "A trainer sends its weights to its actors every this many steps."
+    )
+    weights_to_coordinator_every: int = setting(
+        0,
+        IntCheck(low=0),
+        "The first trainer sends its weights to the "
+        "coordinator (Coordinator.on_weights) every this "
+        "many steps; 0 = never.",
+    )
 
 
 #: Why ``faults.on_actor_loss: continue`` is refused on the torch engine (``{engine}``: how it was chosen).
-ACTOR_LOSS_ON_TORCH = ("is continue, but {engine}: gloo cannot go on without a rank (its first send to "
-                       "the lost actor fails and ends the job); use launch.engine: mpi, or on_actor_loss: fail")
+ACTOR_LOSS_ON_TORCH = (
+    "is continue, but {engine}: gloo cannot go on without a rank (its first send to "
+    "the lost actor fails and ends the job); use launch.engine: mpi, or on_actor_loss: fail"
+)
 
 
 @dataclass(frozen=True)
@@ -321,41 +375,53 @@ class FaultsConfig(_Section):
 
     section: ClassVar[str] = "faults"
 
-    heartbeat_s: float = setting(1.0, FloatCheck(0.0, low_open=True),
-                                 "Seconds between heartbeats.")
-    peer_timeout_s: float = setting(10.0, FloatCheck(0.0, low_open=True),
-                                    "A rank silent this long is declared lost; must exceed "
-                                    "heartbeat_s.")
-    startup_timeout_s: float = setting(300.0, FloatCheck(0.0, low_open=True),
-                                       "Deadline for every rank to finish its role's setup() "
-                                       "(models, data) before the run starts.")
-    checkpoint_every: int = setting(0, IntCheck(low=0),
-                                    "Checkpoint every this many steps; 0 = only at the end.")
-    max_message_bytes: int = setting(256 * MIB, IntCheck(low=1),
-                                     "Largest message a rank accepts (bytes); bigger ones are "
-                                     "refused before allocation.")
-    max_restarts: int = setting(0, IntCheck(low=0),
-                                "Times `gflowdist run` restarts a failed job from its newest intact "
-                                "checkpoint when a restart can cure the failure (a lost rank, a cut "
-                                "link, a new exception); 0 = never.")
-    restart_delay_s: float = setting(1.0, FloatCheck(0.0),
-                                     "Seconds `gflowdist run` waits before a restart.")
-    on_nonfinite_loss: str = setting("fail", ChoiceCheck("fail", "skip"),
-                                     "A trainer's NaN or infinite loss: fail the run naming rank and step, "
-                                     "or skip the step (no gradient from this trainer) and go on.")
-    on_bad_batch: str = setting("fail", ChoiceCheck("fail", "drop"),
-                                "A batch its buffer refuses (fields, shapes or dtypes that differ from "
-                                "what the buffer stores): the sender's run fails with the buffer's "
-                                "reason, or the batch is dropped (counted) and the sender goes on.")
-    on_actor_loss: str = setting("fail", ChoiceCheck("fail", "continue"),
-                                 "A lost actor: fail the run, or continue without it (its undelivered "
-                                 "trajectories count as dropped, reason lost_rank).")
+    heartbeat_s: float = setting(1.0, FloatCheck(0.0, low_open=True), "Seconds between heartbeats.")
+    peer_timeout_s: float = setting(
+        10.0, FloatCheck(0.0, low_open=True), "A rank silent this long is declared lost; must exceed heartbeat_s."
+    )
+    startup_timeout_s: float = setting(
+        300.0,
+        FloatCheck(0.0, low_open=True),
+        "Deadline for every rank to finish its role's setup() (models, data) before the run starts.",
+    )
+    checkpoint_every: int = setting(0, IntCheck(low=0), "Checkpoint every this many steps; 0 = only at the end.")
+    max_message_bytes: int = setting(
+        256 * MIB, IntCheck(low=1), "Largest message a rank accepts (bytes); bigger ones are refused before allocation."
+    )
+    max_restarts: int = setting(
+        0,
+        IntCheck(low=0),
+        "Times `gflowdist run` restarts a failed job from its newest intact "
+        "checkpoint when a restart can cure the failure (a lost rank, a cut "
+        "link, a new exception); 0 = never.",
+    )
+    restart_delay_s: float = setting(1.0, FloatCheck(0.0), "Seconds `gflowdist run` waits before a restart.")
+    on_nonfinite_loss: str = setting(
+        "fail",
+        ChoiceCheck("fail", "skip"),
+        "A trainer's NaN or infinite loss: fail the run naming rank and step, "
+        "or skip the step (no gradient from this trainer) and go on.",
+    )
+    on_bad_batch: str = setting(
+        "fail",
+        ChoiceCheck("fail", "drop"),
+        "A batch its buffer refuses (fields, shapes or dtypes that differ from "
+        "what the buffer stores): the sender's run fails with the buffer's "
+        "reason, or the batch is dropped (counted) and the sender goes on.",
+    )
+    on_actor_loss: str = setting(
+        "fail",
+        ChoiceCheck("fail", "continue"),
+        "A lost actor: fail the run, or continue without it (its undelivered "
+        "trajectories count as dropped, reason lost_rank).",
+    )
 
     def check_together(self) -> None:
         if self.peer_timeout_s <= self.heartbeat_s:
-            raise self.fail("peer_timeout_s",
-                            f"must be greater than faults.heartbeat_s ({self.heartbeat_s}), "
-                            f"found {self.peer_timeout_s}")
+            raise self.fail(
+                "peer_timeout_s",
+                f"must be greater than faults.heartbeat_s ({self.heartbeat_s}), found {self.peer_timeout_s}",
+            )
 
 
 SECTIONS: dict[str, type] = {
@@ -368,4 +434,3 @@ SECTIONS: dict[str, type] = {
     "faults": FaultsConfig,
 }
 """Section name -> dataclass, in file order. ``params`` is the one free-form section."""
-

@@ -20,8 +20,20 @@ from gflowdist.launch.spawn import DEFAULT_DIST_URL, free_port, launch, resolve_
 from gflowdist.launch.threads import fair_threads, share_torch_threads
 from gflowdist.launch.torchrun import ensure_process_group, fork
 
-__all__ = ["current_command", "existing_job", "find_mpiexec", "mpi_fork", "DEFAULT_DIST_URL", "free_port",
-           "launch", "resolve_dist_url", "fair_threads", "share_torch_threads", "ensure_process_group", "fork"]
+__all__ = [
+    "current_command",
+    "existing_job",
+    "find_mpiexec",
+    "mpi_fork",
+    "DEFAULT_DIST_URL",
+    "free_port",
+    "launch",
+    "resolve_dist_url",
+    "fair_threads",
+    "share_torch_threads",
+    "ensure_process_group",
+    "fork",
+]
 
 
 class _CallablePackage(types.ModuleType):

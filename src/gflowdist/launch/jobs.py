@@ -44,9 +44,10 @@ def current_command() -> list[str]:
     """
     original = list(getattr(sys, "orig_argv", []))
     if len(original) < len(sys.argv) or not original:
-        raise GflowdistError("cannot tell how this program was started (sys.orig_argv is missing); "
-                             "pass the command explicitly")
-    return [sys.executable] + original[1:]
+        raise GflowdistError(
+            "cannot tell how this program was started (sys.orig_argv is missing); pass the command explicitly"
+        )
+    return [sys.executable, *original[1:]]
 
 
 def is_open_mpi(mpiexec: str) -> bool:

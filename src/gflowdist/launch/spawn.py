@@ -49,7 +49,8 @@ import os
 import socket
 import sys
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from gflowdist.errors import ConfigError, PeerLostError
@@ -72,8 +73,11 @@ def resolve_dist_url(dist_url: str, num_machines: int = 1) -> str:
     if parts.scheme != "tcp" or parts.port != 0:
         return dist_url
     if num_machines > 1:
-        raise ConfigError(f"{dist_url!r}: a free port can only be picked on one machine; with "
-                          f"{num_machines} machines pass tcp://<address of machine 0>:<port>", key="dist_url")
+        raise ConfigError(
+            f"{dist_url!r}: a free port can only be picked on one machine; with "
+            f"{num_machines} machines pass tcp://<address of machine 0>:<port>",
+            key="dist_url",
+        )
     host = parts.hostname or "127.0.0.1"
     return f"tcp://{host}:{free_port(host)}"
 
@@ -89,19 +93,31 @@ def _check_counts(num_machines: int, num_gpus_per_machine: int, machine_rank: in
 def _run_in_existing_job(job_fn: Callable[..., Any], world: int, args: Sequence[Any]) -> None:
     import torch
 
-    from gflowdist.launch.torchrun import ensure_process_group
     from gflowdist.comm.select import world_comm
+    from gflowdist.launch.torchrun import ensure_process_group
 
     ensure_process_group("cuda" if torch.cuda.is_available() else "cpu")
     size = world_comm().size
     if size != world:
-        raise ConfigError(f"launch() asked for {world} processes, but it runs inside a job of {size} ranks; "
-                          "make num_machines * num_gpus_per_machine match the job", key="num_gpus_per_machine")
+        raise ConfigError(
+            f"launch() asked for {world} processes, but it runs inside a job of {size} ranks; "
+            "make num_machines * num_gpus_per_machine match the job",
+            key="num_gpus_per_machine",
+        )
     job_fn(*args)
 
 
-def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine: int, machine_rank: int,
-            dist_url: str, backend: str, args: Sequence[Any], report: "multiprocessing.connection.Connection") -> None:
+def _worker(
+    local_rank: int,
+    job_fn: Callable[..., Any],
+    world: int,
+    per_machine: int,
+    machine_rank: int,
+    dist_url: str,
+    backend: str,
+    args: Sequence[Any],
+    report: multiprocessing.connection.Connection,
+) -> None:
     """Body of one worker process: rendezvous, run, tear down; a traceback goes to the parent."""
     rank = machine_rank * per_machine + local_rank
     try:
@@ -111,8 +127,9 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         from gflowdist.comm.rendezvous import init_default_group
         from gflowdist.comm.select import release_world_comm, reset_world_comm, world_comm
 
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
-                          LOCAL_WORLD_SIZE=str(per_machine))
+        os.environ.update(
+            RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(per_machine)
+        )
         init_default_group(backend, init_method=dist_url, world_size=world, rank=rank)
         reset_world_comm()  # whatever world this process saw before belongs to no job
         if backend == "nccl":
@@ -122,7 +139,7 @@ def _worker(local_rank: int, job_fn: Callable[..., Any], world: int, per_machine
         world_comm("torch").barrier()
         release_world_comm()
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - every failure, SystemExit included, is reported to the parent
+    except BaseException:
         report.send_bytes(traceback.format_exc().encode("utf-8", "replace"))
         report.close()
         sys.stdout.flush()
@@ -172,16 +189,26 @@ def _supervise(processes: list, readers: list, first_rank: int) -> None:
                             pass
                     text = messages.get(index, b"").decode("utf-8", "replace").rstrip()
                     how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
-                    raise PeerLostError(first_rank + index, role="launch worker", host=socket.gethostname(),
-                                        reason=f"{how}" + (f":\n{text}" if text else " (no traceback)"))
+                    raise PeerLostError(
+                        first_rank + index,
+                        role="launch worker",
+                        host=socket.gethostname(),
+                        reason=f"{how}" + (f":\n{text}" if text else " (no traceback)"),
+                    )
     finally:
         _stop(processes)
         for reader in readers:
             reader.close()
 
 
-def launch(job_fn: Callable[..., Any], num_machines: int = 1, num_gpus_per_machine: int = 1, machine_rank: int = 0,
-           dist_url: str = DEFAULT_DIST_URL, args: Sequence[Any] = ()) -> None:
+def launch(
+    job_fn: Callable[..., Any],
+    num_machines: int = 1,
+    num_gpus_per_machine: int = 1,
+    machine_rank: int = 0,
+    dist_url: str = DEFAULT_DIST_URL,
+    args: Sequence[Any] = (),
+) -> None:
     """Run ``job_fn(*args)`` on each process of a ``num_machines x num_gpus_per_machine`` world (module docstring)."""
     _check_counts(num_machines, num_gpus_per_machine, machine_rank)
     world = num_machines * num_gpus_per_machine
@@ -195,8 +222,10 @@ def launch(job_fn: Callable[..., Any], num_machines: int = 1, num_gpus_per_machi
 
     cuda = torch.cuda.is_available()
     if cuda and torch.cuda.device_count() < num_gpus_per_machine:
-        raise ConfigError(f"{num_gpus_per_machine} processes per machine but only {torch.cuda.device_count()} "
-                          "CUDA devices here", key="num_gpus_per_machine")
+        raise ConfigError(
+            f"{num_gpus_per_machine} processes per machine but only {torch.cuda.device_count()} CUDA devices here",
+            key="num_gpus_per_machine",
+        )
     backend = "nccl" if cuda else "gloo"
     url = resolve_dist_url(dist_url, num_machines)
     context = multiprocessing.get_context("spawn")
@@ -205,9 +234,10 @@ def launch(job_fn: Callable[..., Any], num_machines: int = 1, num_gpus_per_machi
         for local_rank in range(num_gpus_per_machine):
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(
-                target=_worker, name=f"gflowdist-launch-{machine_rank * num_gpus_per_machine + local_rank}",
-                args=(local_rank, job_fn, world, num_gpus_per_machine, machine_rank, url, backend, tuple(args),
-                      writer))
+                target=_worker,
+                name=f"gflowdist-launch-{machine_rank * num_gpus_per_machine + local_rank}",
+                args=(local_rank, job_fn, world, num_gpus_per_machine, machine_rank, url, backend, tuple(args), writer),
+            )
             process.start()
             writer.close()
             processes.append(process)

@@ -43,8 +43,16 @@ __all__ = ["fork", "torchrun_command", "ensure_process_group"]
 
 def torchrun_command(parallel: int, program: list[str]) -> list[str]:
     """The torchrun command line that runs ``program`` (a full argv) as ``parallel`` local workers."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(int(parallel)),
-            "--no-python"] + program
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(int(parallel)),
+        "--no-python",
+        *program,
+    ]
 
 
 def ensure_process_group(device: str = "cpu") -> str:
@@ -68,8 +76,13 @@ def ensure_process_group(device: str = "cpu") -> str:
     return job
 
 
-def fork(parallel: int, bind_to_core: bool = False, use_number_of_threads: bool = False, device: str = "cpu",
-         manual_args: list[str] | None = None) -> bool:
+def fork(
+    parallel: int,
+    bind_to_core: bool = False,
+    use_number_of_threads: bool = False,
+    device: str = "cpu",
+    manual_args: list[str] | None = None,
+) -> bool:
     """Start ``parallel`` workers and return True in the parent; False in a worker or for ``parallel <= 1``."""
     if existing_job() is not None:
         ensure_process_group(device)
@@ -77,7 +90,7 @@ def fork(parallel: int, bind_to_core: bool = False, use_number_of_threads: bool 
         return False
     if parallel <= 1:
         return False
-    program = [sys.executable] + list(manual_args) if manual_args is not None else current_command()
+    program = [sys.executable, *list(manual_args)] if manual_args is not None else current_command()
     env = dict(os.environ, MKL_NUM_THREADS="1", OMP_NUM_THREADS="1")
     if bind_to_core:
         env[BIND_VARIABLE] = "hwthread" if use_number_of_threads else "core"
@@ -85,6 +98,8 @@ def fork(parallel: int, bind_to_core: bool = False, use_number_of_threads: bool 
     sys.stderr.flush()
     status = subprocess.call(torchrun_command(parallel, program), env=env)
     if status != 0:
-        raise GflowdistError(f"fork({parallel}): the workers failed (torchrun exited with status {status}); "
-                             "the failing worker's error is printed above")
+        raise GflowdistError(
+            f"fork({parallel}): the workers failed (torchrun exited with status {status}); "
+            "the failing worker's error is printed above"
+        )
     return True

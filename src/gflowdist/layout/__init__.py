@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from gflowdist.layout.hosts import parse_host_list
 from gflowdist.layout.model import Layout, RankPlacement, Role
-from gflowdist.layout.planning import (LayoutCounts, describe_fit, fitting_world_sizes, plan_layout,
-                                      resolve_counts, split_evenly)
+from gflowdist.layout.planning import (
+    LayoutCounts,
+    describe_fit,
+    fitting_world_sizes,
+    plan_layout,
+    resolve_counts,
+    split_evenly,
+)
 
 __all__ = [
     "Role",

@@ -25,8 +25,9 @@ def parse_host_list(spec: str) -> tuple[str, ...]:
         if sep:
             count_text = count_text.strip()
             if not count_text.isdigit() or int(count_text) < 1:
-                raise LayoutError(f"host list item {item!r}: the count after ':' must be a "
-                                  f"positive integer, found {count_text!r}")
+                raise LayoutError(
+                    f"host list item {item!r}: the count after ':' must be a positive integer, found {count_text!r}"
+                )
             count = int(count_text)
         hosts.extend([name] * count)
     return tuple(hosts)

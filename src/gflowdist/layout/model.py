@@ -54,8 +54,7 @@ class RankPlacement:
     @property
     def is_pop_rank(self) -> bool:
         """True for the first trainer of an agent group (the group's POP-axis representative)."""
-        return self.role is Role.TRAINER and bool(self.group_members) and \
-            self.group_members[0] == self.rank
+        return self.role is Role.TRAINER and bool(self.group_members) and self.group_members[0] == self.rank
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,10 @@ class Layout:
 
     def _check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise LayoutError(f"rank {rank!r} is outside the world of {self.world_size} ranks "
-                              f"(valid ranks are 0..{self.world_size - 1})")
+            raise LayoutError(
+                f"rank {rank!r} is outside the world of {self.world_size} ranks "
+                f"(valid ranks are 0..{self.world_size - 1})"
+            )
 
     def role_of(self, rank: int) -> Role:
         """The role of ``rank``."""
@@ -115,8 +116,7 @@ class Layout:
         """All ranks with ``role``, in placement order."""
         if role is Role.COORDINATOR:
             return () if self.coordinator is None else (self.coordinator,)
-        return {Role.TRAINER: self.trainers, Role.ACTOR: self.actors,
-                Role.BUFFER: self.buffers}[role]
+        return {Role.TRAINER: self.trainers, Role.ACTOR: self.actors, Role.BUFFER: self.buffers}[role]
 
     @property
     def pop_ranks(self) -> tuple[int, ...]:
@@ -145,16 +145,18 @@ class Layout:
 
     def summary(self) -> str:
         """One line: ``world of 8 ranks: 5 trainers, 0 actors, 3 buffers, no coordinator; ...``."""
-        coordinator = "no coordinator" if self.coordinator is None else \
-            f"coordinator {self.coordinator}"
+        coordinator = "no coordinator" if self.coordinator is None else f"coordinator {self.coordinator}"
         groups = len(self.agent_groups)
+
         def count(n: int, noun: str) -> str:
             return f"{n} {noun}{'s' if n != 1 else ''}"
 
-        return (f"world of {count(self.world_size, 'rank')}: "
-                f"{count(len(self.trainers), 'trainer')}, {count(len(self.actors), 'actor')}, "
-                f"{count(len(self.buffers), 'buffer')}, {coordinator}; "
-                f"{groups} agent group{'s' if groups != 1 else ''}; placement {self.placement}")
+        return (
+            f"world of {count(self.world_size, 'rank')}: "
+            f"{count(len(self.trainers), 'trainer')}, {count(len(self.actors), 'actor')}, "
+            f"{count(len(self.buffers), 'buffer')}, {coordinator}; "
+            f"{groups} agent group{'s' if groups != 1 else ''}; placement {self.placement}"
+        )
 
     def _links(self, rank: int) -> str:
         role = self.roles[rank]
@@ -176,19 +178,22 @@ class Layout:
         for rank in range(self.world_size):
             group = self.agent_group_of(rank)
             buffer = self.buffer_of.get(rank)
-            rows.append((
-                str(rank),
-                self.roles[rank].value,
-                self.hosts[rank] if self.hosts is not None else "-",
-                "-" if buffer is None else str(buffer),
-                "-" if group is None else str(group),
-                self._links(rank),
-            ))
+            rows.append(
+                (
+                    str(rank),
+                    self.roles[rank].value,
+                    self.hosts[rank] if self.hosts is not None else "-",
+                    "-" if buffer is None else str(buffer),
+                    "-" if group is None else str(group),
+                    self._links(rank),
+                )
+            )
         widths = [max(len(row[col]) for row in rows) for col in range(len(header))]
         lines = [self.summary()]
         for row in rows:
-            cells = [row[0].rjust(widths[0])] + [cell.ljust(width) for cell, width in
-                                                  zip(row[1:], widths[1:])]
+            cells = [row[0].rjust(widths[0])] + [
+                cell.ljust(width) for cell, width in zip(row[1:], widths[1:], strict=False)
+            ]
             lines.append("  ".join(cells).rstrip())
         if self.note:
             lines.append(f"note: {self.note}")

@@ -103,27 +103,30 @@ def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
     for name in _ROLE_NAMES:
         value = configured[name]
         if value != REST and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise LayoutError(f"the number of {name} must be an integer >= 0 or 'rest', "
-                              f"found {value!r}")
+            raise LayoutError(f"the number of {name} must be an integer >= 0 or 'rest', found {value!r}")
     coordinators = 1 if layout_cfg.coordinator else 0
     fixed = {name: int(configured[name]) for name in _ROLE_NAMES if name not in rest}
-    terms = [_count(number, name[:-1]) for name, number in fixed.items()
-             if number or name == "trainers"]
+    terms = [_count(number, name[:-1]) for name, number in fixed.items() if number or name == "trainers"]
     if coordinators:
         terms.append("1 coordinator")
     needed = sum(fixed.values()) + coordinators
     if rest:
         left = world_size - needed
         if left < 0:
-            raise LayoutError(f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} before "
-                              f"the 'rest' {rest[0]}, but the job has {world_size}")
+            raise LayoutError(
+                f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} before "
+                f"the 'rest' {rest[0]}, but the job has {world_size}"
+            )
         fixed[rest[0]] = left
     elif needed != world_size:
         if needed > world_size:
-            raise LayoutError(f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} "
-                              f"but the job has {world_size}")
-        raise LayoutError(f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} "
-                          f"but the job has {world_size}", fix=f"give one count as 'rest' or start {needed} ranks")
+            raise LayoutError(
+                f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} but the job has {world_size}"
+            )
+        raise LayoutError(
+            f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} but the job has {world_size}",
+            fix=f"give one count as 'rest' or start {needed} ranks",
+        )
     counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators))
     _check_counts(world_size, counts, layout_cfg.agent_groups, rest[0] if rest else None)
     return counts
@@ -132,26 +135,41 @@ def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
 def _check_counts(world_size: int, counts: LayoutCounts, groups: int, rest: str | None) -> None:
     if counts.trainers == 0:
         if rest == "trainers":
-            others = " - ".join([_count(world_size, "rank")] + [
-                _count(number, noun) for number, noun in
-                ((counts.actors, "actor"), (counts.buffers, "buffer"),
-                 (int(counts.coordinator), "coordinator")) if number])
-            raise LayoutError(f"no rank is left for the 'rest' trainers: {others} = 0 trainers; "
-                              "at least one trainer is needed")
+            others = " - ".join(
+                [_count(world_size, "rank")]
+                + [
+                    _count(number, noun)
+                    for number, noun in (
+                        (counts.actors, "actor"),
+                        (counts.buffers, "buffer"),
+                        (int(counts.coordinator), "coordinator"),
+                    )
+                    if number
+                ]
+            )
+            raise LayoutError(
+                f"no rank is left for the 'rest' trainers: {others} = 0 trainers; at least one trainer is needed"
+            )
         raise LayoutError("layout has 0 trainers; at least one trainer is needed")
     if groups < 1:
         raise LayoutError(f"the number of agent groups must be >= 1, found {groups}")
     if counts.trainers % groups:
-        raise LayoutError(f"{_count(counts.trainers, 'trainer')} cannot be split into {groups} "
-                          f"equal agent groups ({counts.trainers} is not a multiple of {groups})")
+        raise LayoutError(
+            f"{_count(counts.trainers, 'trainer')} cannot be split into {groups} "
+            f"equal agent groups ({counts.trainers} is not a multiple of {groups})"
+        )
     if counts.actors and not counts.buffers:
-        raise LayoutError(f"{_count(counts.actors, 'actor')} but no buffer: actors send their "
-                          "trajectories to a buffer, so at least one buffer is needed")
+        raise LayoutError(
+            f"{_count(counts.actors, 'actor')} but no buffer: actors send their "
+            "trajectories to a buffer, so at least one buffer is needed"
+        )
     if counts.buffers > counts.clients:
-        raise LayoutError(f"{_count(counts.buffers, 'buffer')} but only "
-                          f"{_count(counts.trainers, 'trainer')} + {_count(counts.actors, 'actor')}"
-                          f" = {_count(counts.clients, 'client')} to serve: every buffer needs at "
-                          "least one client")
+        raise LayoutError(
+            f"{_count(counts.buffers, 'buffer')} but only "
+            f"{_count(counts.trainers, 'trainer')} + {_count(counts.actors, 'actor')}"
+            f" = {_count(counts.clients, 'client')} to serve: every buffer needs at "
+            "least one client"
+        )
 
 
 @dataclass
@@ -179,18 +197,19 @@ def _block_chunks(counts: LayoutCounts) -> list[_Chunk]:
     return chunks
 
 
-def _node_local_chunks(world_size: int, counts: LayoutCounts,
-                       hosts: tuple[str, ...] | None, coordinator: int | None) -> list[_Chunk]:
+def _node_local_chunks(
+    world_size: int, counts: LayoutCounts, hosts: tuple[str, ...] | None, coordinator: int | None
+) -> list[_Chunk]:
     if hosts is None:
-        raise LayoutError("placement 'node-local' needs the host name of every rank, "
-                          "but none were given")
+        raise LayoutError("placement 'node-local' needs the host name of every rank, but none were given")
     if counts.buffers == 0:
         return _block_chunks(counts)
     host_order = list(dict.fromkeys(hosts))
     if counts.buffers % len(host_order):
         raise LayoutError(
             f"placement 'node-local' needs the number of buffers ({counts.buffers}) to be a "
-            f"multiple of the number of hosts ({len(host_order)}: {', '.join(host_order)})")
+            f"multiple of the number of hosts ({len(host_order)}: {', '.join(host_order)})"
+        )
     per_host = counts.buffers // len(host_order)
     chunks: list[_Chunk] = []
     for host_index, host in enumerate(host_order):
@@ -199,10 +218,11 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
             raise LayoutError(
                 f"placement 'node-local': host '{host}' has {_count(len(ranks), 'rank')} besides "
                 f"the coordinator, but placing {_count(per_host, 'buffer')} on each host needs "
-                f"at least {2 * per_host} there (each buffer plus one client)")
+                f"at least {2 * per_host} there (each buffer plus one client)"
+            )
         start = 0
         for index, size in enumerate(split_evenly(len(ranks), per_host)):
-            part = ranks[start:start + size]
+            part = ranks[start : start + size]
             chunks.append(_Chunk(part[:-1], part[-1], (index, host_index)))
             start += size
     loads = [len(chunk.clients) for chunk in chunks]
@@ -214,7 +234,8 @@ def _node_local_chunks(world_size: int, counts: LayoutCounts,
             f"buffer {busiest.buffer} on '{hosts[busiest.buffer]}' would serve "
             f"{_count(max(loads), 'client')} but buffer {idlest.buffer} on "
             f"'{hosts[idlest.buffer]}' {min(loads)}; clients per buffer must differ by at most "
-            "one (spread the ranks evenly over the hosts, or use placement 'block')")
+            "one (spread the ranks evenly over the hosts, or use placement 'block')"
+        )
     return chunks
 
 
@@ -229,8 +250,10 @@ def _deal_trainers(chunks: list[_Chunk], trainers: int) -> None:
                 chunk.trainers += 1
                 left -= 1
         if left == before:
-            raise LayoutError(f"internal error: {_count(left, 'trainer')} did not fit in the "
-                              f"{sum(len(chunk.clients) for chunk in chunks)} client slots")
+            raise LayoutError(
+                f"internal error: {_count(left, 'trainer')} did not fit in the "
+                f"{sum(len(chunk.clients) for chunk in chunks)} client slots"
+            )
 
 
 def _check_hosts(world_size: int, hosts: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -240,17 +263,26 @@ def _check_hosts(world_size: int, hosts: Sequence[str] | None) -> tuple[str, ...
         raise LayoutError("hosts must be a list with one host name per rank, found a string")
     names = tuple(hosts)
     if len(names) != world_size:
-        raise LayoutError(f"hosts lists {_count(len(names), 'name')} but the job has "
-                          f"{_count(world_size, 'rank')}; give one host name per rank")
+        raise LayoutError(
+            f"hosts lists {_count(len(names), 'name')} but the job has "
+            f"{_count(world_size, 'rank')}; give one host name per rank"
+        )
     for rank, name in enumerate(names):
         if not isinstance(name, str) or not name:
             raise LayoutError(f"host name of rank {rank} must be a non-empty string, found {name!r}")
     return names
 
 
-def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_Chunk],
-              coordinator: int | None, hosts: tuple[str, ...] | None, placement: str,
-              note: str | None) -> Layout:
+def _assemble(
+    world_size: int,
+    counts: LayoutCounts,
+    groups: int,
+    chunks: list[_Chunk],
+    coordinator: int | None,
+    hosts: tuple[str, ...] | None,
+    placement: str,
+    note: str | None,
+) -> Layout:
     _deal_trainers(chunks, counts.trainers)
     roles: list[Role | None] = [None] * world_size
     trainers: list[int] = []
@@ -259,8 +291,8 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
     buffer_of: dict[int, int] = {}
     clients_of: dict[int, tuple[int, ...]] = {}
     for chunk in chunks:
-        trainers += chunk.clients[:chunk.trainers]
-        actors += chunk.clients[chunk.trainers:]
+        trainers += chunk.clients[: chunk.trainers]
+        actors += chunk.clients[chunk.trainers :]
         if chunk.buffer is not None:
             buffers.append(chunk.buffer)
             clients_of[chunk.buffer] = tuple(chunk.clients)
@@ -277,10 +309,9 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
     if unassigned:
         raise LayoutError(f"internal error: ranks {unassigned} got no role")
     size = len(trainers) // groups
-    agent_groups = tuple(tuple(trainers[index * size:(index + 1) * size]) for index in range(groups))
+    agent_groups = tuple(tuple(trainers[index * size : (index + 1) * size]) for index in range(groups))
     group_of = {rank: index for index, group in enumerate(agent_groups) for rank in group}
-    trainer_of = {actor: trainers[index * len(trainers) // len(actors)]
-                  for index, actor in enumerate(actors)}
+    trainer_of = {actor: trainers[index * len(trainers) // len(actors)] for index, actor in enumerate(actors)}
     served: dict[int, list[int]] = {trainer: [] for trainer in trainers}
     for actor in actors:
         served[trainer_of[actor]].append(actor)
@@ -304,8 +335,13 @@ def _assemble(world_size: int, counts: LayoutCounts, groups: int, chunks: list[_
     )
 
 
-def plan_layout(world_size: int, layout_cfg: LayoutConfig | Mapping[str, Any],
-                hosts: Sequence[str] | None = None, *, fallback_to_block: bool = False) -> Layout:
+def plan_layout(
+    world_size: int,
+    layout_cfg: LayoutConfig | Mapping[str, Any],
+    hosts: Sequence[str] | None = None,
+    *,
+    fallback_to_block: bool = False,
+) -> Layout:
     """The role of every rank for a job of ``world_size`` ranks (rules in the module docstring).
 
     ``layout_cfg`` is a :class:`~gflowdist.config.LayoutConfig` or a mapping of its
@@ -334,8 +370,7 @@ def plan_layout(world_size: int, layout_cfg: LayoutConfig | Mapping[str, Any],
             chunks = _block_chunks(counts)
     else:
         chunks = _block_chunks(counts)
-    return _assemble(world_size, counts, config.agent_groups, chunks, coordinator, host_names,
-                     placement, note)
+    return _assemble(world_size, counts, config.agent_groups, chunks, coordinator, host_names, placement, note)
 
 
 def fitting_world_sizes(layout_cfg: LayoutConfig, *, up_to: int = 256) -> list[int]:

@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import weakref
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
 from gflowdist.comm.base import Communicator, ReduceOp
 from gflowdist.comm.native import Group
-from gflowdist.ops.buckets import (DEFAULT_BUCKET_CAP_BYTES, GradBucket, broadcast_tensors, plan_buckets,
-                                   reduce_tensors)
+from gflowdist.ops.buckets import DEFAULT_BUCKET_CAP_BYTES, GradBucket, broadcast_tensors, plan_buckets, reduce_tensors
 from gflowdist.ops.collectives import group_or_world
 
 __all__ = ["GradientAverager", "average_gradients", "average_models", "sync_params", "parameters_of"]
@@ -100,14 +99,20 @@ def _plain_module_parameters(root: torch.nn.Module) -> list[torch.Tensor] | None
     return params
 
 
-def _mover(bucket_ref: "weakref.ref[GradBucket]", index: int):
+def _mover(bucket_ref: weakref.ref[GradBucket], index: int):
     """The post-accumulate-grad hook of one parameter: move a gradient backward created into its slot."""
+
     def move(param: torch.Tensor) -> None:
         bucket = bucket_ref()
         grad = param.grad
-        if bucket is not None and grad is not None and grad.layout is torch.strided \
-                and grad.data_ptr() != bucket.pointers[index]:
+        if (
+            bucket is not None
+            and grad is not None
+            and grad.layout is torch.strided
+            and grad.data_ptr() != bucket.pointers[index]
+        ):
             bucket.adopt(index, grad)
+
     return move
 
 
@@ -122,8 +127,12 @@ class _BucketSet:
     def __init__(self, params: list[torch.Tensor], cap_bytes: int):
         self.params = params
         self.buckets = [GradBucket([params[i] for i in members]) for members in plan_buckets(params, cap_bytes)]
-        handles = [p.register_post_accumulate_grad_hook(_mover(weakref.ref(bucket), index))
-                   for bucket in self.buckets for index, p in enumerate(bucket.params) if p.is_leaf]
+        handles = [
+            p.register_post_accumulate_grad_hook(_mover(weakref.ref(bucket), index))
+            for bucket in self.buckets
+            for index, p in enumerate(bucket.params)
+            if p.is_leaf
+        ]
         weakref.finalize(self, _remove_hooks, handles)
 
 
@@ -132,7 +141,7 @@ def _remove_hooks(handles: list) -> None:
         handle.remove()
 
 
-_BUCKET_SETS: "weakref.WeakValueDictionary[tuple, _BucketSet]" = weakref.WeakValueDictionary()
+_BUCKET_SETS: weakref.WeakValueDictionary[tuple, _BucketSet] = weakref.WeakValueDictionary()
 
 
 def _bucket_set(params: list[torch.Tensor], cap_bytes: int) -> _BucketSet:
@@ -155,8 +164,13 @@ class GradientAverager:
     into the buckets.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor], group: Group | None = None, *,
-                 bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        group: Group | None = None,
+        *,
+        bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+    ):
         self.params = [p for p in params if p.requires_grad]
         self.group = group_or_world(group)
         self.bucket_cap_bytes = bucket_cap_bytes
@@ -166,8 +180,11 @@ class GradientAverager:
     def matches(self, params: list[torch.Tensor], group: Communicator) -> bool:
         """True when this averager serves exactly ``params`` (those requiring grad) on ``group``."""
         mine = [p for p in params if p.requires_grad]
-        return group is self.group and len(mine) == len(self.params) and \
-            all(a is b for a, b in zip(mine, self.params))
+        return (
+            group is self.group
+            and len(mine) == len(self.params)
+            and all(a is b for a, b in zip(mine, self.params, strict=False))
+        )
 
     def _check_layout(self) -> None:
         layout = repr([(tuple(p.shape), str(p.dtype)) for p in self.params]).encode()
@@ -177,7 +194,8 @@ class GradientAverager:
             differing = [r for r, other in enumerate(seen) if other != seen[0]]
             raise ValueError(
                 f"gradient averaging: parameter shapes/dtypes differ between ranks of the group "
-                f"(ranks {differing} differ from rank 0); every rank must average the same model")
+                f"(ranks {differing} differ from rank 0); every rank must average the same model"
+            )
         self._checked = True
 
     def __call__(self) -> None:
@@ -199,11 +217,15 @@ class GradientAverager:
     average = __call__
 
 
-_AVERAGERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[GradientAverager]]" = weakref.WeakKeyDictionary()
+_AVERAGERS: weakref.WeakKeyDictionary[torch.nn.Module, list[GradientAverager]] = weakref.WeakKeyDictionary()
 
 
-def average_gradients(model: torch.nn.Module | Iterable[torch.Tensor], group: Group | None = None, *,
-                      bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
+def average_gradients(
+    model: torch.nn.Module | Iterable[torch.Tensor],
+    group: Group | None = None,
+    *,
+    bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+) -> None:
     """Replace every gradient by its mean over ``group`` (see module docstring), in place.
 
     Each existing ``p.grad`` stays the same tensor and receives the mean.
@@ -238,7 +260,6 @@ def average_models(model: torch.nn.Module | Iterable[torch.Tensor], group: Group
     reduce_tensors([p.data for p in parameters_of(model)], ReduceOp.AVG, group_or_world(group))
 
 
-def sync_params(model: torch.nn.Module | Iterable[torch.Tensor], group: Group | None = None,
-                src: int = 0) -> None:
+def sync_params(model: torch.nn.Module | Iterable[torch.Tensor], group: Group | None = None, src: int = 0) -> None:
     """Overwrite every parameter with rank ``src``'s (of ``group``; 0 = its first member), in place."""
     broadcast_tensors([p.data for p in parameters_of(model)], src, group_or_world(group))

@@ -55,5 +55,8 @@ def axis_group(axis: str | Group) -> Communicator:
         return _AXES[axis]
     if axis in (DP_AXIS_NAME, POP_AXIS_NAME):
         return group_or_world(None)
-    raise ConfigError(f"unknown axis {axis!r}: bind it with gflowdist.ops.axes.bind_axis(name, group) "
-                      f"(bound: {sorted(_AXES) or 'none'}; DP and POP default to the world)", key="axis_name")
+    raise ConfigError(
+        f"unknown axis {axis!r}: bind it with gflowdist.ops.axes.bind_axis(name, group) "
+        f"(bound: {sorted(_AXES) or 'none'}; DP and POP default to the world)",
+        key="axis_name",
+    )

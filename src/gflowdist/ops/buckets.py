@@ -12,7 +12,7 @@ concatenated copy and write the results back.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,7 +51,7 @@ def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     offset = 0
     for tensor in tensors:
         n = tensor.numel()
-        tensor.detach().copy_(flat[offset:offset + n].view_as(tensor))
+        tensor.detach().copy_(flat[offset : offset + n].view_as(tensor))
         offset += n
 
 
@@ -64,8 +64,9 @@ def _each_bucket(tensors: Sequence[torch.Tensor], cap_bytes: int, collective: Ca
         _write_back(flat, members)
 
 
-def reduce_tensors(tensors: Sequence[torch.Tensor], op: ReduceOp, group: Communicator,
-                   cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
+def reduce_tensors(
+    tensors: Sequence[torch.Tensor], op: ReduceOp, group: Communicator, cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES
+) -> None:
     """Reduce every tensor over ``group`` in place, one collective per bucket.
 
     ``ReduceOp.AVG`` refuses integer tensors with ``TypeError`` before any
@@ -80,8 +81,9 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], op: ReduceOp, group: Communi
         _each_bucket(tensors, cap_bytes, lambda flat: group.all_reduce(flat, op))
 
 
-def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: Communicator,
-                      cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES) -> None:
+def broadcast_tensors(
+    tensors: Sequence[torch.Tensor], src: int, group: Communicator, cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES
+) -> None:
     """Overwrite every tensor with rank ``src``'s, in place, one broadcast per bucket."""
     if group.size > 1:
         _each_bucket(tensors, cap_bytes, lambda flat: group.broadcast(flat, src))
@@ -95,7 +97,7 @@ def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     if _FOREACH_COPY is not None:
         _FOREACH_COPY(targets, sources)
     else:  # older torch: same result, one kernel launch per tensor
-        for target, source in zip(targets, sources):
+        for target, source in zip(targets, sources, strict=False):
             target.copy_(source)
 
 
@@ -110,9 +112,15 @@ def _movable(grad: torch.Tensor, slot: torch.Tensor) -> bool:
     whole storage (not a slice of someone else's buffer, such as a
     flat-buffer optimizer's) and is outside the autograd graph.
     """
-    return (grad.layout is _STRIDED and not grad.requires_grad and grad.dtype == slot.dtype
-            and grad.device == slot.device and grad._base is None and grad.is_contiguous()
-            and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size())
+    return (
+        grad.layout is _STRIDED
+        and not grad.requires_grad
+        and grad.dtype == slot.dtype
+        and grad.device == slot.device
+        and grad._base is None
+        and grad.is_contiguous()
+        and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
+    )
 
 
 class GradBucket:
@@ -128,7 +136,7 @@ class GradBucket:
     object it was.
     """
 
-    __slots__ = ("params", "flat", "presence", "slots", "pointers", "offsets", "occupants", "__weakref__")
+    __slots__ = ("__weakref__", "flat", "occupants", "offsets", "params", "pointers", "presence", "slots")
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
@@ -137,7 +145,7 @@ class GradBucket:
         self.presence = self.flat[numel:]
         self.slots, self.offsets, offset = [], [], 0
         for p in params:
-            self.slots.append(self.flat[offset:offset + p.numel()].view(p.shape))
+            self.slots.append(self.flat[offset : offset + p.numel()].view(p.shape))
             self.offsets.append(offset)
             offset += p.numel()
         self.pointers = [slot.data_ptr() for slot in self.slots]
@@ -179,14 +187,16 @@ class GradBucket:
         the result back (:meth:`write_back`).
         """
         grads = [p.grad for p in self.params]
-        if all(g is not None and g.layout is _STRIDED for g in grads) and \
-                [g.data_ptr() for g in grads] == self.pointers:
+        if (
+            all(g is not None and g.layout is _STRIDED for g in grads)
+            and [g.data_ptr() for g in grads] == self.pointers
+        ):
             self.presence.fill_(1.0)  # the steady state: every gradient already lives in its slot
             return False, []
         flags: list[float] = []
         movers: list[int] = []
         copied: list[int] = []
-        for index, (p, pointer) in enumerate(zip(self.params, self.pointers)):
+        for index, (p, pointer) in enumerate(zip(self.params, self.pointers, strict=False)):
             grad = p.grad
             if grad is None:
                 flags.append(0.0)
@@ -195,8 +205,10 @@ class GradBucket:
                 continue
             flags.append(1.0)
             if grad.layout is not _STRIDED:
-                raise TypeError(f"gradient averaging supports dense gradients only (a parameter of shape "
-                                f"{tuple(grad.shape)} has a {grad.layout} gradient)")
+                raise TypeError(
+                    f"gradient averaging supports dense gradients only (a parameter of shape "
+                    f"{tuple(grad.shape)} has a {grad.layout} gradient)"
+                )
             if grad.data_ptr() == pointer:
                 continue
             (movers if _movable(grad, self.slots[index]) else copied).append(index)

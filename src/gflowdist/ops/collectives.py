@@ -29,10 +29,24 @@ import numpy as np
 import torch
 
 from gflowdist.comm.base import Communicator, ReduceOp
-from gflowdist.comm.native import Group, as_communicator, rank_and_size as native_rank_and_size
+from gflowdist.comm.native import Group, as_communicator
+from gflowdist.comm.native import rank_and_size as native_rank_and_size
 
-__all__ = ["group_or_world", "rank_and_size", "as_reduce_op", "dist_op", "dist_sum", "dist_max", "dist_min", "dist_avg",
-           "avg_tensor", "all_gather", "broadcast", "barrier", "gather_distributed_data"]
+__all__ = [
+    "group_or_world",
+    "rank_and_size",
+    "as_reduce_op",
+    "dist_op",
+    "dist_sum",
+    "dist_max",
+    "dist_min",
+    "dist_avg",
+    "avg_tensor",
+    "all_gather",
+    "broadcast",
+    "barrier",
+    "gather_distributed_data",
+]
 
 
 def group_or_world(group: Any, what: str = "this call") -> Communicator:
@@ -96,8 +110,7 @@ def _fresh(value: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(np.asarray(value), dtype=dtype)
 
 
-def dist_op(value: Any, op: Any, group: Group | None = None, *,
-            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dist_op(value: Any, op: Any, group: Group | None = None, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``op`` over the group of ``value`` (scalar, list, array or tensor), as a new tensor.
 
     The result has ``value``'s shape (a scalar gives a 0-d tensor), dtype
@@ -182,16 +195,17 @@ def gather_distributed_data(local: Any, group: Group | None = None, dst: int = 0
     meta = {"rows": int(tensor.shape[0]), "tail": list(tensor.shape[1:]), "dtype": str(tensor.dtype)}
     metas = [json.loads(m) for m in comm.all_gather_bytes(json.dumps(meta).encode())]
     if any((m["tail"], m["dtype"]) != (meta["tail"], meta["dtype"]) for m in metas):
-        shapes = ", ".join(f"rank {r}: ({m['rows']}, {', '.join(map(str, m['tail']))}) {m['dtype']}"
-                           for r, m in enumerate(metas))
+        shapes = ", ".join(
+            f"rank {r}: ({m['rows']}, {', '.join(map(str, m['tail']))}) {m['dtype']}" for r, m in enumerate(metas)
+        )
         raise ValueError(f"gather_distributed_data: ranks disagree on trailing shape or dtype ({shapes})")
     rows = [m["rows"] for m in metas]
     longest = max(rows)
     if longest == 0 or comm.size == 1:
         return tensor.clone() if comm.rank == dst else None
-    padded = tensor.new_zeros((longest,) + tuple(tensor.shape[1:]))
-    padded[:tensor.shape[0]] = tensor
+    padded = tensor.new_zeros((longest, *tuple(tensor.shape[1:])))
+    padded[: tensor.shape[0]] = tensor
     parts = comm.gather(padded, dst)
     if parts is None:
         return None
-    return torch.cat([part[:n] for part, n in zip(parts, rows)])
+    return torch.cat([part[:n] for part, n in zip(parts, rows, strict=False)])

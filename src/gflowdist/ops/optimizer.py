@@ -19,12 +19,14 @@ act on the wrapped optimizer.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from gflowdist.comm.native import Group
-from gflowdist.ops.averaging import GradientAverager, sync_params as broadcast_params
+from gflowdist.ops.averaging import GradientAverager
+from gflowdist.ops.averaging import sync_params as broadcast_params
 from gflowdist.ops.buckets import DEFAULT_BUCKET_CAP_BYTES
 from gflowdist.ops.collectives import group_or_world
 
@@ -34,8 +36,14 @@ __all__ = ["DistributedOptimizer"]
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap ``optimizer`` so ``step()`` averages gradients over ``group`` (None: the world)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, group: Group | None = None, *,
-                 sync_params: bool = True, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        group: Group | None = None,
+        *,
+        sync_params: bool = True,
+        bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+    ):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
         # Optimizer.__init__ is not called on purpose: this object shares the

@@ -46,8 +46,9 @@ def local_summary(x: Any) -> np.ndarray:
     if values.size == 0:
         return np.array([0.0, 0.0, 0.0, math.inf, -math.inf])
     mean = float(values.mean())
-    return np.array([values.size, mean, float(np.square(values - mean).sum()),
-                     float(values.min()), float(values.max())])
+    return np.array(
+        [values.size, mean, float(np.square(values - mean).sum()), float(values.min()), float(values.max())]
+    )
 
 
 def combine_summaries(summaries: list[np.ndarray]) -> tuple[float, float, float, float]:
@@ -67,8 +68,7 @@ def combine_summaries(summaries: list[np.ndarray]) -> tuple[float, float, float,
     return float(mean), float(math.sqrt(m2 / n)), float(lo), float(hi)
 
 
-def statistics_scalar(x: Any, with_min_and_max: bool = False,
-                      group: Group | None = None) -> tuple[float, ...]:
+def statistics_scalar(x: Any, with_min_and_max: bool = False, group: Group | None = None) -> tuple[float, ...]:
     """``(mean, std)`` or ``(mean, std, min, max)`` of all ranks' samples, as floats.
 
     One exchange of five float64 numbers per rank; ``x`` (list, array,

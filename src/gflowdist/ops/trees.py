@@ -8,7 +8,8 @@ in their insertion order).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["tree_map", "tree_leaves"]
 

@@ -18,14 +18,12 @@ Single-process and pure; a buffer-manager rank wraps it. See docs/replay.md.
 from __future__ import annotations
 
 from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
+from gflowdist.replay.key_index import HashIndex, row_hash
 from gflowdist.replay.priorities import BetaSchedule
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
-from gflowdist.replay.samplers import (FifoSampler, InsufficientItemsError, PrioritizedSampler,
-                                       Sampler, UniformSampler)
+from gflowdist.replay.samplers import FifoSampler, InsufficientItemsError, PrioritizedSampler, Sampler, UniformSampler
 from gflowdist.replay.storage import Batch, ItemSchemaError, TensorStorage, batch_size
-from gflowdist.replay.key_index import HashIndex, row_hash
-from gflowdist.replay.writers import (DedupWriter, KeepHighestWriter, RoundRobinWriter,
-                                      WriteResult, Writer)
+from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter, Writer, WriteResult
 
 __all__ = [
     "AdmitResult",

@@ -27,8 +27,9 @@ callable and raises ``DeadlineError`` at its deadline (inserts wait on
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -36,16 +37,22 @@ from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay.config_parts import sampler_named, writer_named
 from gflowdist.replay.priorities import check_priorities, current_keys, item_keys
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
-from gflowdist.replay.samplers import (FifoSampler, PrioritizedSampler, Sampler,
-                                       UniformSampler)
+from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from gflowdist.replay.stamps import STAMPS, stamp_rows
 from gflowdist.replay.storage import Batch, TensorStorage
-from gflowdist.replay.writers import (REJECTED_DUPLICATE, REJECTED_LOW_SCORE, DedupWriter,
-                                      KeepHighestWriter, RoundRobinWriter, Writer)
+from gflowdist.replay.writers import (
+    REJECTED_DUPLICATE,
+    REJECTED_LOW_SCORE,
+    DedupWriter,
+    KeepHighestWriter,
+    RoundRobinWriter,
+    Writer,
+)
 
 __all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
 
 STATE_VERSION = 1
+
 
 class RateLimitedError(GflowdistError):
     """``extend`` or ``sample`` was called while the rate limiter forbids it."""
@@ -83,9 +90,14 @@ class ReplayBuffer:
             generator seeded with ``torch.initial_seed()``.
     """
 
-    def __init__(self, storage: TensorStorage, sampler: Sampler, writer: Writer,
-                 rate_limiter: RateLimiter | None = None,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        storage: TensorStorage,
+        sampler: Sampler,
+        writer: Writer,
+        rate_limiter: RateLimiter | None = None,
+        generator: torch.Generator | None = None,
+    ):
         self.storage = storage
         self.sampler = sampler
         self.writer = writer
@@ -96,63 +108,95 @@ class ReplayBuffer:
         self.generator = generator
         self.stamps = torch.zeros(storage.capacity, len(STAMPS), dtype=torch.int64)
         self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
-        self.counters = {"offered": 0, "admitted": 0, "rejected_duplicate": 0,
-                         "rejected_low_score": 0, "evicted": 0, "sampled": 0, "consumed": 0,
-                         "sample_calls": 0, "initial_priorities": 0, "priority_updates": 0,
-                         "stale_priority_updates": 0}
+        self.counters = {
+            "offered": 0,
+            "admitted": 0,
+            "rejected_duplicate": 0,
+            "rejected_low_score": 0,
+            "evicted": 0,
+            "sampled": 0,
+            "consumed": 0,
+            "sample_calls": 0,
+            "initial_priorities": 0,
+            "priority_updates": 0,
+            "stale_priority_updates": 0,
+        }
 
     # -- presets --------------------------------------------------------------
 
     @classmethod
-    def uniform(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
-                generator: torch.Generator | None = None) -> ReplayBuffer:
+    def uniform(
+        cls, capacity: int, *, rate_limiter: RateLimiter | None = None, generator: torch.Generator | None = None
+    ) -> ReplayBuffer:
         """Uniform sampling with replacement; the oldest item is overwritten when full."""
-        return cls(TensorStorage(capacity), UniformSampler(), RoundRobinWriter(),
-                   rate_limiter, generator)
+        return cls(TensorStorage(capacity), UniformSampler(), RoundRobinWriter(), rate_limiter, generator)
 
     @classmethod
-    def prioritized(cls, capacity: int, alpha: float = 0.6, beta: float = 0.4, *,
-                    eps: float = 1e-6, beta_final: float | None = None, beta_steps: int = 0,
-                    rate_limiter: RateLimiter | None = None,
-                    generator: torch.Generator | None = None) -> ReplayBuffer:
+    def prioritized(
+        cls,
+        capacity: int,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        *,
+        eps: float = 1e-6,
+        beta_final: float | None = None,
+        beta_steps: int = 0,
+        rate_limiter: RateLimiter | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ReplayBuffer:
         """Proportional prioritized sampling; the oldest item is overwritten when full.
 
         Beta anneals from ``beta`` to ``beta_final`` over ``beta_steps`` steps
         (the ``step`` of :meth:`sample`) when ``beta_final`` is given.
         """
-        return cls(TensorStorage(capacity),
-                   PrioritizedSampler(alpha, beta, eps, beta_final=beta_final,
-                                      beta_steps=beta_steps),
-                   RoundRobinWriter(), rate_limiter, generator)
+        return cls(
+            TensorStorage(capacity),
+            PrioritizedSampler(alpha, beta, eps, beta_final=beta_final, beta_steps=beta_steps),
+            RoundRobinWriter(),
+            rate_limiter,
+            generator,
+        )
 
     @classmethod
-    def fifo(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
-             generator: torch.Generator | None = None) -> ReplayBuffer:
+    def fifo(
+        cls, capacity: int, *, rate_limiter: RateLimiter | None = None, generator: torch.Generator | None = None
+    ) -> ReplayBuffer:
         """A queue: each item is served once, oldest first; when full the oldest
         unserved item is overwritten (counted as evicted)."""
-        return cls(TensorStorage(capacity), FifoSampler(), RoundRobinWriter(),
-                   rate_limiter, generator)
+        return cls(TensorStorage(capacity), FifoSampler(), RoundRobinWriter(), rate_limiter, generator)
 
     @classmethod
-    def keep_highest(cls, capacity: int, *, rate_limiter: RateLimiter | None = None,
-                     generator: torch.Generator | None = None) -> ReplayBuffer:
+    def keep_highest(
+        cls, capacity: int, *, rate_limiter: RateLimiter | None = None, generator: torch.Generator | None = None
+    ) -> ReplayBuffer:
         """Keeps the ``capacity`` highest-scoring items offered; samples them uniformly."""
-        return cls(TensorStorage(capacity), UniformSampler(), KeepHighestWriter(),
-                   rate_limiter, generator)
+        return cls(TensorStorage(capacity), UniformSampler(), KeepHighestWriter(), rate_limiter, generator)
 
     @classmethod
-    def dedup(cls, capacity: int, key: str | Callable[[Batch], torch.Tensor], *,
-              rate_limiter: RateLimiter | None = None,
-              generator: torch.Generator | None = None) -> ReplayBuffer:
+    def dedup(
+        cls,
+        capacity: int,
+        key: str | Callable[[Batch], torch.Tensor],
+        *,
+        rate_limiter: RateLimiter | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ReplayBuffer:
         """Refuses items whose ``key`` is already stored; round robin; uniform sampling."""
-        return cls(TensorStorage(capacity), UniformSampler(), DedupWriter(key),
-                   rate_limiter, generator)
+        return cls(TensorStorage(capacity), UniformSampler(), DedupWriter(key), rate_limiter, generator)
 
     @classmethod
-    def from_config(cls, cfg: Any, *, dedup_key: str | Callable[[Batch], torch.Tensor] |
-                    None = None, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6,
-                    beta_final: float | None = None, beta_steps: int = 0,
-                    generator: torch.Generator | None = None) -> ReplayBuffer:
+    def from_config(
+        cls,
+        cfg: Any,
+        *,
+        dedup_key: str | Callable[[Batch], torch.Tensor] | None = None,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        beta_final: float | None = None,
+        beta_steps: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> ReplayBuffer:
         """Build from an object with attributes ``capacity``, ``sampler``
         (``"uniform" | "prioritized" | "fifo"``), ``writer`` (``"round_robin" |
         "keep_highest" | "dedup"``), ``min_size_to_sample``, ``samples_per_insert``
@@ -161,8 +205,9 @@ class ReplayBuffer:
         ``dedup_key`` is required for writer ``"dedup"``; ``alpha``, ``beta``,
         ``eps``, ``beta_final``, ``beta_steps`` apply to sampler ``"prioritized"``.
         """
-        sampler = sampler_named(cfg.sampler, alpha=alpha, beta=beta, eps=eps,
-                                beta_final=beta_final, beta_steps=beta_steps)
+        sampler = sampler_named(
+            cfg.sampler, alpha=alpha, beta=beta, eps=eps, beta_final=beta_final, beta_steps=beta_steps
+        )
         writer = writer_named(cfg.writer, dedup_key)
         limiter = RateLimiter(cfg.min_size_to_sample, cfg.samples_per_insert, cfg.tolerance)
         return cls(TensorStorage(cfg.capacity), sampler, writer, limiter, generator)
@@ -176,8 +221,7 @@ class ReplayBuffer:
     def metadata(self) -> dict[str, torch.Tensor]:
         """Per-slot metadata as views: ``producer``, ``seq``, ``policy_version``,
         ``insert_step`` (int64) and ``score`` (float32). Free slots hold stale values."""
-        return {**{name: self.stamps[:, column] for column, name in enumerate(STAMPS)},
-                "score": self.scores}
+        return {**{name: self.stamps[:, column] for column, name in enumerate(STAMPS)}, "score": self.scores}
 
     @property
     def capacity(self) -> int:
@@ -186,10 +230,16 @@ class ReplayBuffer:
     def can_insert(self, n: int) -> bool:
         return self.rate_limiter is None or self.rate_limiter.can_insert(n)
 
-    def extend(self, batch: Mapping[str, torch.Tensor], *, producer: int | torch.Tensor,
-               seq: int | torch.Tensor, policy_version: int | torch.Tensor,
-               scores: torch.Tensor | None = None,
-               priorities: torch.Tensor | None = None) -> AdmitResult:
+    def extend(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        *,
+        producer: int | torch.Tensor,
+        seq: int | torch.Tensor,
+        policy_version: int | torch.Tensor,
+        scores: torch.Tensor | None = None,
+        priorities: torch.Tensor | None = None,
+    ) -> AdmitResult:
         """Offer a batch of ``B`` items; returns what was admitted, rejected, evicted.
 
         ``producer`` and ``policy_version`` are an int for the whole batch or a
@@ -212,19 +262,19 @@ class ReplayBuffer:
             scores = scores.to(torch.float32)
         if priorities is not None:
             if not self.sampler.prioritized:
-                raise TypeError(f"the {self.sampler.name} sampler has no priorities: initial "
-                                f"priorities need sampler 'prioritized'")
+                raise TypeError(
+                    f"the {self.sampler.name} sampler has no priorities: initial priorities need sampler 'prioritized'"
+                )
             priorities = check_priorities(priorities, size)
         if not self.can_insert(size):
             raise RateLimitedError(
-                f"inserting {size} items now breaks the rate limit: "
-                f"{self.rate_limiter.why_insert_blocked(size)}")
+                f"inserting {size} items now breaks the rate limit: {self.rate_limiter.why_insert_blocked(size)}"
+            )
         result = self.writer.extend(self.storage, batch, scores)
         self._stamp(result, rows, scores, priorities)
         return self._count_admission(size, result)
 
-    def _stamp(self, result, rows: torch.Tensor, scores: torch.Tensor | None,
-               priorities: torch.Tensor | None) -> None:
+    def _stamp(self, result, rows: torch.Tensor, scores: torch.Tensor | None, priorities: torch.Tensor | None) -> None:
         """Write the metadata of the stored items of ``result`` and tell the sampler."""
         size = rows.shape[0]
         admitted = int(result.admitted.sum())
@@ -251,9 +301,15 @@ class ReplayBuffer:
 
     def _count_admission(self, size: int, result) -> AdmitResult:
         admitted = int(result.admitted.sum())
-        counts = AdmitResult(size, admitted, result.rejected.get(REJECTED_DUPLICATE, 0),
-                             result.rejected.get(REJECTED_LOW_SCORE, 0), result.evicted,
-                             result.indices, result.admitted)
+        counts = AdmitResult(
+            size,
+            admitted,
+            result.rejected.get(REJECTED_DUPLICATE, 0),
+            result.rejected.get(REJECTED_LOW_SCORE, 0),
+            result.evicted,
+            result.indices,
+            result.admitted,
+        )
         counters = self.counters
         counters["offered"] += size
         counters["admitted"] += admitted
@@ -270,20 +326,25 @@ class ReplayBuffer:
     def can_sample(self, n: int) -> bool:
         """Whether :meth:`sample` of ``n`` would succeed now (sampler and rate limiter)."""
         return self.sampler.can_sample(len(self.storage), n) and (
-            self.rate_limiter is None or self.rate_limiter.can_sample(n))
+            self.rate_limiter is None or self.rate_limiter.can_sample(n)
+        )
 
-    def wait_until_can_sample(self, n: int, *, timeout: float,
-                              progress: Callable[[], object] | None = None,
-                              poll_interval: float = 0.001) -> None:
+    def wait_until_can_sample(
+        self, n: int, *, timeout: float, progress: Callable[[], object] | None = None, poll_interval: float = 0.001
+    ) -> None:
         """Call ``progress`` until :meth:`can_sample`; ``DeadlineError`` after ``timeout`` s."""
-        wait_until(lambda: self.can_sample(n), what=f"sample {n} items", timeout=timeout,
-                   progress=progress, poll_interval=poll_interval,
-                   why_blocked=lambda: self._why_sample_blocked(n))
+        wait_until(
+            lambda: self.can_sample(n),
+            what=f"sample {n} items",
+            timeout=timeout,
+            progress=progress,
+            poll_interval=poll_interval,
+            why_blocked=lambda: self._why_sample_blocked(n),
+        )
 
     def _why_sample_blocked(self, n: int) -> str:
         if not self.sampler.can_sample(len(self.storage), n):
-            return (f"the {self.sampler.name} sampler cannot serve {n} items from "
-                    f"{len(self.storage)} stored")
+            return f"the {self.sampler.name} sampler cannot serve {n} items from {len(self.storage)} stored"
         return self.rate_limiter.why_sample_blocked(n)
 
     def sample(self, n: int, *, step: int | None = None) -> tuple[Batch, dict[str, torch.Tensor]]:
@@ -297,18 +358,21 @@ class ReplayBuffer:
         number of earlier :meth:`sample` calls.
         """
         if self.rate_limiter is not None and not self.rate_limiter.can_sample(n):
-            raise RateLimitedError(f"sampling {n} items now breaks the rate limit: "
-                                   f"{self.rate_limiter.why_sample_blocked(n)}")
+            raise RateLimitedError(
+                f"sampling {n} items now breaks the rate limit: {self.rate_limiter.why_sample_blocked(n)}"
+            )
         if step is None:
             step = self.counters["sample_calls"]
         indices, info = self.sampler.sample(len(self.storage), n, self.generator, step)
         batch = self.storage.get(indices)
         rows = self.stamps[indices]
-        info = {"indices": indices,
-                "keys": item_keys(indices, rows[:, 3], self.capacity),
-                "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
-                **{name: rows[:, column] for column, name in enumerate(STAMPS)},
-                "score": self.scores[indices]}
+        info = {
+            "indices": indices,
+            "keys": item_keys(indices, rows[:, 3], self.capacity),
+            "weights": info.get("weights", torch.ones(n, dtype=torch.float32)),
+            **{name: rows[:, column] for column, name in enumerate(STAMPS)},
+            "score": self.scores[indices],
+        }
         self.counters["sampled"] += n
         self.counters["sample_calls"] += 1
         if self.rate_limiter is not None:
@@ -343,9 +407,13 @@ class ReplayBuffer:
 
     def stats(self) -> dict[str, Any]:
         """Plain numbers: size, capacity, the admission/sampling counters, the limiter's."""
-        stats: dict[str, Any] = {"size": len(self), "capacity": self.capacity,
-                                 "sampler": self.sampler.name, "writer": self.writer.name,
-                                 **self.counters}
+        stats: dict[str, Any] = {
+            "size": len(self),
+            "capacity": self.capacity,
+            "sampler": self.sampler.name,
+            "writer": self.writer.name,
+            **self.counters,
+        }
         if self.rate_limiter is not None:
             stats["rate_limiter"] = self.rate_limiter.stats()
         return stats
@@ -371,11 +439,14 @@ class ReplayBuffer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict` into a buffer built the same way."""
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"replay checkpoint version {state.get('version')!r} is not "
-                              f"the supported version {STATE_VERSION}", key="replay")
+            raise ConfigError(
+                f"replay checkpoint version {state.get('version')!r} is not the supported version {STATE_VERSION}",
+                key="replay",
+            )
         if (state["rate_limiter"] is None) != (self.rate_limiter is None):
-            raise ConfigError("checkpoint and buffer disagree on having a rate limiter",
-                              key="replay.samples_per_insert")
+            raise ConfigError(
+                "checkpoint and buffer disagree on having a rate limiter", key="replay.samples_per_insert"
+            )
         self.storage.load_state_dict(state["storage"])
         self.sampler.load_state_dict(state["sampler"])
         self.writer.load_state_dict(state["writer"])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from gflowdist.errors import ConfigError
 
@@ -25,5 +26,6 @@ class Component:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ConfigError(
-                f"checkpoint was saved with {self.kind} {state.get('name')!r}, "
-                f"this buffer uses {self.name!r}", key=f"replay.{self.kind}")
+                f"checkpoint was saved with {self.kind} {state.get('name')!r}, this buffer uses {self.name!r}",
+                key=f"replay.{self.kind}",
+            )

@@ -7,7 +7,7 @@ builds its parts with these two functions; an unknown name raises a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -19,18 +19,17 @@ from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinW
 __all__ = ["sampler_named", "writer_named"]
 
 
-def sampler_named(name: str, *, alpha: float, beta: float, eps: float,
-                  beta_final: float | None, beta_steps: int) -> Sampler:
+def sampler_named(
+    name: str, *, alpha: float, beta: float, eps: float, beta_final: float | None, beta_steps: int
+) -> Sampler:
     """``"uniform" | "prioritized" | "fifo"``; the priority settings apply to prioritized."""
     samplers: dict[str, Callable[[], Sampler]] = {
         "uniform": UniformSampler,
-        "prioritized": lambda: PrioritizedSampler(alpha, beta, eps, beta_final=beta_final,
-                                                  beta_steps=beta_steps),
+        "prioritized": lambda: PrioritizedSampler(alpha, beta, eps, beta_final=beta_final, beta_steps=beta_steps),
         "fifo": FifoSampler,
     }
     if name not in samplers:
-        raise ConfigError(f"must be one of {sorted(samplers)}, found {name!r}",
-                          key="replay.sampler")
+        raise ConfigError(f"must be one of {sorted(samplers)}, found {name!r}", key="replay.sampler")
     return samplers[name]()
 
 
@@ -38,13 +37,13 @@ def writer_named(name: str, dedup_key: str | Callable[[Batch], torch.Tensor] | N
     """``"round_robin" | "keep_highest" | "dedup"`` (which needs ``dedup_key``)."""
     if name == "dedup":
         if dedup_key is None:
-            raise ConfigError("writer 'dedup' needs a key: pass "
-                              "ReplayBuffer.from_config(cfg, dedup_key=<field or function>)",
-                              key="replay.writer")
+            raise ConfigError(
+                "writer 'dedup' needs a key: pass ReplayBuffer.from_config(cfg, dedup_key=<field or function>)",
+                key="replay.writer",
+            )
         return DedupWriter(dedup_key)
     if name == "round_robin":
         return RoundRobinWriter()
     if name == "keep_highest":
         return KeepHighestWriter()
-    raise ConfigError(f"must be one of ['dedup', 'keep_highest', 'round_robin'], "
-                      f"found {name!r}", key="replay.writer")
+    raise ConfigError(f"must be one of ['dedup', 'keep_highest', 'round_robin'], found {name!r}", key="replay.writer")

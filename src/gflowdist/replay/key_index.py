@@ -43,8 +43,9 @@ def row_hash(keys: torch.Tensor) -> torch.Tensor:
         raise ValueError("dedup keys need a leading item dimension")
     rows = keys.detach().cpu().reshape(keys.shape[0], -1)
     if rows.dtype.is_floating_point or rows.dtype.is_complex:
-        rows = rows.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64,
-                                       16: torch.int64}[rows.element_size()])
+        rows = rows.contiguous().view(
+            {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[rows.element_size()]
+        )
     words = rows.to(torch.int64).numpy().view(np.uint64)
     offsets = np.arange(words.shape[1], dtype=np.uint64) * _GOLDEN
     with np.errstate(over="ignore"):
@@ -84,29 +85,30 @@ class HashIndex:
     def _valid(hashes, slots, live, slot_hash):
         return live[slots] & (slot_hash[slots] == hashes)
 
-    def contains(self, hashes: torch.Tensor, live: torch.Tensor,
-                 slot_hash: torch.Tensor) -> torch.Tensor:
+    def contains(self, hashes: torch.Tensor, live: torch.Tensor, slot_hash: torch.Tensor) -> torch.Tensor:
         found = torch.zeros(hashes.numel(), dtype=torch.bool)
         if self.main_hash.numel():
-            position = torch.searchsorted(self.main_hash, hashes).clamp_(
-                max=self.main_hash.numel() - 1)
-            found |= self._valid(self.main_hash[position], self.main_slot[position], live,
-                                 slot_hash) & (self.main_hash[position] == hashes)
+            position = torch.searchsorted(self.main_hash, hashes).clamp_(max=self.main_hash.numel() - 1)
+            found |= self._valid(self.main_hash[position], self.main_slot[position], live, slot_hash) & (
+                self.main_hash[position] == hashes
+            )
         if self.tail_hash.numel():
             valid = self._valid(self.tail_hash, self.tail_slot, live, slot_hash)
             found |= ((hashes[:, None] == self.tail_hash[None, :]) & valid).any(1)
         return found
 
-    def add(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
-            slot_hash: torch.Tensor) -> None:
+    def add(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor, slot_hash: torch.Tensor) -> None:
         self.tail_hash = torch.cat([self.tail_hash, hashes])
         self.tail_slot = torch.cat([self.tail_slot, slots])
         if self.tail_hash.numel() > self.tail_limit:
-            self.rebuild(torch.cat([self.main_hash, self.tail_hash]),
-                         torch.cat([self.main_slot, self.tail_slot]), live, slot_hash)
+            self.rebuild(
+                torch.cat([self.main_hash, self.tail_hash]),
+                torch.cat([self.main_slot, self.tail_slot]),
+                live,
+                slot_hash,
+            )
 
-    def rebuild(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
-                slot_hash: torch.Tensor) -> None:
+    def rebuild(self, hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor, slot_hash: torch.Tensor) -> None:
         valid = self._valid(hashes, slots, live, slot_hash)
         hashes, order = torch.sort(hashes[valid])
         slots = slots[valid][order]

@@ -32,12 +32,11 @@ from gflowdist.errors import ConfigError
 
 __all__ = ["BetaSchedule", "current_keys", "item_keys", "split_keys", "check_priorities"]
 
-_INT64_MAX = 2 ** 63 - 1
+_INT64_MAX = 2**63 - 1
 
 
 def _check_exponent(value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"must be a finite number >= 0, got {value!r}", key=key)
     return float(value)
 
@@ -57,14 +56,17 @@ class BetaSchedule:
         _check_exponent(self.start, "replay.priority_beta")
         if self.final is None:
             if self.steps:
-                raise ConfigError(f"is {self.steps} but replay.priority_beta_final is null: "
-                                  "there is nothing to anneal towards",
-                                  key="replay.priority_beta_steps")
+                raise ConfigError(
+                    f"is {self.steps} but replay.priority_beta_final is null: there is nothing to anneal towards",
+                    key="replay.priority_beta_steps",
+                )
             return
         _check_exponent(self.final, "replay.priority_beta_final")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ConfigError(f"must be a positive int when replay.priority_beta_final is set, "
-                              f"got {self.steps!r}", key="replay.priority_beta_steps")
+            raise ConfigError(
+                f"must be a positive int when replay.priority_beta_final is set, got {self.steps!r}",
+                key="replay.priority_beta_steps",
+            )
 
     def value(self, step: int) -> float:
         """Beta at ``step`` (``step < 0`` counts as 0)."""
@@ -77,8 +79,9 @@ class BetaSchedule:
 def item_keys(slots: torch.Tensor, insert_steps: torch.Tensor, capacity: int) -> torch.Tensor:
     """The int64 keys of the items at ``slots`` whose insertion steps are ``insert_steps``."""
     if insert_steps.numel() and int(insert_steps.max()) > (_INT64_MAX - capacity) // capacity:
-        raise OverflowError(f"insertion step {int(insert_steps.max())} times capacity {capacity} "
-                            f"does not fit an int64 key")
+        raise OverflowError(
+            f"insertion step {int(insert_steps.max())} times capacity {capacity} does not fit an int64 key"
+        )
     return insert_steps.to(torch.int64) * capacity + slots.to(torch.int64)
 
 
@@ -90,8 +93,9 @@ def split_keys(keys: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.T
     return keys % capacity, keys // capacity
 
 
-def current_keys(keys: torch.Tensor, capacity: int, live: torch.Tensor,
-                 stored_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def current_keys(
+    keys: torch.Tensor, capacity: int, live: torch.Tensor, stored_steps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mask, slots)``: which ``keys`` still name the item in their slot, and the slots.
 
     ``live[s]`` says whether slot ``s`` holds an item; ``stored_steps[s]`` is
@@ -107,6 +111,7 @@ def check_priorities(priorities: torch.Tensor, count: int) -> torch.Tensor:
     if priorities.numel() != count:
         raise ValueError(f"{priorities.numel()} priorities for {count} items")
     if count and (not bool(torch.isfinite(priorities).all()) or bool((priorities < 0).any())):
-        raise ValueError("priorities must be finite and >= 0 "
-                         f"(got min {float(priorities.min())}, max {float(priorities.max())})")
+        raise ValueError(
+            f"priorities must be finite and >= 0 (got min {float(priorities.min())}, max {float(priorities.max())})"
+        )
     return priorities

@@ -35,18 +35,25 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gflowdist.errors import ConfigError, DeadlineError
 
 __all__ = ["RateLimiter", "wait_until"]
 
 
-def wait_until(ready: Callable[[], bool], *, what: str, timeout: float,
-               progress: Callable[[], object] | None = None, poll_interval: float = 0.001,
-               why_blocked: Callable[[], str] | None = None,
-               clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], object] = time.sleep) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    what: str,
+    timeout: float,
+    progress: Callable[[], object] | None = None,
+    poll_interval: float = 0.001,
+    why_blocked: Callable[[], str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> None:
     """Call ``progress`` until ``ready()`` holds; raise ``DeadlineError`` after ``timeout`` s.
 
     Each round: return if ``ready()``; raise if the deadline passed; call
@@ -85,28 +92,33 @@ class RateLimiter:
             without it).
     """
 
-    def __init__(self, min_size_to_sample: int = 1, samples_per_insert: float | None = None,
-                 tolerance: float | None = None):
-        if isinstance(min_size_to_sample, bool) or not isinstance(min_size_to_sample, int) \
-                or min_size_to_sample < 0:
-            raise ConfigError(f"must be an integer >= 0, found {min_size_to_sample!r}",
-                              key="replay.min_size_to_sample")
+    def __init__(
+        self, min_size_to_sample: int = 1, samples_per_insert: float | None = None, tolerance: float | None = None
+    ):
+        if isinstance(min_size_to_sample, bool) or not isinstance(min_size_to_sample, int) or min_size_to_sample < 0:
+            raise ConfigError(f"must be an integer >= 0, found {min_size_to_sample!r}", key="replay.min_size_to_sample")
         if samples_per_insert is None:
             if tolerance not in (None, 0, 0.0):
-                raise ConfigError(f"only applies when replay.samples_per_insert is set, found "
-                                  f"tolerance {tolerance!r} with samples_per_insert null",
-                                  key="replay.tolerance")
+                raise ConfigError(
+                    f"only applies when replay.samples_per_insert is set, found "
+                    f"tolerance {tolerance!r} with samples_per_insert null",
+                    key="replay.tolerance",
+                )
         else:
             if not (_number(samples_per_insert) and samples_per_insert > 0):
-                raise ConfigError(f"must be a finite number > 0 or null, found "
-                                  f"{samples_per_insert!r}", key="replay.samples_per_insert")
+                raise ConfigError(
+                    f"must be a finite number > 0 or null, found {samples_per_insert!r}",
+                    key="replay.samples_per_insert",
+                )
             floor = max(1.0, float(samples_per_insert))
             if not (_number(tolerance) and tolerance >= floor):
                 raise ConfigError(
                     f"must be >= max(1, samples_per_insert) = {floor:g}, found {tolerance!r}: "
                     f"a smaller window would block sample and/or insert calls forever "
                     f"(one insert moves inserts*SPI - samples by {samples_per_insert:g}, "
-                    f"one sample by 1)", key="replay.tolerance")
+                    f"one sample by 1)",
+                    key="replay.tolerance",
+                )
         self.min_size_to_sample = min_size_to_sample
         self.samples_per_insert = None if samples_per_insert is None else float(samples_per_insert)
         self.tolerance = 0.0 if tolerance is None else float(tolerance)
@@ -150,7 +162,8 @@ class RateLimiter:
             raise ConfigError(
                 f"a sample of {n} items needs a window 2*tolerance >= {n}, found "
                 f"tolerance {self.tolerance:g}: it would block sample calls forever",
-                key="replay.tolerance")
+                key="replay.tolerance",
+            )
         return False
 
     def can_insert(self, n: int) -> bool:
@@ -169,7 +182,8 @@ class RateLimiter:
                 f"an insert of {n} items moves inserts*SPI - samples by "
                 f"{n * self.samples_per_insert:g}, more than the window 2*tolerance = "
                 f"{2 * self.tolerance:g}: it would block insert calls forever",
-                key="replay.tolerance")
+                key="replay.tolerance",
+            )
         return False
 
     def check_batch_sizes(self, sample_batch: int, insert_batch: int) -> None:
@@ -189,18 +203,23 @@ class RateLimiter:
                 f"must be >= (sample batch {sample_batch} + insert batch {insert_batch} "
                 f"* samples_per_insert {self.samples_per_insert:g}) / 2 = {need / 2:g}, "
                 f"found {self.tolerance:g}: otherwise both sample and insert calls can "
-                f"block forever", key="replay.tolerance")
+                f"block forever",
+                key="replay.tolerance",
+            )
 
     def why_sample_blocked(self, n: int) -> str:
         if self.size < self.min_size_to_sample:
             return f"the buffer holds {self.size} < min_size_to_sample {self.min_size_to_sample}"
-        return (f"samples would outrun inserts: inserts*SPI - samples - n = "
-                f"{self.diff - n:g} < min_diff {self.window[0]:g}")
+        return (
+            f"samples would outrun inserts: inserts*SPI - samples - n = {self.diff - n:g} < min_diff {self.window[0]:g}"
+        )
 
     def why_insert_blocked(self, n: int) -> str:
-        return (f"inserts would outrun samples: inserts*SPI - samples + n*SPI = "
-                f"{self.diff + n * (self.samples_per_insert or 0.0):g} > "
-                f"max_diff {self.window[1]:g}")
+        return (
+            f"inserts would outrun samples: inserts*SPI - samples + n*SPI = "
+            f"{self.diff + n * (self.samples_per_insert or 0.0):g} > "
+            f"max_diff {self.window[1]:g}"
+        )
 
     # -- bookkeeping ----------------------------------------------------------
 
@@ -213,34 +232,55 @@ class RateLimiter:
     def record_delete(self, n: int) -> None:
         self.deletes += n
 
-    def wait_until_can_sample(self, n: int, *, timeout: float,
-                              progress: Callable[[], object] | None = None,
-                              poll_interval: float = 0.001) -> None:
+    def wait_until_can_sample(
+        self, n: int, *, timeout: float, progress: Callable[[], object] | None = None, poll_interval: float = 0.001
+    ) -> None:
         """Call ``progress`` until ``can_sample(n)``; ``DeadlineError`` after ``timeout`` s."""
-        wait_until(lambda: self.can_sample(n), what=f"sample {n} items", timeout=timeout,
-                   progress=progress, poll_interval=poll_interval,
-                   why_blocked=lambda: self.why_sample_blocked(n))
+        wait_until(
+            lambda: self.can_sample(n),
+            what=f"sample {n} items",
+            timeout=timeout,
+            progress=progress,
+            poll_interval=poll_interval,
+            why_blocked=lambda: self.why_sample_blocked(n),
+        )
 
-    def wait_until_can_insert(self, n: int, *, timeout: float,
-                              progress: Callable[[], object] | None = None,
-                              poll_interval: float = 0.001) -> None:
+    def wait_until_can_insert(
+        self, n: int, *, timeout: float, progress: Callable[[], object] | None = None, poll_interval: float = 0.001
+    ) -> None:
         """Call ``progress`` until ``can_insert(n)``; ``DeadlineError`` after ``timeout`` s."""
-        wait_until(lambda: self.can_insert(n), what=f"insert {n} items", timeout=timeout,
-                   progress=progress, poll_interval=poll_interval,
-                   why_blocked=lambda: self.why_insert_blocked(n))
+        wait_until(
+            lambda: self.can_insert(n),
+            what=f"insert {n} items",
+            timeout=timeout,
+            progress=progress,
+            poll_interval=poll_interval,
+            why_blocked=lambda: self.why_insert_blocked(n),
+        )
 
     # -- checkpoint -----------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         low, high = self.window
-        return {"inserts": self.inserts, "samples": self.samples, "deletes": self.deletes,
-                "diff": self.diff, "min_diff": low, "max_diff": high}
+        return {
+            "inserts": self.inserts,
+            "samples": self.samples,
+            "deletes": self.deletes,
+            "diff": self.diff,
+            "min_diff": low,
+            "max_diff": high,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and settings; loading keeps this limiter's settings, restores counters."""
-        return {"min_size_to_sample": self.min_size_to_sample,
-                "samples_per_insert": self.samples_per_insert, "tolerance": self.tolerance,
-                "inserts": self.inserts, "samples": self.samples, "deletes": self.deletes}
+        return {
+            "min_size_to_sample": self.min_size_to_sample,
+            "samples_per_insert": self.samples_per_insert,
+            "tolerance": self.tolerance,
+            "inserts": self.inserts,
+            "samples": self.samples,
+            "deletes": self.deletes,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.inserts = int(state["inserts"])

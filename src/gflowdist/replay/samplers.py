@@ -19,6 +19,7 @@ step) only matters to a prioritized sampler whose beta anneals.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from gflowdist.errors import ConfigError, GflowdistError
@@ -68,15 +69,15 @@ class Sampler(Component):
         initial priorities; only a prioritized sampler accepts them.
         """
         if priorities is not None:
-            raise TypeError(f"the {self.name} sampler has no priorities: initial priorities "
-                            f"need sampler 'prioritized'")
+            raise TypeError(f"the {self.name} sampler has no priorities: initial priorities need sampler 'prioritized'")
 
     def can_sample(self, storage_len: int, n: int) -> bool:
         """Whether :meth:`sample` of ``n`` would succeed now."""
         return storage_len > 0
 
-    def sample(self, storage_len: int, n: int, generator: torch.Generator,
-               step: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def sample(
+        self, storage_len: int, n: int, generator: torch.Generator, step: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
     def _check_request(self, storage_len: int, n: int) -> None:
@@ -127,17 +128,24 @@ class PrioritizedSampler(Sampler):
     name = "prioritized"
     prioritized = True
 
-    def __init__(self, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, *,
-                 beta_final: float | None = None, beta_steps: int = 0):
-        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float))
-                                           and math.isfinite(alpha) and alpha >= 0):
-            raise ConfigError(f"must be a finite number >= 0, got {alpha!r}",
-                              key="replay.priority_alpha")
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+        *,
+        beta_final: float | None = None,
+        beta_steps: int = 0,
+    ):
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+            raise ConfigError(f"must be a finite number >= 0, got {alpha!r}", key="replay.priority_alpha")
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             raise ConfigError(
                 f"must be > 0, got {eps!r}: with eps = 0 an item updated to priority 0 "
                 f"is never sampled again and the weight normaliser (N * P_min)**-beta "
-                f"is infinite", key="replay.eps")
+                f"is infinite",
+                key="replay.eps",
+            )
         self.schedule = BetaSchedule(beta, beta_final, beta_steps)
         self.alpha = float(alpha)
         self.beta = float(beta)
@@ -152,7 +160,7 @@ class PrioritizedSampler(Sampler):
             return
         self.scaled = _grown(self.scaled, int(indices.max()) + 1, 0.0)
         if priorities is None:
-            self.scaled[indices] = self.max_priority ** self.alpha
+            self.scaled[indices] = self.max_priority**self.alpha
         else:
             self._store(indices, check_priorities(priorities, indices.numel()))
         self._cdf = None
@@ -170,15 +178,17 @@ class PrioritizedSampler(Sampler):
         if priorities.numel() == 0:
             return
         if int(indices.min()) < 0 or int(indices.max()) >= self.scaled.numel():
-            raise IndexError(f"priority update for a slot that was never written: "
-                             f"range [{int(indices.min())}, {int(indices.max())}], "
-                             f"written slots [0, {self.scaled.numel()})")
+            raise IndexError(
+                f"priority update for a slot that was never written: "
+                f"range [{int(indices.min())}, {int(indices.max())}], "
+                f"written slots [0, {self.scaled.numel()})"
+            )
         self._store(indices, priorities)
         self._cdf = None
 
     def _store(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         stored = priorities + self.eps
-        self.scaled[indices] = stored ** self.alpha
+        self.scaled[indices] = stored**self.alpha
         self.max_priority = max(self.max_priority, float(stored.max()))
 
     def probabilities(self, storage_len: int) -> torch.Tensor:
@@ -198,15 +208,22 @@ class PrioritizedSampler(Sampler):
         return indices, {"weights": weights.to(torch.float32)}
 
     def state_dict(self):
-        return {"name": self.name, "alpha": self.alpha, "beta": self.beta, "eps": self.eps,
-                "scaled": self.scaled.clone(), "max_priority": self.max_priority}
+        return {
+            "name": self.name,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "eps": self.eps,
+            "scaled": self.scaled.clone(),
+            "max_priority": self.max_priority,
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         if state["alpha"] != self.alpha:
-            raise ConfigError(f"checkpoint priorities are stored raised to alpha "
-                              f"{state['alpha']}, this sampler uses {self.alpha}",
-                              key="replay.priority_alpha")
+            raise ConfigError(
+                f"checkpoint priorities are stored raised to alpha {state['alpha']}, this sampler uses {self.alpha}",
+                key="replay.priority_alpha",
+            )
         self.scaled = state["scaled"].to(torch.float64).clone()
         self.max_priority = float(state["max_priority"])
         self._cdf = None
@@ -253,16 +270,20 @@ class FifoSampler(Sampler):
         candidates = torch.nonzero(self.pending).flatten()
         if candidates.numel() < n:
             raise InsufficientItemsError(
-                f"cannot sample {n} items first-in first-out: only {candidates.numel()} "
-                f"unserved items are stored")
+                f"cannot sample {n} items first-in first-out: only {candidates.numel()} unserved items are stored"
+            )
         _, position = torch.topk(self.order[candidates], n, largest=False, sorted=True)
         indices = candidates[position]
         self.pending[indices] = False
         return indices, {}
 
     def state_dict(self):
-        return {"name": self.name, "order": self.order.clone(),
-                "pending": self.pending.clone(), "next_order": self.next_order}
+        return {
+            "name": self.name,
+            "order": self.order.clone(),
+            "pending": self.pending.clone(),
+            "next_order": self.next_order,
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

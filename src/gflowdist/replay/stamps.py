@@ -17,8 +17,7 @@ __all__ = ["STAMPS", "stamp_rows"]
 STAMPS = ("producer", "seq", "policy_version", "insert_step")
 
 
-def _fill(column: torch.Tensor, value: int | torch.Tensor, name: str,
-          consecutive: bool = False) -> None:
+def _fill(column: torch.Tensor, value: int | torch.Tensor, name: str, consecutive: bool = False) -> None:
     """Write an int (or, if ``consecutive``, ``value + arange``) or a tensor into ``column``."""
     size = column.numel()
     if isinstance(value, torch.Tensor):
@@ -35,8 +34,9 @@ def _fill(column: torch.Tensor, value: int | torch.Tensor, name: str,
         column.fill_(value)
 
 
-def stamp_rows(size: int, producer: int | torch.Tensor, seq: int | torch.Tensor,
-               policy_version: int | torch.Tensor) -> torch.Tensor:
+def stamp_rows(
+    size: int, producer: int | torch.Tensor, seq: int | torch.Tensor, policy_version: int | torch.Tensor
+) -> torch.Tensor:
     """``[size, len(STAMPS)]`` rows; ``seq`` as an int is the first of ``size`` consecutive numbers.
 
     The ``insert_step`` column is left for the buffer to fill.

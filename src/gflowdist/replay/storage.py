@@ -18,7 +18,8 @@ Which slot an item goes to is the writer's decision, never the storage's.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -40,16 +41,13 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
     a 0-d tensor, or tensors whose leading dimensions differ.
     """
     if not isinstance(batch, Mapping) or not batch:
-        raise ItemSchemaError(
-            f"a batch must be a non-empty dict of tensors, got {type(batch).__name__}")
+        raise ItemSchemaError(f"a batch must be a non-empty dict of tensors, got {type(batch).__name__}")
     size = None
     for name, value in batch.items():
         if not isinstance(value, torch.Tensor):
-            raise ItemSchemaError(
-                f"field {name!r} must be a torch.Tensor, got {type(value).__name__}")
+            raise ItemSchemaError(f"field {name!r} must be a torch.Tensor, got {type(value).__name__}")
         if value.dim() == 0:
-            raise ItemSchemaError(
-                f"field {name!r} is 0-d; a batch needs a leading batch dimension")
+            raise ItemSchemaError(f"field {name!r} is 0-d; a batch needs a leading batch dimension")
         if size is None:
             size = value.shape[0]
         elif value.shape[0] != size:
@@ -78,8 +76,7 @@ class TensorStorage:
 
     def __init__(self, capacity: int):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ConfigError(f"must be a positive integer, got {capacity!r}",
-                              key="replay.capacity")
+            raise ConfigError(f"must be a positive integer, got {capacity!r}", key="replay.capacity")
         self.capacity = capacity
         self.fields: dict[str, torch.Tensor] = {}
         self.live = torch.zeros(capacity, dtype=torch.bool)
@@ -94,8 +91,7 @@ class TensorStorage:
 
     def _allocate(self, batch: Mapping[str, torch.Tensor]) -> None:
         self.fields = {
-            name: torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype)
-            for name, value in batch.items()
+            name: torch.zeros((self.capacity, *value.shape[1:]), dtype=value.dtype) for name, value in batch.items()
         }
 
     def check_schema(self, batch: Mapping[str, torch.Tensor]) -> int:
@@ -106,15 +102,14 @@ class TensorStorage:
         if set(batch) != set(self.fields):
             missing = sorted(set(self.fields) - set(batch))
             extra = sorted(set(batch) - set(self.fields))
-            raise ItemSchemaError(
-                f"batch fields differ from the stored schema: missing {missing}, "
-                f"unexpected {extra}")
+            raise ItemSchemaError(f"batch fields differ from the stored schema: missing {missing}, unexpected {extra}")
         for name, value in batch.items():
             stored = self.fields[name]
             if value.shape[1:] != stored.shape[1:] or value.dtype != stored.dtype:
                 raise ItemSchemaError(
                     f"field {name!r}: got per-item shape {list(value.shape[1:])} "
-                    f"{value.dtype}, the storage holds {list(stored.shape[1:])} {stored.dtype}")
+                    f"{value.dtype}, the storage holds {list(stored.shape[1:])} {stored.dtype}"
+                )
         return size
 
     # -- data -----------------------------------------------------------------
@@ -127,14 +122,17 @@ class TensorStorage:
         return self._size == self.capacity
 
     def _check_indices(self, indices: torch.Tensor) -> torch.Tensor:
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or (
-                indices.dtype.is_floating_point or indices.dtype == torch.bool):
+        if (
+            not isinstance(indices, torch.Tensor)
+            or indices.dim() != 1
+            or (indices.dtype.is_floating_point or indices.dtype == torch.bool)
+        ):
             raise IndexError("slot indices must be a 1-d integer tensor")
         indices = indices.to(torch.int64)
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= self.capacity):
             raise IndexError(
-                f"slot index out of range [0, {self.capacity}): "
-                f"min {int(indices.min())}, max {int(indices.max())}")
+                f"slot index out of range [0, {self.capacity}): min {int(indices.min())}, max {int(indices.max())}"
+            )
         return indices
 
     def set(self, indices: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> None:
@@ -203,8 +201,9 @@ class TensorStorage:
         slots = self.live_indices()
         return {
             "capacity": self.capacity,
-            "schema": {name: {"shape": list(shape), "dtype": str(dtype)}
-                       for name, (shape, dtype) in self.schema.items()},
+            "schema": {
+                name: {"shape": list(shape), "dtype": str(dtype)} for name, (shape, dtype) in self.schema.items()
+            },
             "slots": slots.cpu(),
             "fields": {name: stored[slots].cpu() for name, stored in self.fields.items()},
         }
@@ -213,8 +212,9 @@ class TensorStorage:
         """Restore from :meth:`state_dict`; the capacity must match."""
         if state["capacity"] != self.capacity:
             raise ConfigError(
-                f"checkpoint holds a storage of capacity {state['capacity']}, "
-                f"this buffer has {self.capacity}", key="replay.capacity")
+                f"checkpoint holds a storage of capacity {state['capacity']}, this buffer has {self.capacity}",
+                key="replay.capacity",
+            )
         self.fields = {}
         self.live = torch.zeros(self.capacity, dtype=torch.bool)
         self._size = 0
@@ -222,8 +222,7 @@ class TensorStorage:
         if not schema:
             return
         self.fields = {
-            name: torch.zeros((self.capacity, *spec["shape"]),
-                              dtype=_dtype_from_name(spec["dtype"]))
+            name: torch.zeros((self.capacity, *spec["shape"]), dtype=_dtype_from_name(spec["dtype"]))
             for name, spec in schema.items()
         }
         self.set(state["slots"], state["fields"])

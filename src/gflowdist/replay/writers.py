@@ -24,7 +24,8 @@ freed the live slots are exactly ``[0, len(storage))``.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 
@@ -56,8 +57,7 @@ class WriteResult(NamedTuple):
 
 
 def _nothing_stored(size: int, rejected: dict[str, int]) -> WriteResult:
-    return WriteResult(torch.full((size,), -1, dtype=torch.int64),
-                       torch.zeros(size, dtype=torch.bool), 0, rejected)
+    return WriteResult(torch.full((size,), -1, dtype=torch.int64), torch.zeros(size, dtype=torch.bool), 0, rejected)
 
 
 def take(batch: Mapping[str, torch.Tensor], positions: torch.Tensor | None) -> Batch:
@@ -73,8 +73,9 @@ class Writer(Component):
     kind = "writer"
     name = "writer"
 
-    def extend(self, storage: TensorStorage, batch: Mapping[str, torch.Tensor],
-               scores: torch.Tensor | None) -> WriteResult:
+    def extend(
+        self, storage: TensorStorage, batch: Mapping[str, torch.Tensor], scores: torch.Tensor | None
+    ) -> WriteResult:
         raise NotImplementedError
 
 
@@ -181,8 +182,7 @@ class KeepHighestWriter(Writer):
                 low_scores, position = torch.topk(self.scores[live], lowest, largest=False)
                 low_slots = live[position]
             survivors = free.numel() + lowest
-            ranked = torch.sort(torch.cat([low_scores, scores]), descending=True,
-                                stable=True).indices[:survivors]
+            ranked = torch.sort(torch.cat([low_scores, scores]), descending=True, stable=True).indices[:survivors]
             stored_kept = torch.zeros(lowest, dtype=torch.bool)
             stored_kept[ranked[ranked < lowest]] = True
             kept = torch.sort(ranked[ranked >= lowest] - lowest).values
@@ -196,8 +196,7 @@ class KeepHighestWriter(Writer):
         self._minimum = None
         admitted = indices >= 0
         rejected = size - int(admitted.sum())
-        return WriteResult(indices, admitted, evicted,
-                           {REJECTED_LOW_SCORE: rejected} if rejected else {})
+        return WriteResult(indices, admitted, evicted, {REJECTED_LOW_SCORE: rejected} if rejected else {})
 
     def state_dict(self):
         return {"name": self.name, "scores": self.scores.clone()}
@@ -230,11 +229,9 @@ class DedupWriter(Writer):
 
     name = "dedup"
 
-    def __init__(self, key: str | Callable[[Batch], torch.Tensor],
-                 inner: Writer | None = None):
+    def __init__(self, key: str | Callable[[Batch], torch.Tensor], inner: Writer | None = None):
         if not (isinstance(key, str) or callable(key)):
-            raise ConfigError(f"must be a field name or a function of the batch, got {key!r}",
-                              key="replay.dedup_key")
+            raise ConfigError(f"must be a field name or a function of the batch, got {key!r}", key="replay.dedup_key")
         self.key = key
         self.inner = inner if inner is not None else RoundRobinWriter()
         self.slot_hash = torch.zeros(0, dtype=torch.int64)
@@ -243,8 +240,7 @@ class DedupWriter(Writer):
     def keys(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         if isinstance(self.key, str):
             if self.key not in batch:
-                raise ValueError(f"dedup key field {self.key!r} is not in the batch "
-                                 f"(fields: {sorted(batch)})")
+                raise ValueError(f"dedup key field {self.key!r} is not in the batch (fields: {sorted(batch)})")
             return batch[self.key]
         return self.key(dict(batch))
 
@@ -257,10 +253,8 @@ class DedupWriter(Writer):
             raise ValueError(f"the dedup key gave {hashes.numel()} rows for a batch of {size}")
         if self._index is None:  # after load_state_dict
             self._index = HashIndex()
-            self._index.rebuild(self.slot_hash.clone(), torch.arange(storage.capacity),
-                                storage.live, self.slot_hash)
-        fresh = first_occurrence(hashes) & ~self._index.contains(hashes, storage.live,
-                                                                   self.slot_hash)
+            self._index.rebuild(self.slot_hash.clone(), torch.arange(storage.capacity), storage.live, self.slot_hash)
+        fresh = first_occurrence(hashes) & ~self._index.contains(hashes, storage.live, self.slot_hash)
         candidates = torch.nonzero(fresh).flatten()
         if candidates.numel() == size:
             result = self.inner.extend(storage, batch, scores)
@@ -283,8 +277,7 @@ class DedupWriter(Writer):
         return WriteResult(indices, admitted, result.evicted, rejected)
 
     def state_dict(self):
-        return {"name": self.name, "slot_hash": self.slot_hash.clone(),
-                "inner": self.inner.state_dict()}
+        return {"name": self.name, "slot_hash": self.slot_hash.clone(), "inner": self.inner.state_dict()}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)

@@ -16,5 +16,11 @@ from gflowdist.rl.env_actor import EnvironmentActor, make_vector_env
 from gflowdist.rl.exploration import apex_epsilons, epsilon_greedy
 from gflowdist.rl.transitions import TRANSITION_FIELDS, NStepTransitions
 
-__all__ = ["EnvironmentActor", "NStepTransitions", "TRANSITION_FIELDS", "apex_epsilons",
-           "epsilon_greedy", "make_vector_env"]
+__all__ = [
+    "EnvironmentActor",
+    "NStepTransitions",
+    "TRANSITION_FIELDS",
+    "apex_epsilons",
+    "epsilon_greedy",
+    "make_vector_env",
+]

@@ -42,9 +42,8 @@ it, actors run flat out as in Ape-X.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,8 +64,12 @@ def make_vector_env(env_id: str, num_envs: int) -> Any:
         import gymnasium
     except ImportError as err:
         raise ImportError("environment actors need gymnasium: pip install 'gflowdist[rl]'") from err
-    return gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                              vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+    return gymnasium.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
+    )
 
 
 class EnvironmentActor(Actor):
@@ -79,8 +82,7 @@ class EnvironmentActor(Actor):
     def make_env(self, num_envs: int) -> Any:
         """The vector environment (default: :func:`make_vector_env` of ``params.env_id``)."""
         if "env_id" not in self.params:
-            raise ConfigError("is required by an environment actor (e.g. CartPole-v1)",
-                              key="params.env_id")
+            raise ConfigError("is required by an environment actor (e.g. CartPole-v1)", key="params.env_id")
         return make_vector_env(str(self.params["env_id"]), num_envs)
 
     def actor_slot(self) -> tuple[int, int]:
@@ -99,12 +101,17 @@ class EnvironmentActor(Actor):
         self.obs_shape = tuple(self.env.single_observation_space.shape)
         self.num_actions = int(self.env.single_action_space.n)
         index, actors = self.actor_slot()
-        self.epsilon = apex_epsilons(index * self.num_envs, self.num_envs, actors * self.num_envs,
-                                     float(params.get("epsilon", 0.4)),
-                                     float(params.get("epsilon_alpha", 7.0)))
-        self.transitions = NStepTransitions(self.num_envs, int(params.get("n_step", 1)),
-                                            float(params.get("gamma", 0.99)), self.obs_shape)
-        seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=self.generator))
+        self.epsilon = apex_epsilons(
+            index * self.num_envs,
+            self.num_envs,
+            actors * self.num_envs,
+            float(params.get("epsilon", 0.4)),
+            float(params.get("epsilon_alpha", 7.0)),
+        )
+        self.transitions = NStepTransitions(
+            self.num_envs, int(params.get("n_step", 1)), float(params.get("gamma", 0.99)), self.obs_shape
+        )
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
         self.obs, _ = self.env.reset(seed=seed)
         self.episode_return = np.zeros(self.num_envs)
         self.finished_returns: list[float] = []

@@ -20,8 +20,7 @@ from gflowdist.errors import ConfigError
 __all__ = ["apex_epsilons", "epsilon_greedy"]
 
 
-def apex_epsilons(first: int, count: int, total: int, eps: float = 0.4,
-                  alpha: float = 7.0) -> torch.Tensor:
+def apex_epsilons(first: int, count: int, total: int, eps: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
     """``epsilon_i`` for ``i = first .. first + count - 1`` of ``total`` (float64 tensor)."""
     if not (isinstance(eps, (int, float)) and 0.0 <= eps <= 1.0):
         raise ConfigError(f"must be in [0, 1], got {eps!r}", key="params.epsilon")
@@ -34,8 +33,7 @@ def apex_epsilons(first: int, count: int, total: int, eps: float = 0.4,
     return torch.tensor(float(eps), dtype=torch.float64) ** exponent
 
 
-def epsilon_greedy(q_values: torch.Tensor, epsilon: torch.Tensor,
-                   generator: torch.Generator) -> torch.Tensor:
+def epsilon_greedy(q_values: torch.Tensor, epsilon: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Row ``k``: a uniformly random action with probability ``epsilon[k]``, else ``argmax``."""
     greedy = q_values.argmax(dim=1)
     rows, actions = q_values.shape

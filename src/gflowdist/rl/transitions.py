@@ -50,8 +50,15 @@ class NStepTransitions:
         self.fill = np.zeros(num_envs, dtype=np.int64)
         self._rows: list[dict[str, np.ndarray]] = []
 
-    def push(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
-             terminated: np.ndarray, truncated: np.ndarray) -> None:
+    def push(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
         """One vector step: ``next_obs`` is the true next observation (the final one at an end)."""
         envs = np.arange(self.fill.size)
         self.obs[envs, self.fill] = obs
@@ -63,32 +70,42 @@ class NStepTransitions:
         if full.size:
             self._emit_oldest(full, next_obs[full])
         for env in np.flatnonzero(done):
-            self._emit_episode_end(int(env), next_obs[env], bool(terminated[env]),
-                                   bool(truncated[env]))
+            self._emit_episode_end(int(env), next_obs[env], bool(terminated[env]), bool(truncated[env]))
 
     def _emit_oldest(self, envs: np.ndarray, next_obs: np.ndarray) -> None:
         """The oldest pending step of each of ``envs`` has its ``n`` rewards: emit, shift."""
         count = envs.size
-        self._rows.append({
-            "obs": self.obs[envs, 0].copy(), "action": self.action[envs, 0].copy(),
-            "reward": self.reward[envs] @ self.powers[:self.n], "next_obs": next_obs.copy(),
-            "terminated": np.zeros(count, dtype=bool), "truncated": np.zeros(count, dtype=bool),
-            "discount": np.full(count, self.powers[self.n])})
+        self._rows.append(
+            {
+                "obs": self.obs[envs, 0].copy(),
+                "action": self.action[envs, 0].copy(),
+                "reward": self.reward[envs] @ self.powers[: self.n],
+                "next_obs": next_obs.copy(),
+                "terminated": np.zeros(count, dtype=bool),
+                "truncated": np.zeros(count, dtype=bool),
+                "discount": np.full(count, self.powers[self.n]),
+            }
+        )
         for held in (self.obs, self.action, self.reward):
             held[envs, :-1] = held[envs, 1:]
         self.fill[envs] -= 1
 
-    def _emit_episode_end(self, env: int, final_obs: np.ndarray, terminated: bool,
-                          truncated: bool) -> None:
+    def _emit_episode_end(self, env: int, final_obs: np.ndarray, terminated: bool, truncated: bool) -> None:
         """Every pending step of ``env``: its rewards up to the episode's end."""
         k = int(self.fill[env])
         rewards = self.reward[env, :k]
-        returns = np.array([rewards[i:] @ self.powers[:k - i] for i in range(k)])
-        self._rows.append({
-            "obs": self.obs[env, :k].copy(), "action": self.action[env, :k].copy(),
-            "reward": returns, "next_obs": np.repeat(final_obs[None], k, axis=0),
-            "terminated": np.full(k, terminated), "truncated": np.full(k, truncated),
-            "discount": self.powers[k - np.arange(k)]})
+        returns = np.array([rewards[i:] @ self.powers[: k - i] for i in range(k)])
+        self._rows.append(
+            {
+                "obs": self.obs[env, :k].copy(),
+                "action": self.action[env, :k].copy(),
+                "reward": returns,
+                "next_obs": np.repeat(final_obs[None], k, axis=0),
+                "terminated": np.full(k, terminated),
+                "truncated": np.full(k, truncated),
+                "discount": self.powers[k - np.arange(k)],
+            }
+        )
         self.fill[env] = 0
 
     def __len__(self) -> int:
@@ -100,10 +117,15 @@ class NStepTransitions:
         rows, self._rows = self._rows, []
         if not rows:
             shape = self.obs.shape[2:]
-            return {"obs": torch.zeros((0, *shape)), "action": torch.zeros(0, dtype=torch.int64),
-                    "reward": torch.zeros(0), "next_obs": torch.zeros((0, *shape)),
-                    "terminated": torch.zeros(0, dtype=torch.bool),
-                    "truncated": torch.zeros(0, dtype=torch.bool), "discount": torch.zeros(0)}
+            return {
+                "obs": torch.zeros((0, *shape)),
+                "action": torch.zeros(0, dtype=torch.int64),
+                "reward": torch.zeros(0),
+                "next_obs": torch.zeros((0, *shape)),
+                "terminated": torch.zeros(0, dtype=torch.bool),
+                "truncated": torch.zeros(0, dtype=torch.bool),
+                "discount": torch.zeros(0),
+            }
         batch = {name: np.concatenate([r[name] for r in rows]) for name in TRANSITION_FIELDS}
         out = {name: torch.from_numpy(batch[name]) for name in TRANSITION_FIELDS}
         for name in ("obs", "reward", "next_obs", "discount"):

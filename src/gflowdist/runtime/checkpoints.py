@@ -42,15 +42,26 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gflowdist.errors import CheckpointError
-from gflowdist.rundir import (MANIFEST, check_file, checkpoint_dir, checkpoint_name, checkpoint_names,
-                              checkpoint_step, os_reason, rank_file, read_manifest, step_of)
+from gflowdist.rundir import (
+    MANIFEST,
+    check_file,
+    checkpoint_dir,
+    checkpoint_name,
+    checkpoint_names,
+    checkpoint_step,
+    os_reason,
+    rank_file,
+    read_manifest,
+    step_of,
+)
 from gflowdist.runtime.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -58,9 +69,23 @@ if TYPE_CHECKING:
     from gflowdist.runtime.roles import BaseRole
     from gflowdist.runtime.state import RunState
 
-__all__ = ["checkpoint_name", "checkpoint_dir", "rank_file", "save_rank", "write_manifest", "read_manifest",
-           "checkpoint_names", "candidates", "latest_complete", "load_rank", "step_of", "checkpoint_step",
-           "trim_metrics", "MANIFEST", "CheckpointSaver"]
+__all__ = [
+    "checkpoint_name",
+    "checkpoint_dir",
+    "rank_file",
+    "save_rank",
+    "write_manifest",
+    "read_manifest",
+    "checkpoint_names",
+    "candidates",
+    "latest_complete",
+    "load_rank",
+    "step_of",
+    "checkpoint_step",
+    "trim_metrics",
+    "MANIFEST",
+    "CheckpointSaver",
+]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -126,8 +151,9 @@ def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> d
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CheckpointError(f"cannot create checkpoint directory {folder}: {os_reason(err)}",
-                              path=str(folder)) from None
+        raise CheckpointError(
+            f"cannot create checkpoint directory {folder}: {os_reason(err)}", path=str(folder)
+        ) from None
     path = folder / rank_file(rank)
     tmp = path.with_suffix(".tmp")
     writer = None
@@ -143,9 +169,11 @@ def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> d
         _remove(tmp)
         if cause is None:
             raise
-        raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(cause)}; checkpoint {name} "
-                              f"stays incomplete (no {MANIFEST}) and is never resumed from",
-                              path=str(path)) from None
+        raise CheckpointError(
+            f"cannot write checkpoint file {path}: {os_reason(cause)}; checkpoint {name} "
+            f"stays incomplete (no {MANIFEST}) and is never resumed from",
+            path=str(path),
+        ) from None
     return {"bytes": writer.size, "sha256": writer.digest.hexdigest()}
 
 
@@ -156,8 +184,9 @@ def _remove(path: Path) -> None:
         pass
 
 
-def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any],
-                   files: Mapping[int, Mapping[str, Any]] | None = None) -> None:
+def write_manifest(
+    run_dir: Path, name: str, manifest: dict[str, Any], files: Mapping[int, Mapping[str, Any]] | None = None
+) -> None:
     """Complete checkpoint ``name``: its ``MANIFEST.json``, with each rank file's size and digest."""
     folder = checkpoint_dir(run_dir, name)
     missing = [r for r in range(manifest["world_size"]) if not (folder / rank_file(r)).exists()]
@@ -171,8 +200,11 @@ def write_manifest(run_dir: Path, name: str, manifest: dict[str, Any],
         os.replace(tmp, folder / MANIFEST)
     except OSError as err:
         _remove(tmp)
-        raise CheckpointError(f"cannot write {folder / MANIFEST}: {os_reason(err)}; checkpoint {name} "
-                              f"stays incomplete and is never resumed from", path=str(folder / MANIFEST)) from None
+        raise CheckpointError(
+            f"cannot write {folder / MANIFEST}: {os_reason(err)}; checkpoint {name} "
+            f"stays incomplete and is never resumed from",
+            path=str(folder / MANIFEST),
+        ) from None
 
 
 def candidates(run_dir: Path) -> list[str]:
@@ -202,7 +234,7 @@ def load_rank(run_dir: Path, name: str, rank: int, manifest: Mapping[str, Any]) 
     check_file(path, manifest)
     try:
         payload = torch.load(path, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file; all mean "unreadable"
+    except Exception as err:
         raise CheckpointError(f"{path}: not a readable checkpoint ({_torch_reason(err)})", path=str(path)) from None
     if not isinstance(payload, dict) or "runtime" not in payload:
         raise CheckpointError(f"{path}: not a gflowdist checkpoint (no runtime state in it)", path=str(path))
@@ -214,8 +246,7 @@ def _torch_reason(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if any("weights_only" in line for line in lines):
         detail = next((line for line in lines if line.startswith("WeightsUnpickler error:")), "")
-        return ("its contents are not only tensors and plain values"
-                + (f"; {detail}" if detail else ""))
+        return "its contents are not only tensors and plain values" + (f"; {detail}" if detail else "")
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
@@ -237,8 +268,13 @@ class CheckpointSaver:
     replay: ReplayBuffer | None = None
 
     def save(self, name: str) -> dict[str, Any]:
-        payload = {"role": self.role.state_dict(), "runtime": self.state.to_dict(), "ledger": self.ledger.to_dict(),
-                   "torch_rng": torch.get_rng_state(), "generator": self.generator.get_state()}
+        payload = {
+            "role": self.role.state_dict(),
+            "runtime": self.state.to_dict(),
+            "ledger": self.ledger.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "generator": self.generator.get_state(),
+        }
         if self.replay is not None:
             payload["replay"] = self.replay.state_dict()
         record = save_rank(self.run_dir, name, self.rank, payload)

@@ -26,7 +26,8 @@ import logging
 import sys
 import time
 from collections import Counter
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
@@ -53,9 +54,18 @@ def is_heartbeat(msg) -> bool:
 
 
 class Collector:
-    def __init__(self, w: Wiring, *, metrics_file: TextIO | None, run_dir=None, on_metrics: Callable | None = None,
-                 on_summary: Callable | None = None, extra_fields: Callable[[], dict] | None = None,
-                 on_weights: Callable | None = None, out: TextIO = sys.stdout):
+    def __init__(
+        self,
+        w: Wiring,
+        *,
+        metrics_file: TextIO | None,
+        run_dir=None,
+        on_metrics: Callable | None = None,
+        on_summary: Callable | None = None,
+        extra_fields: Callable[[], dict] | None = None,
+        on_weights: Callable | None = None,
+        out: TextIO = sys.stdout,
+    ):
         self.w = w
         self.layout = w.context.layout
         self.others = [r for r in range(w.comm.size) if r != w.rank]
@@ -120,8 +130,11 @@ class Collector:
         self.w.note("malformed message", "fault", sender=sender)
         total = self.protocol_errors
         if total <= LOG_FIRST_REFUSALS:
-            more = (f" (further refusals are logged every {LOG_EVERY_REFUSAL}th, totals at the end)"
-                    if total == LOG_FIRST_REFUSALS else "")
+            more = (
+                f" (further refusals are logged every {LOG_EVERY_REFUSAL}th, totals at the end)"
+                if total == LOG_FIRST_REFUSALS
+                else ""
+            )
             log.warning("collector refused a control message: %s%s", err, more)
         elif total % LOG_EVERY_REFUSAL == 0:
             log.warning("collector refused %d control messages so far; the latest: %s", total, err)
@@ -170,8 +183,17 @@ class Collector:
         for rank in sorted(set(self.w.lost) - set(files)):
             files[rank] = save_rank(self.run_dir, name, rank, self.lost_actors.payload(rank))
         lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
-        write_manifest(self.run_dir, name, {"world_size": self.w.comm.size, "generation": self.w.generation,
-                                            "complete": True, **({"lost": lost} if lost else {})}, files=files)
+        write_manifest(
+            self.run_dir,
+            name,
+            {
+                "world_size": self.w.comm.size,
+                "generation": self.w.generation,
+                "complete": True,
+                **({"lost": lost} if lost else {}),
+            },
+            files=files,
+        )
         log.info("checkpoint %s complete", name)
 
     def record_metrics(self, rank: int, body: dict, *, tell_coordinator: bool = True) -> None:
@@ -180,8 +202,9 @@ class Collector:
         if isinstance(body.get("step"), int):
             self.reach.note(rank, body["step"] + 1)
         if self.metrics_file is not None:
-            self.metrics_file.write(json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3),
-                                                **body}) + "\n")
+            self.metrics_file.write(
+                json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3), **body}) + "\n"
+            )
         if self.on_metrics is not None and tell_coordinator:
             self.on_metrics(rank, body.get("step", 0), body)
 
@@ -193,8 +216,9 @@ class Collector:
                 continue
             reason = f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {limit:g})"
             if not self.lost_actors.may_go_on_without(rank):
-                raise PeerLostError(rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank),
-                                    reason=reason)
+                raise PeerLostError(
+                    rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank), reason=reason
+                )
             self.lost_actors.go_on_without(rank, reason)
 
     def all_reported(self) -> bool:
@@ -219,13 +243,19 @@ class Collector:
         step = min(steps)
         elapsed = now - self.started
         per_step = elapsed / max(step, 1)
-        fields = {**({"gen": str(self.w.generation)} if self.w.generation else {}),
-                  "step": f"{step}/{total}", "traj/s": f"{traj / max(elapsed, 1e-9):.0f}"}
+        fields = {
+            **({"gen": str(self.w.generation)} if self.w.generation else {}),
+            "step": f"{step}/{total}",
+            "traj/s": f"{traj / max(elapsed, 1e-9):.0f}",
+        }
         values: dict[str, list[int | float]] = {}
         for m in self.latest.values():
             for key, value in m.items():
-                if key not in ("step", "trajectories") and isinstance(value, (int, float)) \
-                        and not isinstance(value, bool):
+                if (
+                    key not in ("step", "trajectories")
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     values.setdefault(key, []).append(value)
         for key, vs in values.items():  # ints are counts: summed over ranks; floats averaged
             total = all(type(v) is int for v in vs)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, TextIO
 
 from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
@@ -32,20 +33,37 @@ class JobResult(dict):
     """What the collector returns: run_dir, totals of the ledger, last metrics, final checkpoint, summaries."""
 
 
-def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_size: int, generation: int,
-             last_metrics: Mapping[int, dict], stop_reason: str, tensorboard: bool, out: TextIO,
-             notes: Sequence[str] = ()) -> JobResult:
+def conclude(
+    run_dir: Path,
+    final_name: str,
+    finals: dict[int, dict],
+    *,
+    world_size: int,
+    generation: int,
+    last_metrics: Mapping[int, dict],
+    stop_reason: str,
+    tensorboard: bool,
+    out: TextIO,
+    notes: Sequence[str] = (),
+) -> JobResult:
     """Write the run's end (see the module docstring) from every rank's final report; returns the result.
 
     ``notes``: lines for the report's notes (the generation and why the one before ended); ranks lost and
     gone on without (their finals carry ``lost``) are noted too, and named in ledger.json and the final line.
     """
     lost = {r: f["lost"] for r, f in sorted(finals.items()) if f.get("lost")}
-    checkpoints.write_manifest(run_dir, final_name, {
-        "world_size": world_size, "generation": generation, "complete": True,
-        "steps": {str(r): f.get("step", 0) for r, f in finals.items()},
-        **({"lost": {str(r): why for r, why in lost.items()}} if lost else {})},
-        files={r: f["checkpoint_file"] for r, f in finals.items()})
+    checkpoints.write_manifest(
+        run_dir,
+        final_name,
+        {
+            "world_size": world_size,
+            "generation": generation,
+            "complete": True,
+            "steps": {str(r): f.get("step", 0) for r, f in finals.items()},
+            **({"lost": {str(r): why for r, why in lost.items()}} if lost else {}),
+        },
+        files={r: f["checkpoint_file"] for r, f in finals.items()},
+    )
     traces = {r: f.pop("trace") for r, f in finals.items() if "trace" in f}
     if traces:
         _write_trace(run_dir, traces, finals)
@@ -59,8 +77,13 @@ def conclude(run_dir: Path, final_name: str, finals: dict[int, dict], *, world_s
     out.write(report.to_text() + "\n")
     out.write(totals["final_line"] + "\n")
     out.flush()
-    return JobResult(run_dir=str(run_dir), totals=totals["totals"], last_metrics=dict(last_metrics),
-                     checkpoint=final_name, summaries={r: f.get("summary", {}) for r, f in finals.items()})
+    return JobResult(
+        run_dir=str(run_dir),
+        totals=totals["totals"],
+        last_metrics=dict(last_metrics),
+        checkpoint=final_name,
+        summaries={r: f.get("summary", {}) for r, f in finals.items()},
+    )
 
 
 def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], notes: Sequence[str]):
@@ -75,11 +98,21 @@ def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], 
         {r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},  # a lost rank sent none
         roles={r: f["role"] for r, f in finals.items()},
         hosts={r: f["host"] for r, f in finals.items()},
-        ledger={r: {"produced": l.produced, "sent": l.sent, "used_locally": l.used_locally, "received": l.received,
-                    "admitted": l.admitted, "dropped": dict(l.dropped), "in_flight": l.in_flight}
-                for r, l in ledgers.items()},
+        ledger={
+            r: {
+                "produced": item.produced,
+                "sent": item.sent,
+                "used_locally": item.used_locally,
+                "received": item.received,
+                "admitted": item.admitted,
+                "dropped": dict(item.dropped),
+                "in_flight": item.in_flight,
+            }
+            for r, item in ledgers.items()
+        },
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
-        metrics=curves_by_step(rows))
+        metrics=curves_by_step(rows),
+    )
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
     report.save(run_dir)
@@ -90,9 +123,12 @@ def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict]
     """trace.json: every rank's timeline on the collector's clock, collectives with their last arrivers."""
     from gflowdist.timing.trace_file import chrome_trace, write_trace
 
-    trace = chrome_trace(traces, names={r: f"rank {r} {f['role']} @{f['host']}" for r, f in finals.items()},
-                         offsets={r: float(f.get("clock_offset", 0.0)) for r, f in finals.items()},
-                         timings={r: f["timing"] for r, f in finals.items() if f.get("timing") is not None})
+    trace = chrome_trace(
+        traces,
+        names={r: f"rank {r} {f['role']} @{f['host']}" for r, f in finals.items()},
+        offsets={r: float(f.get("clock_offset", 0.0)) for r, f in finals.items()},
+        timings={r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},
+    )
     write_trace(run_dir / "trace.json", trace)
 
 
@@ -109,27 +145,35 @@ def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
     out.write(f"gflowdist: TensorBoard event files in {folder} (tensorboard --logdir {folder})\n")
 
 
-def _check_ledgers(run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str,
-                   lost: Mapping[int, str]) -> dict[str, Any]:
+def _check_ledgers(
+    run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str, lost: Mapping[int, str]
+) -> dict[str, Any]:
     """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises."""
-    per_rank = {str(r): l.to_dict() for r, l in ledgers.items()}
+    per_rank = {str(r): item.to_dict() for r, item in ledgers.items()}
     lost_ranks = {str(r): why for r, why in lost.items()}
     try:
         totals = check_ledgers(ledgers)
     except LedgerError as err:
         line = f"gflowdist: FAILED: {err}; run directory {run_dir}"
-        (run_dir / "ledger.json").write_text(json.dumps({"balanced": False, "error": str(err), "final_line": line,
-                                                         "per_rank": per_rank}, indent=1))
+        (run_dir / "ledger.json").write_text(
+            json.dumps({"balanced": False, "error": str(err), "final_line": line, "per_rank": per_rank}, indent=1)
+        )
         raise
     malformed = totals["malformed_messages"]
-    line = (f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
-            f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
-            f"{totals['dropped']} dropped, ledger balanced"
-            f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
-            f"{_refused(ledgers)}"
-            f"{f'; went on without rank {_ranks(lost)}' if lost else ''}; run directory {run_dir}")
-    (run_dir / "ledger.json").write_text(json.dumps({"balanced": True, "totals": totals, "final_line": line,
-                                                     "lost_ranks": lost_ranks, "per_rank": per_rank}, indent=1))
+    line = (
+        f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
+        f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
+        f"{totals['dropped']} dropped, ledger balanced"
+        f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
+        f"{_refused(ledgers)}"
+        f"{f'; went on without rank {_ranks(lost)}' if lost else ''}; run directory {run_dir}"
+    )
+    (run_dir / "ledger.json").write_text(
+        json.dumps(
+            {"balanced": True, "totals": totals, "final_line": line, "lost_ranks": lost_ranks, "per_rank": per_rank},
+            indent=1,
+        )
+    )
     return {"totals": totals, "final_line": line}
 
 
@@ -157,5 +201,6 @@ def curves_by_step(rows: list[dict]) -> list[dict]:
         for key, value in row.items():
             if key not in ("rank", "time", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 values.setdefault(key, []).append(float(value))
-    return [{"step": step, **{k: sum(v) / len(v) for k, v in values.items()}}
-            for step, values in sorted(by_step.items())]
+    return [
+        {"step": step, **{k: sum(v) / len(v) for k, v in values.items()}} for step, values in sorted(by_step.items())
+    ]

@@ -45,8 +45,7 @@ def loss_is_usable(loss: torch.Tensor, *, mode: str, rank: int, step: int) -> bo
     value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else float("nan")
     what = f"rank {rank}: the loss is {value} at step {step}"
     if mode == "fail":
-        raise NonFiniteLossError(f"{what} (faults.on_nonfinite_loss = fail; 'skip' would drop the step and "
-                                 f"go on)")
+        raise NonFiniteLossError(f"{what} (faults.on_nonfinite_loss = fail; 'skip' would drop the step and go on)")
     log.warning("%s: step skipped, no gradient from this trainer (faults.on_nonfinite_loss = skip)", what)
     return False
 
@@ -69,5 +68,8 @@ def on_refused(text: str, *, mode: str, step: int | None = None) -> None:
 def check_engine_allows(config: Config, engine: str) -> None:
     """Refuse ``faults.on_actor_loss: continue`` when the job runs on ``engine`` ``"torch"`` (see the module docs)."""
     if config.faults.on_actor_loss == "continue" and engine == "torch":
-        raise ConfigError(ACTOR_LOSS_ON_TORCH.format(engine="this job runs on the torch engine"),
-                          key="faults.on_actor_loss", file=config.file)
+        raise ConfigError(
+            ACTOR_LOSS_ON_TORCH.format(engine="this job runs on the torch engine"),
+            key="faults.on_actor_loss",
+            file=config.file,
+        )

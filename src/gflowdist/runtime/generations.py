@@ -22,8 +22,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gflowdist.jobenv import RESTART_VARIABLE
 from gflowdist.rundir import os_reason
@@ -67,13 +68,15 @@ class Reach:
         self._written, self._unwritten = time.monotonic(), False
         tmp = self.path.with_suffix(".json.tmp")
         try:
-            tmp.write_text(json.dumps({"generation": self.generation,
-                                       "steps": {str(r): s for r, s in sorted(self.steps.items())}}))
+            tmp.write_text(
+                json.dumps({"generation": self.generation, "steps": {str(r): s for r, s in sorted(self.steps.items())}})
+            )
             os.replace(tmp, self.path)
         except OSError as err:
             if not self._failed:  # once: the next generation only counts its repeated steps with it
-                log.warning("cannot write %s: %s; a resumed run will not know how far this one got",
-                            self.path, os_reason(err))
+                log.warning(
+                    "cannot write %s: %s; a resumed run will not know how far this one got", self.path, os_reason(err)
+                )
             self._failed = True
 
 
@@ -97,8 +100,13 @@ def restart_record() -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def generation_note(generation: int, restart: Mapping[str, Any] | None, resumed_from: str | None,
-                    resumed_step: int | None, reached_before: int | None) -> str | None:
+def generation_note(
+    generation: int,
+    restart: Mapping[str, Any] | None,
+    resumed_from: str | None,
+    resumed_step: int | None,
+    reached_before: int | None,
+) -> str | None:
     """One line for the console and the report's notes; None for a first generation."""
     if generation == 0:
         return None

@@ -64,12 +64,17 @@ __all__ = ["run_job", "JobResult", "make_role", "Rank"]
 
 log = logging.getLogger("gflowdist.runtime")
 
-DEFAULT_CLASSES = {Role.TRAINER: roles.Trainer, Role.ACTOR: roles.Actor, Role.BUFFER: roles.BufferManager,
-                   Role.COORDINATOR: roles.Coordinator}
+DEFAULT_CLASSES = {
+    Role.TRAINER: roles.Trainer,
+    Role.ACTOR: roles.Actor,
+    Role.BUFFER: roles.BufferManager,
+    Role.COORDINATOR: roles.Coordinator,
+}
 
 
-def run_job(config: Config, *, resume_dir: str | None = None, comm: Communicator | None = None,
-            out: TextIO = sys.stdout) -> JobResult | None:
+def run_job(
+    config: Config, *, resume_dir: str | None = None, comm: Communicator | None = None, out: TextIO = sys.stdout
+) -> JobResult | None:
     """Run ``config`` on this rank; returns the result on the collector rank, None elsewhere."""
     process = prepare_rank(config, resume_dir, comm)
     world, ctx = process.world, process.context
@@ -81,7 +86,7 @@ def run_job(config: Config, *, resume_dir: str | None = None, comm: Communicator
         fail_job(world, f"gflowdist: {err}", code=4)
     except KeyboardInterrupt:
         fail_job(world, f"gflowdist: rank {world.rank} interrupted", code=130)
-    except BaseException as err:  # noqa: BLE001 - any failure on any rank ends the whole job
+    except BaseException as err:
         step = getattr(err, "step", None)  # an error that knows its step (a refused batch's) says it
         step = process.step() if step is None else step
         where = ctx.describe_rank(world.rank) + (f" failed at step {step}" if step is not None else " failed")
@@ -125,8 +130,9 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
             collector.reach.flush()  # how far this generation got, for the next one's "steps repeated"
 
 
-def _run_to_end(process: RankProcess, config: Config, rank: Rank, collector: Collector | None,
-                out: TextIO) -> JobResult | None:
+def _run_to_end(
+    process: RankProcess, config: Config, rank: Rank, collector: Collector | None, out: TextIO
+) -> JobResult | None:
     """The role's loop, the final checkpoint and report; on the collector, the run's end."""
     w = rank.w
     _run_loop(process.context.role, rank, collector)
@@ -140,17 +146,22 @@ def _run_to_end(process: RankProcess, config: Config, rank: Rank, collector: Col
     return _conclude(process, config, rank, collector, final_name, final, out)
 
 
-def make_role(ctx: DistributedContext, config: Config, generator: torch.Generator,
-              device: str = "cpu") -> roles.BaseRole:
+def make_role(
+    ctx: DistributedContext, config: Config, generator: torch.Generator, device: str = "cpu"
+) -> roles.BaseRole:
     """The configured class of this rank's role (``roles.<role>``), instantiated and ``setup()``."""
     cls = config.role_class(ctx.role.value) or DEFAULT_CLASSES[ctx.role]
     if inspect.isabstract(cls):
         missing = " and ".join(f"{name}()" for name in sorted(cls.__abstractmethods__))
         if cls is DEFAULT_CLASSES[ctx.role]:
-            raise GflowdistError(f"roles.{ctx.role.value} is not set: a {ctx.role.value} needs your class with "
-                                 f"{missing} (see gflowdist.runtime.roles)")
-        raise GflowdistError(f"roles.{ctx.role.value}: {cls.__module__}.{cls.__qualname__} does not implement "
-                             f"{missing}, which every {ctx.role.value} needs (see gflowdist.runtime.roles)")
+            raise GflowdistError(
+                f"roles.{ctx.role.value} is not set: a {ctx.role.value} needs your class with "
+                f"{missing} (see gflowdist.runtime.roles)"
+            )
+        raise GflowdistError(
+            f"roles.{ctx.role.value}: {cls.__module__}.{cls.__qualname__} does not implement "
+            f"{missing}, which every {ctx.role.value} needs (see gflowdist.runtime.roles)"
+        )
     role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx, device=device)
     role.setup()
     return role
@@ -165,9 +176,16 @@ def _make_rank(process: RankProcess, config: Config, resume_dir: str | None) -> 
     restored = restore(process.run_dir, world, role, state, process.generator, replay) if resume_dir else None
     ledger = restored.ledger if restored is not None else Ledger()
     saver = CheckpointSaver(process.run_dir, world.rank, role, state, ledger, process.generator, replay)
-    w = Wiring.build(ctx, config, process.stop, ledger=ledger, saver=saver,
-                     generation=restored.generation if restored is not None else 0,
-                     tape=open_tape(config, process.run_dir, ctx), trace=open_trace(config))
+    w = Wiring.build(
+        ctx,
+        config,
+        process.stop,
+        ledger=ledger,
+        saver=saver,
+        generation=restored.generation if restored is not None else 0,
+        tape=open_tape(config, process.run_dir, ctx),
+        trace=open_trace(config),
+    )
     if restored is None:
         return Rank(role, state, replay, w, None, None, [])
     return Rank(role, state, replay, w, restored.name, restored.step, restored.skipped)
@@ -184,22 +202,34 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
     if cut is not None:
         dropped = checkpoints.trim_metrics(run_dir / "metrics.jsonl", cut)
         if dropped:
-            log.info("dropped %d metrics rows of steps >= %d: the interrupted run wrote them after "
-                     "checkpoint %s, and this run repeats those steps", dropped, cut, rank.resumed_from)
+            log.info(
+                "dropped %d metrics rows of steps >= %d: the interrupted run wrote them after "
+                "checkpoint %s, and this run repeats those steps",
+                dropped,
+                cut,
+                rank.resumed_from,
+            )
     metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
     coordinator = rank.role if isinstance(rank.role, roles.Coordinator) else None
-    collector = Collector(rank.w, metrics_file=metrics_file, out=out, run_dir=run_dir,
-                          on_metrics=coordinator.on_metrics if coordinator else None,
-                          on_summary=coordinator.on_summary if coordinator else None,
-                          extra_fields=coordinator.progress_fields if coordinator else None,
-                          on_weights=coordinator.on_weights if coordinator else None)
+    collector = Collector(
+        rank.w,
+        metrics_file=metrics_file,
+        out=out,
+        run_dir=run_dir,
+        on_metrics=coordinator.on_metrics if coordinator else None,
+        on_summary=coordinator.on_summary if coordinator else None,
+        extra_fields=coordinator.progress_fields if coordinator else None,
+        on_weights=coordinator.on_weights if coordinator else None,
+    )
     if coordinator is not None:
         coordinator.metrics_sink = lambda step, metrics: collector.record_metrics(
-            rank.w.rank, {"step": step, **metrics}, tell_coordinator=False)
+            rank.w.rank, {"step": step, **metrics}, tell_coordinator=False
+        )
     out.write(f"gflowdist: {layout.summary()}\ngflowdist: run directory {run_dir}\n")
     _say_resumed(out, rank.resumed_from, rank.skipped)
-    collector.generation_note = generation_note(rank.w.generation, restart_record(), rank.resumed_from,
-                                                rank.resumed_step, collector.reach.before)
+    collector.generation_note = generation_note(
+        rank.w.generation, restart_record(), rank.resumed_from, rank.resumed_step, collector.reach.before
+    )
     if collector.generation_note:
         out.write(f"gflowdist: {collector.generation_note}\n")
         log.info("%s", collector.generation_note)
@@ -231,16 +261,21 @@ def _final_extras(rank: Rank, checkpoint_file: dict) -> dict:
     """What my final report carries besides ledger and timers: staleness, steps, summary, pid, my final
     checkpoint file's size and digest, replay stats."""
     trainer = rank.state if isinstance(rank.state, TrainerState) else None
-    extra = {"staleness": {str(k): v for k, v in trainer.staleness.items()} if trainer else {},
-             "step": trainer.step if trainer else 0, "summary": rank.role.summary(), "pid": os.getpid(),
-             "checkpoint_file": checkpoint_file}
+    extra = {
+        "staleness": {str(k): v for k, v in trainer.staleness.items()} if trainer else {},
+        "step": trainer.step if trainer else 0,
+        "summary": rank.role.summary(),
+        "pid": os.getpid(),
+        "checkpoint_file": checkpoint_file,
+    }
     if rank.replay is not None:
         extra["replay"] = rank.replay.stats()
     return extra
 
 
-def _conclude(process: RankProcess, config: Config, rank: Rank, collector: Collector, final_name: str,
-              final: dict, out: TextIO) -> JobResult:
+def _conclude(
+    process: RankProcess, config: Config, rank: Rank, collector: Collector, final_name: str, final: dict, out: TextIO
+) -> JobResult:
     """On the collector: every rank's final report, the progress line's last word, the run's end."""
     finals = collector.wait_finals()
     rank.w.tape.finish()  # the final reports were my last recorded choices
@@ -248,12 +283,21 @@ def _conclude(process: RankProcess, config: Config, rank: Rank, collector: Colle
     finals[process.world.rank] = final
     for lost in sorted(rank.w.lost):  # actors the run went on without: their finals from what is known
         finals[lost] = collector.lost_actors.final_of(lost, finals)
-        finals[lost]["checkpoint_file"] = checkpoints.save_rank(process.run_dir, final_name, lost,
-                                                                collector.lost_actors.payload(lost))
+        finals[lost]["checkpoint_file"] = checkpoints.save_rank(
+            process.run_dir, final_name, lost, collector.lost_actors.payload(lost)
+        )
     collector.progress(force=True)
     collector.finish_line()
     collector.metrics_file.close()
-    return conclude(process.run_dir, final_name, finals, world_size=process.world.size,
-                    generation=rank.w.generation, last_metrics=collector.latest, stop_reason=rank.w.stop.reason,
-                    tensorboard=config.run.tensorboard, out=out,
-                    notes=[collector.generation_note] if collector.generation_note else [])
+    return conclude(
+        process.run_dir,
+        final_name,
+        finals,
+        world_size=process.world.size,
+        generation=rank.w.generation,
+        last_metrics=collector.latest,
+        stop_reason=rank.w.stop.reason,
+        tensorboard=config.run.tensorboard,
+        out=out,
+        notes=[collector.generation_note] if collector.generation_note else [],
+    )

@@ -32,8 +32,9 @@ whose counts disagree: it is an error, not a warning.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from gflowdist.errors import LedgerError
 
@@ -62,22 +63,35 @@ class Ledger:
             self.dropped[reason] += int(n)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"produced": self.produced, "sent": self.sent, "used_locally": self.used_locally,
-                "in_flight": self.in_flight, "received": self.received, "admitted": self.admitted,
-                "evicted": self.evicted, "dropped": dict(self.dropped),
-                "received_from": {str(k): v for k, v in self.received_from.items()},
-                "malformed": {str(k): v for k, v in self.malformed.items()},
-                "refused": {str(k): v for k, v in self.refused.items()}}
+        return {
+            "produced": self.produced,
+            "sent": self.sent,
+            "used_locally": self.used_locally,
+            "in_flight": self.in_flight,
+            "received": self.received,
+            "admitted": self.admitted,
+            "evicted": self.evicted,
+            "dropped": dict(self.dropped),
+            "received_from": {str(k): v for k, v in self.received_from.items()},
+            "malformed": {str(k): v for k, v in self.malformed.items()},
+            "refused": {str(k): v for k, v in self.refused.items()},
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Ledger":
-        return cls(produced=data.get("produced", 0), sent=data.get("sent", 0),
-                   used_locally=data.get("used_locally", 0), in_flight=data.get("in_flight", 0),
-                   received=data.get("received", 0), admitted=data.get("admitted", 0),
-                   evicted=data.get("evicted", 0), dropped=Counter(data.get("dropped", {})),
-                   received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}),
-                   malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}),
-                   refused=Counter({int(k): v for k, v in data.get("refused", {}).items()}))
+    def from_dict(cls, data: Mapping[str, Any]) -> Ledger:
+        return cls(
+            produced=data.get("produced", 0),
+            sent=data.get("sent", 0),
+            used_locally=data.get("used_locally", 0),
+            in_flight=data.get("in_flight", 0),
+            received=data.get("received", 0),
+            admitted=data.get("admitted", 0),
+            evicted=data.get("evicted", 0),
+            dropped=Counter(data.get("dropped", {})),
+            received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}),
+            malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}),
+            refused=Counter({int(k): v for k, v in data.get("refused", {}).items()}),
+        )
 
 
 def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
@@ -90,23 +104,26 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
         delivered = received_from.get(rank, 0)
         lost = sum(ledger.dropped.get(reason, 0) for reason in BEFORE_DELIVERY)
         if ledger.produced != ledger.used_locally + delivered + ledger.in_flight + lost:
-            problems.append(f"rank {rank} produced {ledger.produced} but {ledger.used_locally} were used "
-                            f"locally, {delivered} reached a buffer, {ledger.in_flight} are in flight"
-                            + (f" and {lost} were lost with it" if lost else ""))
+            problems.append(
+                f"rank {rank} produced {ledger.produced} but {ledger.used_locally} were used "
+                f"locally, {delivered} reached a buffer, {ledger.in_flight} are in flight"
+                + (f" and {lost} were lost with it" if lost else "")
+            )
         dropped = sum(ledger.dropped.values()) - lost
         if ledger.received != ledger.admitted + dropped:
-            problems.append(f"buffer rank {rank} received {ledger.received} but admitted {ledger.admitted} "
-                            f"and dropped {dropped}")
+            problems.append(
+                f"buffer rank {rank} received {ledger.received} but admitted {ledger.admitted} and dropped {dropped}"
+            )
     totals = {
-        "produced": sum(l.produced for l in ledgers.values()),
-        "used_locally": sum(l.used_locally for l in ledgers.values()),
-        "received": sum(l.received for l in ledgers.values()),
-        "admitted": sum(l.admitted for l in ledgers.values()),
-        "dropped": sum(sum(l.dropped.values()) for l in ledgers.values()),
-        "in_flight": sum(l.in_flight for l in ledgers.values()),
-        "evicted": sum(l.evicted for l in ledgers.values()),
-        "malformed_messages": sum(sum(l.malformed.values()) for l in ledgers.values()),
-        "refused_batches": sum(sum(l.refused.values()) for l in ledgers.values()),
+        "produced": sum(item.produced for item in ledgers.values()),
+        "used_locally": sum(item.used_locally for item in ledgers.values()),
+        "received": sum(item.received for item in ledgers.values()),
+        "admitted": sum(item.admitted for item in ledgers.values()),
+        "dropped": sum(sum(item.dropped.values()) for item in ledgers.values()),
+        "in_flight": sum(item.in_flight for item in ledgers.values()),
+        "evicted": sum(item.evicted for item in ledgers.values()),
+        "malformed_messages": sum(sum(item.malformed.values()) for item in ledgers.values()),
+        "refused_batches": sum(sum(item.refused.values()) for item in ledgers.values()),
     }
     if problems:
         raise LedgerError("the ledger does not balance: " + "; ".join(problems))

@@ -26,7 +26,8 @@ data; a restart (``faults.max_restarts``) is what cures those.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from gflowdist.layout import Role
 from gflowdist.runtime import protocol
@@ -89,13 +90,24 @@ class LostActors:
     def payload(self, rank: int) -> dict[str, Any]:
         """Its slot in a checkpoint taken after the loss: no role state, its ledger, its counts."""
         ledger = self.ledger_of(rank)
-        return {"role": None, "runtime": {"produced": ledger.produced}, "ledger": ledger.to_dict(),
-                "lost": self.lost[rank]}
+        return {
+            "role": None,
+            "runtime": {"produced": ledger.produced},
+            "ledger": ledger.to_dict(),
+            "lost": self.lost[rank],
+        }
 
     def final_of(self, rank: int, finals: Mapping[int, dict]) -> dict[str, Any]:
         """Its final report, written by the collector (it sent none)."""
-        return {"role": Role.ACTOR.value, "host": self.layout.host_of(rank), "lost": self.lost[rank],
-                "ledger": self.ledger_of(rank, finals).to_dict(), "timing": None, "step": 0, "summary": {}}
+        return {
+            "role": Role.ACTOR.value,
+            "host": self.layout.host_of(rank),
+            "lost": self.lost[rank],
+            "ledger": self.ledger_of(rank, finals).to_dict(),
+            "timing": None,
+            "step": 0,
+            "summary": {},
+        }
 
     def progress_field(self) -> dict[str, str]:
         if not self.lost:

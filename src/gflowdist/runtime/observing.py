@@ -31,8 +31,15 @@ from gflowdist.runtime.tape import RecordingTape, Tape, read_recording, recordin
 from gflowdist.timing.trace import SENT, TOOK, TraceRecorder
 from gflowdist.transport import Message, MessageType
 
-__all__ = ["TraceObserver", "open_trace", "measure_clock_offset", "open_tape", "rank_header", "role_file_digests",
-           "PINGS"]
+__all__ = [
+    "TraceObserver",
+    "open_trace",
+    "measure_clock_offset",
+    "open_tape",
+    "rank_header",
+    "role_file_digests",
+    "PINGS",
+]
 
 #: Ping-pongs per rank measuring a clock offset; the one with the shortest round trip counts.
 PINGS = 8
@@ -51,8 +58,9 @@ class TraceObserver:
 
     def took(self, message: Message, tag: int, started: float) -> None:
         if message.type is not MessageType.HEARTBEAT:
-            self.trace.message(TOOK, message.type.name, message.sender, tag, message.seq, started,
-                               self.clock() - started)
+            self.trace.message(
+                TOOK, message.type.name, message.sender, tag, message.seq, started, self.clock() - started
+            )
 
 
 def open_trace(config: Config) -> TraceRecorder | None:
@@ -60,8 +68,7 @@ def open_trace(config: Config) -> TraceRecorder | None:
     return TraceRecorder(config.run.trace_events, clock=time.perf_counter) if config.run.trace else None
 
 
-def measure_clock_offset(world: Communicator, context: DistributedContext, collector: int,
-                         timeout: float) -> float:
+def measure_clock_offset(world: Communicator, context: DistributedContext, collector: int, timeout: float) -> float:
     """Collective: seconds to add to my ``time.perf_counter()`` to read the collector's (module docstring).
 
     A rank on another host sends :data:`PINGS` pings; the collector answers
@@ -95,11 +102,20 @@ def rank_header(config: Config, context: DistributedContext) -> dict[str, Any]:
     """What a recording says about the rank and the run it came from (checked when replaying)."""
     from gflowdist import __version__
 
-    return {"rank": context.rank, "role": context.role.value, "host": context.host, "world_size": context.world.size,
-            "engine": context.world.engine, "seed": config.run.seed, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "gflowdist": __version__, "python": platform.python_version(),
-            "files": role_file_digests(config),
-            "config": replayed_settings(config, context.world.size, context.world.engine)}
+    return {
+        "rank": context.rank,
+        "role": context.role.value,
+        "host": context.host,
+        "world_size": context.world.size,
+        "engine": context.world.engine,
+        "seed": config.run.seed,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gflowdist": __version__,
+        "python": platform.python_version(),
+        "files": role_file_digests(config),
+        "config": replayed_settings(config, context.world.size, context.world.engine),
+    }
 
 
 #: ``run`` keys a replay sets itself (where it writes, that it replays): not compared with the recording
@@ -149,12 +165,16 @@ def open_tape(config: Config, run_dir: Path, context: DistributedContext) -> Tap
     mine = rank_header(config, context)
     for key in ("world_size", "role"):
         if header.get(key) != mine[key]:
-            raise GflowdistError(f"{path}: recorded with {key} {header.get(key)!r}, this rank has {mine[key]!r}: "
-                                 f"replay the run with the layout it was recorded with")
+            raise GflowdistError(
+                f"{path}: recorded with {key} {header.get(key)!r}, this rank has {mine[key]!r}: "
+                f"replay the run with the layout it was recorded with"
+            )
     if not complete:
-        raise GflowdistError(f"{path} ends before its last event (the recorded run did not finish): it cannot "
-                             f"be replayed to its end")
+        raise GflowdistError(
+            f"{path} ends before its last event (the recorded run did not finish): it cannot be replayed to its end"
+        )
     if header.get("threads") and header["threads"] != torch.get_num_threads():
         torch.set_num_threads(int(header["threads"]))  # the same reductions in the same order
-    return ReplayTape(events, rank=context.rank, role=context.role.value, host=context.host,
-                      deadline_s=config.faults.peer_timeout_s)
+    return ReplayTape(
+        events, rank=context.rank, role=context.role.value, host=context.host, deadline_s=config.faults.peer_timeout_s
+    )

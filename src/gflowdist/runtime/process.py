@@ -19,9 +19,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, NoReturn
+from typing import IO, NoReturn
 
 import torch
 
@@ -35,8 +36,17 @@ from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.faults import check_engine_allows
 from gflowdist.runtime.wiring import DEATH_HEARD, LOST_IN_THIS_PROCESS, PEER_DIED, StopFlag, collector_rank
 
-__all__ = ["RankProcess", "prepare_rank", "print_whole_lines", "fail_job", "end_within", "end_of_process_bounded", "FORWARD_BEFORE_ABORT_S", "END_AFTER_LOSS_S",
-           "END_S"]
+__all__ = [
+    "RankProcess",
+    "prepare_rank",
+    "print_whole_lines",
+    "fail_job",
+    "end_within",
+    "end_of_process_bounded",
+    "FORWARD_BEFORE_ABORT_S",
+    "END_AFTER_LOSS_S",
+    "END_S",
+]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -83,8 +93,15 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         run_dir.mkdir(parents=True, exist_ok=True)
     world.barrier(timeout=60)
     _setup_logging(run_dir, world.rank)
-    log.info("rank %d role %s host %s pid %d device %s (%s)", world.rank, ctx.role.value, ctx.host, os.getpid(),
-             placed.device, placed.reason)
+    log.info(
+        "rank %d role %s host %s pid %d device %s (%s)",
+        world.rank,
+        ctx.role.value,
+        ctx.host,
+        os.getpid(),
+        placed.device,
+        placed.reason,
+    )
     seed = rank_seed(config.run.seed, world.rank)
     seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
     return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
@@ -121,6 +138,7 @@ def _ignore_peer_death_signal(note_it: bool = False) -> None:
     the dead rank.
     """
     if note_it:
+
         def note(_signum, _frame) -> None:
             PEER_DIED.set()
             DEATH_HEARD.set()

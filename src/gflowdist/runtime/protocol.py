@@ -53,15 +53,37 @@ channel (the transport's loss check).
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from gflowdist.transport import Message, MessageType
 
-__all__ = ["Tags", "Command", "MessageType", "Outgoing", "trajectories", "sample_request", "sample_reply", "priorities",
-           "done", "checkpoint", "checkpointed", "weights", "stop", "heartbeat", "metrics", "summary", "saved", "refused",
-           "lost", "final_report", "command_of", "is_command"]
+__all__ = [
+    "Tags",
+    "Command",
+    "MessageType",
+    "Outgoing",
+    "trajectories",
+    "sample_request",
+    "sample_reply",
+    "priorities",
+    "done",
+    "checkpoint",
+    "checkpointed",
+    "weights",
+    "stop",
+    "heartbeat",
+    "metrics",
+    "summary",
+    "saved",
+    "refused",
+    "lost",
+    "final_report",
+    "command_of",
+    "is_command",
+]
 
 #: What a constructor returns: the message type and the body, as ``Channel.isend`` takes them.
 Outgoing = tuple[MessageType, Any]
@@ -105,8 +127,10 @@ def _command(command: Command, **fields: Any) -> Outgoing:
 
 # -- constructors: one per message ----------------------------------------------------------------
 
-def trajectories(batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n: int,
-                 priorities: torch.Tensor | None = None) -> Outgoing:
+
+def trajectories(
+    batch: Mapping[str, torch.Tensor], *, seq: int, version: int, n: int, priorities: torch.Tensor | None = None
+) -> Outgoing:
     """``n`` trajectories sampled with policy ``version``; ``seq`` numbers the first (see the module docstring).
 
     ``priorities``: the producer's initial priority of each (prioritized replay), or None.
@@ -123,8 +147,13 @@ def sample_request(n: int, version: int, step: int | None = None) -> Outgoing:
     return MessageType.SAMPLE_REQUEST, {"n": n, "version": version, "step": version if step is None else step}
 
 
-def sample_reply(batch: Mapping[str, torch.Tensor] | None, versions: torch.Tensor | None = None, *,
-                 weights: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> Outgoing:
+def sample_reply(
+    batch: Mapping[str, torch.Tensor] | None,
+    versions: torch.Tensor | None = None,
+    *,
+    weights: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
+) -> Outgoing:
     """A sampled batch and the policy version of each trajectory, or ``batch=None``: not enough stored yet.
 
     From a prioritized buffer also each item's importance ``weights`` and ``keys``.
@@ -205,6 +234,7 @@ def final_report(report: Mapping[str, Any]) -> Outgoing:
 
 
 # -- predicates ---------------------------------------------------------------------------------
+
 
 def command_of(msg: Message) -> Command | None:
     """The :class:`Command` of a ``CONTROL`` message; None for any other message or an unknown command."""

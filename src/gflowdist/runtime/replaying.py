@@ -33,13 +33,14 @@ from __future__ import annotations
 import collections
 import struct
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import ProtocolError, ReplayDivergence
+from gflowdist.runtime.tape import FREE, MALFORMED, Site, Tape
 from gflowdist.transport import Message, MessageType
 from gflowdist.transport.channel import Channel
-from gflowdist.runtime.tape import FREE, MALFORMED, Site, Tape
 
 __all__ = ["ReplayTape", "describe_event"]
 
@@ -142,19 +143,29 @@ class ReplayTape(Tape):
         if site is not Site.BATCH:
             self._step = point
         if event is None or event[0] != site or event[1] != point:
-            raise self._diverged(point, f"the replay reached the {site.name} check, where the recording has "
-                                        f"{describe_event(event)}", unit=unit)
+            raise self._diverged(
+                point,
+                f"the replay reached the {site.name} check, where the recording has {describe_event(event)}",
+                unit=unit,
+            )
         if not _same(event[2], value):
             what = "loss" if site is Site.LOSS else "digest of the shipped trajectories"
-            raise self._diverged(point, f"{site.name} check: the {what} is {value!r}, the recording's "
-                                        f"{event[2]!r} (the computation differs: nondeterministic user code, "
-                                        f"or changed files)", unit=unit)
+            raise self._diverged(
+                point,
+                f"{site.name} check: the {what} is {value!r}, the recording's "
+                f"{event[2]!r} (the computation differs: nondeterministic user code, "
+                f"or changed files)",
+                unit=unit,
+            )
         self._advance()
 
     def finish(self) -> None:
         if self.events and not self.interrupted:
-            raise self._diverged(self.events[0][1], f"the rank's loop ended with {len(self.events)} recorded "
-                                                    f"events not replayed; the next: {describe_event(self.events[0])}")
+            raise self._diverged(
+                self.events[0][1],
+                f"the rank's loop ended with {len(self.events)} recorded "
+                f"events not replayed; the next: {describe_event(self.events[0])}",
+            )
 
     # -- helpers --------------------------------------------------------------------------
     def _head(self, site: Site, point: int) -> list[Any] | None:
@@ -168,8 +179,9 @@ class ReplayTape(Tape):
             return None
         if event[1] != point:
             if FREE not in (point, event[1]) and event[1] < point:
-                raise self._diverged(point, f"the recording has {describe_event(event)}, which the replay "
-                                            f"passed without making")
+                raise self._diverged(
+                    point, f"the recording has {describe_event(event)}, which the replay passed without making"
+                )
             return None
         return event
 
@@ -216,22 +228,27 @@ class ReplayTape(Tape):
 
     def _malformed(self, event: list[Any], err: ProtocolError) -> Message | None:
         if event[3] != MALFORMED:
-            raise self._diverged(event[1], f"expected {describe_event(event)}, got a malformed message from "
-                                           f"rank {err.sender}: {err}")
+            raise self._diverged(
+                event[1], f"expected {describe_event(event)}, got a malformed message from rank {err.sender}: {err}"
+            )
         self._advance()
         raise err
 
     def _verify(self, event: list[Any], msg: Message) -> None:
         if int(msg.type) != event[3] or (event[4] != -1 and msg.seq != event[4]):
-            raise self._diverged(event[1], f"expected {describe_event(event)}, got {msg.type.name} seq {msg.seq} "
-                                           f"from rank {msg.sender}")
+            raise self._diverged(
+                event[1], f"expected {describe_event(event)}, got {msg.type.name} seq {msg.seq} from rank {msg.sender}"
+            )
 
     def _still_awaited(self, event: list[Any]) -> None:
         waited, took = time.monotonic() - self._progress_at, max(event[-1] / 1e3 - self._recorded_at, 0.0)
         if waited > max(self.deadline_s, SLOWER * took):
-            raise self._diverged(event[1], f"waited {waited:.1f} s for {describe_event(event)} (the recorded run "
-                                           f"took {took:.1f} s to it), which rank {event[2]} did not send: it "
-                                           f"diverged first")
+            raise self._diverged(
+                event[1],
+                f"waited {waited:.1f} s for {describe_event(event)} (the recorded run "
+                f"took {took:.1f} s to it), which rank {event[2]} did not send: it "
+                f"diverged first",
+            )
 
     def _diverged(self, point: int, event: str, unit: str | None = None) -> ReplayDivergence:
         """``unit`` "trajectory": ``point`` counts trajectories; the loop's own point (its step) is added."""

@@ -65,8 +65,10 @@ def choose_checkpoint(run_dir: Path, world) -> Chosen:
     """Collective over ``world``: the newest complete checkpoint of ``run_dir`` intact on every rank."""
     names = json.loads(world.all_gather_bytes(json.dumps(checkpoints.checkpoint_names(run_dir)).encode())[0])
     if not names:
-        raise CheckpointError(f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}",
-                              path=str(Path(run_dir) / "checkpoints"))
+        raise CheckpointError(
+            f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}",
+            path=str(Path(run_dir) / "checkpoints"),
+        )
     skipped = []
     for name in names:
         manifest, payload, problem = _check_mine(run_dir, name, world)
@@ -75,8 +77,9 @@ def choose_checkpoint(run_dir: Path, world) -> Chosen:
         if not bad:
             return Chosen(name, manifest, payload, skipped)
         skipped.append(f"checkpoint {name} not used: {'; '.join(bad)}")
-    raise CheckpointError(f"--resume {run_dir}: no intact checkpoint: " + "; ".join(skipped),
-                          path=str(Path(run_dir) / "checkpoints"))
+    raise CheckpointError(
+        f"--resume {run_dir}: no intact checkpoint: " + "; ".join(skipped), path=str(Path(run_dir) / "checkpoints")
+    )
 
 
 def _check_mine(run_dir: Path, name: str, world) -> tuple[dict, dict, str]:
@@ -84,8 +87,10 @@ def _check_mine(run_dir: Path, name: str, world) -> tuple[dict, dict, str]:
     try:
         manifest = checkpoints.read_manifest(checkpoints.checkpoint_dir(run_dir, name))
         if manifest["world_size"] != world.size:
-            raise GflowdistError(f"--resume {run_dir}: checkpoint {name} was written by {manifest['world_size']} "
-                                 f"ranks, this job has {world.size} (resume with -n {manifest['world_size']})")
+            raise GflowdistError(
+                f"--resume {run_dir}: checkpoint {name} was written by {manifest['world_size']} "
+                f"ranks, this job has {world.size} (resume with -n {manifest['world_size']})"
+            )
         return manifest, checkpoints.load_rank(run_dir, name, world.rank, manifest), ""
     except CheckpointError as err:
         return {}, {}, str(err)
@@ -102,14 +107,23 @@ class Restored:
     skipped: list[str]
 
 
-def restore(run_dir: Path, world: Communicator, role: BaseRole, state: RunState, generator: torch.Generator,
-            replay: ReplayBuffer | None = None) -> Restored:
+def restore(
+    run_dir: Path,
+    world: Communicator,
+    role: BaseRole,
+    state: RunState,
+    generator: torch.Generator,
+    replay: ReplayBuffer | None = None,
+) -> Restored:
     """Collective: load this rank's part of the checkpoint :func:`choose_checkpoint` picks into these objects."""
     chosen = choose_checkpoint(run_dir, world)
     saved = chosen.payload
     if saved.get("lost"):  # the run went on without me: my slot holds my counts, no role state
-        log.warning("checkpoint %s has no state of mine (%s): I start from setup(), my counts carried on",
-                    chosen.name, saved["lost"])
+        log.warning(
+            "checkpoint %s has no state of mine (%s): I start from setup(), my counts carried on",
+            chosen.name,
+            saved["lost"],
+        )
     else:
         role.load_state_dict(saved["role"])
         torch.set_rng_state(saved["torch_rng"])
@@ -120,5 +134,6 @@ def restore(run_dir: Path, world: Communicator, role: BaseRole, state: RunState,
     for reason in chosen.skipped:
         log.warning("%s", reason)
     log.info("resumed from checkpoint %s at step %s", chosen.name, getattr(state, "step", 0))
-    return Restored(chosen.name, chosen.step, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1,
-                    chosen.skipped)
+    return Restored(
+        chosen.name, chosen.step, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1, chosen.skipped
+    )

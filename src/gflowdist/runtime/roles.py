@@ -72,7 +72,8 @@ classes), and by the job runner with the same message.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -85,8 +86,15 @@ __all__ = ["BaseRole", "Actor", "Trainer", "BufferManager", "Coordinator"]
 class BaseRole(abc.ABC):
     """What every role has: identity, parameters and a seeded generator."""
 
-    def __init__(self, *, rank: int, config: Any, generator: torch.Generator, context: Any = None,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        config: Any,
+        generator: torch.Generator,
+        context: Any = None,
+        device: str | torch.device = "cpu",
+    ):
         self.rank = rank
         self.config = config
         self.device = torch.device(device)
@@ -186,9 +194,15 @@ class BufferManager(BaseRole):
         from gflowdist.replay import ReplayBuffer
 
         cfg = self.config.replay
-        return ReplayBuffer.from_config(cfg, generator=self.generator, dedup_key=cfg.dedup_key,
-                                        alpha=cfg.priority_alpha, beta=cfg.priority_beta,
-                                        beta_final=cfg.priority_beta_final, beta_steps=cfg.priority_beta_steps)
+        return ReplayBuffer.from_config(
+            cfg,
+            generator=self.generator,
+            dedup_key=cfg.dedup_key,
+            alpha=cfg.priority_alpha,
+            beta=cfg.priority_beta,
+            beta_final=cfg.priority_beta_final,
+            beta_steps=cfg.priority_beta_steps,
+        )
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """Per-trajectory scores (priority / keep-highest); default: ``log_rewards`` if present."""
@@ -208,8 +222,10 @@ class Coordinator(BaseRole):
         """Add my own row to ``metrics.jsonl`` at ``step`` (e.g. an evaluation of the weights of
         :meth:`on_weights`): the report's curves and TensorBoard show it beside the trainers' metrics."""
         if self.metrics_sink is None:
-            raise GflowdistError(f"{type(self).__name__}.record() writes metrics.jsonl of a running job; "
-                                 f"this coordinator is not part of one")
+            raise GflowdistError(
+                f"{type(self).__name__}.record() writes metrics.jsonl of a running job; "
+                f"this coordinator is not part of one"
+            )
         self.metrics_sink(int(step), {str(k): float(v) for k, v in metrics.items()})
 
     def on_metrics(self, rank: int, step: int, metrics: Mapping[str, float]) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from gflowdist.layout import Role
 
@@ -69,5 +70,9 @@ class CoordinatorState(RunState):
 
 def state_for(role: Role) -> RunState:
     """A fresh state for a rank of ``role``."""
-    return {Role.TRAINER: TrainerState, Role.ACTOR: ActorState, Role.BUFFER: BufferState,
-            Role.COORDINATOR: CoordinatorState}[role]()
+    return {
+        Role.TRAINER: TrainerState,
+        Role.ACTOR: ActorState,
+        Role.BUFFER: BufferState,
+        Role.COORDINATOR: CoordinatorState,
+    }[role]()

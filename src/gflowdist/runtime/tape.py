@@ -37,8 +37,9 @@ from __future__ import annotations
 import enum
 import time
 import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import IO, Any
 
 import msgpack
 import torch
@@ -47,8 +48,17 @@ from gflowdist.errors import GflowdistError, ProtocolError
 from gflowdist.transport import Message
 from gflowdist.transport.channel import Channel
 
-__all__ = ["Site", "Tape", "RecordingTape", "FREE", "MALFORMED", "RECORD_FORMAT", "recording_path",
-           "read_recording", "batch_digest"]
+__all__ = [
+    "Site",
+    "Tape",
+    "RecordingTape",
+    "FREE",
+    "MALFORMED",
+    "RECORD_FORMAT",
+    "recording_path",
+    "read_recording",
+    "batch_digest",
+]
 
 #: Version of the recording files (2: each event ends with its milliseconds since the tape opened; 3: WEIGHTS events).
 RECORD_FORMAT = 3
@@ -105,9 +115,17 @@ class Tape:
     recording = False
     replaying = False
 
-    def take(self, site: Site, channel: Channel, point: int = FREE, *, source: int | None = None,
-             wait: bool = False, transparent: Callable[[Message], bool] | None = None,
-             keep_alive: Callable[[], None] | None = None) -> Message | None:
+    def take(
+        self,
+        site: Site,
+        channel: Channel,
+        point: int = FREE,
+        *,
+        source: int | None = None,
+        wait: bool = False,
+        transparent: Callable[[Message], bool] | None = None,
+        keep_alive: Callable[[], None] | None = None,
+    ) -> Message | None:
         """The next message of ``channel`` (from ``source``, or anyone) at ``site``, or None.
 
         ``transparent`` says which messages are not choices (heartbeats): they

@@ -14,8 +14,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm import Communicator
 from gflowdist.comm.polling import Backoff
@@ -119,9 +120,18 @@ class Wiring:
     refusals_heard: int = 0  # my buffer's refusals of my batches that reached me (hear_refusals)
 
     @classmethod
-    def build(cls, context: DistributedContext, config: Config, stop: StopFlag, *, ledger: Ledger | None = None,
-              generation: int = 0, saver: CheckpointSaver | None = None, tape: Tape | None = None,
-              trace: TraceRecorder | None = None) -> "Wiring":
+    def build(
+        cls,
+        context: DistributedContext,
+        config: Config,
+        stop: StopFlag,
+        *,
+        ledger: Ledger | None = None,
+        generation: int = 0,
+        saver: CheckpointSaver | None = None,
+        tape: Tape | None = None,
+        trace: TraceRecorder | None = None,
+    ) -> Wiring:
         """The channels on ``context``'s world, with ``ledger`` (a resumed run's) and ``generation``;
         ``tape`` records or replays the choices, ``trace`` gets every phase, collective and message."""
         comm = context.world
@@ -134,19 +144,38 @@ class Wiring:
         timeout = max(config.faults.peer_timeout_s, 1.0)
 
         def channel(tag: int, max_in_flight: int) -> Channel:
-            return Channel(comm, tag, max_in_flight=max_in_flight, max_message_bytes=limit, send_timeout=timeout,
-                           limit_name=LIMIT_KEY)
+            return Channel(
+                comm,
+                tag,
+                max_in_flight=max_in_flight,
+                max_message_bytes=limit,
+                send_timeout=timeout,
+                limit_name=LIMIT_KEY,
+            )
 
-        channels = {"data": channel(Tags.DATA, cap), "control": channel(Tags.CONTROL, 64),
-                    "weights": channel(Tags.WEIGHTS, 2)}
+        channels = {
+            "data": channel(Tags.DATA, cap),
+            "control": channel(Tags.CONTROL, 64),
+            "weights": channel(Tags.WEIGHTS, 2),
+        }
         if trace is not None:
             observer = TraceObserver(trace)
             for ch in channels.values():
                 ch.observer = observer
             stop.trace = trace
-        return cls(comm=comm, context=context, config=config, **channels, stop=stop,
-                   collector=collector_rank(context.layout), ledger=ledger if ledger is not None else Ledger(),
-                   generation=generation, saver=saver, timer=StepTimer(trace=trace), tape=tape or Tape())
+        return cls(
+            comm=comm,
+            context=context,
+            config=config,
+            **channels,
+            stop=stop,
+            collector=collector_rank(context.layout),
+            ledger=ledger if ledger is not None else Ledger(),
+            generation=generation,
+            saver=saver,
+            timer=StepTimer(trace=trace),
+            tape=tape or Tape(),
+        )
 
     @property
     def rank(self) -> int:
@@ -220,10 +249,13 @@ class Wiring:
         patience = 2 if PEER_DIED.is_set() else 1
         if silent > patience * self.config.faults.peer_timeout_s:
             layout = self.context.layout
-            raise PeerLostError(self.collector, role=layout.role_of(self.collector).value,
-                                host=layout.host_of(self.collector),
-                                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
-                                       f"{self.config.faults.peer_timeout_s:g})")
+            raise PeerLostError(
+                self.collector,
+                role=layout.role_of(self.collector).value,
+                host=layout.host_of(self.collector),
+                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
+                f"{self.config.faults.peer_timeout_s:g})",
+            )
         return bool(self.stop)
 
     def _obey(self, msg) -> None:
@@ -250,8 +282,10 @@ class Wiring:
             if self.refusals_heard >= count:
                 return
             if time.monotonic() > deadline:
-                raise GflowdistError(f"my buffer refused {count} of my batches, but only {self.refusals_heard} "
-                                     f"refusals reached rank {self.rank} within faults.peer_timeout_s")
+                raise GflowdistError(
+                    f"my buffer refused {count} of my batches, but only {self.refusals_heard} "
+                    f"refusals reached rank {self.rank} within faults.peer_timeout_s"
+                )
             backoff.pause()
 
     def go_on_without(self, rank: int, reason: str) -> None:
@@ -301,11 +335,20 @@ class Wiring:
             self.check_control()
 
     # -- the choices (recorded with --record, made as recorded by gflowdist replay) -----------------
-    def take(self, site: Site, channel: Channel, point: int = FREE, *, source: int | None = None,
-             wait: bool = False, transparent: Callable[[Message], bool] | None = None) -> Message | None:
+    def take(
+        self,
+        site: Site,
+        channel: Channel,
+        point: int = FREE,
+        *,
+        source: int | None = None,
+        wait: bool = False,
+        transparent: Callable[[Message], bool] | None = None,
+    ) -> Message | None:
         """The next message on ``channel`` at ``site`` (:meth:`Tape.take <gflowdist.runtime.tape.Tape.take>`)."""
-        return self.tape.take(site, channel, point, source=source, wait=wait, transparent=transparent,
-                              keep_alive=self.keep_alive)
+        return self.tape.take(
+            site, channel, point, source=source, wait=wait, transparent=transparent, keep_alive=self.keep_alive
+        )
 
     def stop_seen(self, point: int) -> bool:
         """Hear the collector; whether to stop before ``point`` (a step), as seen now or as recorded."""
@@ -336,9 +379,15 @@ class Wiring:
 
     def send_final(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
         """My final report (role, host, ledger, timers, channel statistics, ``extra``) to the collector; returns it."""
-        final = {"role": role, "host": self.context.host, "ledger": self.ledger.to_dict(),
-                 "timing": self.timer.to_dict(), "clock_offset": self.clock_offset,
-                 "channels": {"data": self.data.stats.to_dict(), "control": self.control.stats.to_dict()}, **extra}
+        final = {
+            "role": role,
+            "host": self.context.host,
+            "ledger": self.ledger.to_dict(),
+            "timing": self.timer.to_dict(),
+            "clock_offset": self.clock_offset,
+            "channels": {"data": self.data.stats.to_dict(), "control": self.control.stats.to_dict()},
+            **extra,
+        }
         if self.timer.trace is not None:  # the collector writes it to trace.json, not to finals.json
             final["trace"] = self.timer.trace.to_dict()
         if self.rank != self.collector:

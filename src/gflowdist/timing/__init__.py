@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from gflowdist.timing.imbalance import PhaseImbalance, WaitMatrix, imbalance_by_phase, phase_imbalance, wait_matrix
+from gflowdist.timing.rates import Throughput, eta_seconds, format_duration
 from gflowdist.timing.report import Report, SavedReport, build_report
 from gflowdist.timing.summaries import (
     LedgerRow,
@@ -26,7 +27,6 @@ from gflowdist.timing.summaries import (
     ledger_summary,
     staleness_summary,
 )
-from gflowdist.timing.rates import Throughput, eta_seconds, format_duration
 from gflowdist.timing.timers import StepTimer
 from gflowdist.timing.torchgfn_reports import (
     LoadImbalanceResult,

@@ -71,28 +71,45 @@ class CollectiveWaits:
         return sum(peers.get(rank, 0.0) for peers in self.waited.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "group": list(self.group), "count": self.count,
-                "last": {str(r): n for r, n in self.last.items()},
-                "waited": {str(w): {str(p): s for p, s in peers.items()} for w, peers in self.waited.items()},
-                "seconds": {str(r): s for r, s in self.seconds.items()}, "missing": list(self.missing),
-                "straggler": self.straggler}
+        return {
+            "name": self.name,
+            "group": list(self.group),
+            "count": self.count,
+            "last": {str(r): n for r, n in self.last.items()},
+            "waited": {str(w): {str(p): s for p, s in peers.items()} for w, peers in self.waited.items()},
+            "seconds": {str(r): s for r, s in self.seconds.items()},
+            "missing": list(self.missing),
+            "straggler": self.straggler,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CollectiveWaits:
-        return cls(name=str(data["name"]), group=tuple(int(r) for r in data["group"]), count=int(data["count"]),
-                   last={int(r): int(n) for r, n in data["last"].items()},
-                   waited={int(w): {int(p): float(s) for p, s in peers.items()}
-                           for w, peers in data["waited"].items()},
-                   seconds={int(r): float(s) for r, s in data["seconds"].items()},
-                   missing=tuple(int(r) for r in data.get("missing", ())))
+        return cls(
+            name=str(data["name"]),
+            group=tuple(int(r) for r in data["group"]),
+            count=int(data["count"]),
+            last={int(r): int(n) for r, n in data["last"].items()},
+            waited={int(w): {int(p): float(s) for p, s in peers.items()} for w, peers in data["waited"].items()},
+            seconds={int(r): float(s) for r, s in data["seconds"].items()},
+            missing=tuple(int(r) for r in data.get("missing", ())),
+        )
 
 
 def collective_waits(timers: Mapping[int, StepTimer]) -> list[CollectiveWaits]:
     """Every (name, group) some rank timed, attributed (module docstring); sorted by name, then group."""
     keys = sorted({key for t in timers.values() for key in t.collectives})
-    return [_attribute(name, group, {r: timers[r].collectives[(name, group)] for r in group
-                                     if r in timers and (name, group) in timers[r].collectives})
-            for name, group in keys]
+    return [
+        _attribute(
+            name,
+            group,
+            {
+                r: timers[r].collectives[(name, group)]
+                for r in group
+                if r in timers and (name, group) in timers[r].collectives
+            },
+        )
+        for name, group in keys
+    ]
 
 
 def _attribute(name: str, group: tuple[int, ...], times: Mapping[int, list[float]]) -> CollectiveWaits:
@@ -107,12 +124,16 @@ def _attribute(name: str, group: tuple[int, ...], times: Mapping[int, list[float
             if r != arrived_last:
                 peers = waited.setdefault(r, {})
                 peers[arrived_last] = peers.get(arrived_last, 0.0) + waits[r]
-    return CollectiveWaits(name, group, count, last, waited, {r: sum(times[r]) for r in members},
-                           tuple(r for r in group if r not in times))
+    return CollectiveWaits(
+        name, group, count, last, waited, {r: sum(times[r]) for r in members}, tuple(r for r in group if r not in times)
+    )
 
 
-def add_to_matrix(collectives: list[CollectiveWaits], by_label: dict[int, dict[int, dict[str, float]]],
-                  counts: dict[int, dict[int, dict[str, int]]]) -> None:
+def add_to_matrix(
+    collectives: list[CollectiveWaits],
+    by_label: dict[int, dict[int, dict[str, float]]],
+    counts: dict[int, dict[int, dict[str, int]]],
+) -> None:
     """Add each collective's waits to a wait matrix's cells, label ``collective:<name>``, in place.
 
     A cell's count is the number of waits, as for ``wait_on``: the collectives
@@ -140,9 +161,11 @@ def collective_lines(collectives: list[CollectiveWaits], hosts: Mapping[int, str
         where = f"rank {rank}" + (f" on {host}" if host else "")
         others = [r for r in c.group if r != rank]
         who = f"rank {others[0]}" if len(others) == 1 else f"the other {len(others)}"
-        lines.append(f"  collective {c.name} of ranks {rank_list(c.group)}: {where} arrived last at "
-                     f"{c.last[rank]} of {c.count}; {who} waited {c.waited_on(rank):.3f} s on it "
-                     f"({sum(map(c.waited_on, c.group)):.3f} s waited in all of them)")
+        lines.append(
+            f"  collective {c.name} of ranks {rank_list(c.group)}: {where} arrived last at "
+            f"{c.last[rank]} of {c.count}; {who} waited {c.waited_on(rank):.3f} s on it "
+            f"({sum(map(c.waited_on, c.group)):.3f} s waited in all of them)"
+        )
     return lines
 
 

@@ -37,8 +37,10 @@ def figure_unavailable_reason() -> str | None:
     try:
         importlib.import_module("matplotlib.figure")
     except ImportError as exc:
-        return (f"matplotlib, a dependency of gflowdist, is not importable ({exc}): "
-                f"pip install 'matplotlib>=3.6' to get report.png")
+        return (
+            f"matplotlib, a dependency of gflowdist, is not importable ({exc}): "
+            f"pip install 'matplotlib>=3.6' to get report.png"
+        )
     return None
 
 
@@ -55,13 +57,20 @@ def save_figure(report: Report, path: str | Path, *, dpi: int = 110) -> Path:
     # fixed margins, not layout="constrained": every run draws this figure, and the constraint
     # solver took half of the drawing time
     columns = max(n_curves, 1) * 2
-    grid = fig.add_gridspec(2 if n_curves else 1, columns, left=0.05, right=0.97,
-                            bottom=0.07 if n_curves else 0.13, top=0.9 if n_curves else 0.85,
-                            hspace=0.38, wspace=0.14 * columns)
+    grid = fig.add_gridspec(
+        2 if n_curves else 1,
+        columns,
+        left=0.05,
+        right=0.97,
+        bottom=0.07 if n_curves else 0.13,
+        top=0.9 if n_curves else 0.85,
+        hspace=0.38,
+        wspace=0.14 * columns,
+    )
     _draw_time_bars(fig.add_subplot(grid[0, : columns // 2]), report)
-    _draw_wait_matrix(fig, fig.add_subplot(grid[0, columns // 2:]), report)
+    _draw_wait_matrix(fig, fig.add_subplot(grid[0, columns // 2 :]), report)
     for i, name in enumerate(list(report.curves)[:n_curves]):
-        _draw_curve(fig.add_subplot(grid[1, 2 * i: 2 * i + 2]), name, report.curves[name])
+        _draw_curve(fig.add_subplot(grid[1, 2 * i : 2 * i + 2]), name, report.curves[name])
     fig.suptitle("gflowdist run report")
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")
@@ -76,26 +85,34 @@ def _draw_time_bars(ax: Any, report: Report) -> None:
     ranks = sorted({r for phases in report.imbalance.values() for p in phases for r in p.ranks})
     ax.set_title("time per rank: busy (solid) and idle (hatched) per phase")
     if not ranks:
-        ax.text(0.5, 0.5, "no phase timings recorded", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no phase timings recorded", ha="center", va="center", transform=ax.transAxes)
         return
     position = {rank: i for i, rank in enumerate(ranks)}
     bottoms = [0.0] * len(ranks)
     segments = [(role, p) for role, phases in report.imbalance.items() for p in phases]
     # distinct colours: matplotlib's 10-colour cycle while it suffices, then tab20's dark ten and its light ten
-    colors = ([f"C{i}" for i in range(len(segments))] if len(segments) <= 10 else
-              [colormaps["tab20"]((2 * i) % 20 + (i // 10) % 2) for i in range(len(segments))])
-    for index, ((role, p), color) in enumerate(zip(segments, colors)):
+    colors = (
+        [f"C{i}" for i in range(len(segments))]
+        if len(segments) <= 10
+        else [colormaps["tab20"]((2 * i) % 20 + (i // 10) % 2) for i in range(len(segments))]
+    )
+    for index, ((role, p), color) in enumerate(zip(segments, colors, strict=False)):
         for part, hatch, alpha in (("busy", None, 1.0), ("idle", "//", 0.35)):
             values = getattr(p, part)
             heights = [0.0] * len(ranks)
             for rank, seconds in values.items():
                 heights[position[rank]] = seconds
-            ax.bar(range(len(ranks)), heights, bottom=bottoms, color=color, alpha=alpha,
-                   hatch=hatch, edgecolor=color if hatch else None,
-                   label=f"{role}/{p.phase}" if part == "busy" else
-                   ("idle (hatched)" if index == 0 else None))
-            bottoms = [b + h for b, h in zip(bottoms, heights)]
+            ax.bar(
+                range(len(ranks)),
+                heights,
+                bottom=bottoms,
+                color=color,
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor=color if hatch else None,
+                label=f"{role}/{p.phase}" if part == "busy" else ("idle (hatched)" if index == 0 else None),
+            )
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=False)]
     ax.set_xticks(range(len(ranks)))
     ax.set_xticklabels([f"{r}\n{report.roles.get(r, '?')}" for r in ranks], fontsize=8)
     ax.set_ylabel("seconds")
@@ -125,8 +142,15 @@ def _draw_wait_matrix(fig: Any, ax: Any, report: Report) -> None:
         for i, row in enumerate(matrix):
             for j, seconds in enumerate(row):
                 if seconds > 0.0:
-                    ax.text(j, i, f"{seconds:.2g}", ha="center", va="center", fontsize=7,
-                            color="black" if seconds > 0.6 * top else "white")
+                    ax.text(
+                        j,
+                        i,
+                        f"{seconds:.2g}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="black" if seconds > 0.6 * top else "white",
+                    )
 
 
 def _draw_curve(ax: Any, name: str, curve: Any) -> None:

@@ -104,12 +104,16 @@ class PhaseImbalance:
         """Human-readable caveats: missing ranks, uneven iteration counts."""
         out = []
         if self.missing_ranks:
-            out.append(f"phase {self.phase!r} not recorded on ranks {rank_list(self.missing_ranks)}; "
-                       f"computed over ranks {rank_list(self.ranks)}")
+            out.append(
+                f"phase {self.phase!r} not recorded on ranks {rank_list(self.missing_ranks)}; "
+                f"computed over ranks {rank_list(self.ranks)}"
+            )
         if self.uneven:
-            out.append(f"phase {self.phase!r} has uneven iteration counts "
-                       f"({self.min_iterations}..{self.iterations}); iteration i is averaged "
-                       f"over the ranks that reached it")
+            out.append(
+                f"phase {self.phase!r} has uneven iteration counts "
+                f"({self.min_iterations}..{self.iterations}); iteration i is averaged "
+                f"over the ranks that reached it"
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,8 +153,9 @@ class PhaseImbalance:
         )
 
 
-def phase_imbalance(phase: str, times_by_rank: Mapping[int, Sequence[float]],
-                    group: Iterable[int] | None = None) -> PhaseImbalance:
+def phase_imbalance(
+    phase: str, times_by_rank: Mapping[int, Sequence[float]], group: Iterable[int] | None = None
+) -> PhaseImbalance:
     """Useful work, waiting and straggler of one phase.
 
     Args:
@@ -167,12 +172,11 @@ def phase_imbalance(phase: str, times_by_rank: Mapping[int, Sequence[float]],
     grid = np.zeros((len(ranks), n_iter))
     present = np.zeros((len(ranks), n_iter), dtype=bool)
     for row, rank in enumerate(ranks):
-        grid[row, :counts[row]] = np.asarray(times_by_rank[rank], dtype=float)
-        present[row, :counts[row]] = True
+        grid[row, : counts[row]] = np.asarray(times_by_rank[rank], dtype=float)
+        present[row, : counts[row]] = True
     busy = {rank: float(grid[row].sum()) for row, rank in enumerate(ranks)}
     if n_iter == 0:
-        return PhaseImbalance(phase, ranks, missing, 0, 0, 0.0, 0.0, None, 0, 0,
-                              busy, {rank: 0.0 for rank in ranks})
+        return PhaseImbalance(phase, ranks, missing, 0, 0, 0.0, 0.0, None, 0, 0, busy, {rank: 0.0 for rank in ranks})
 
     # every column has >= 1 present rank because n_iter is the largest count
     col_max = np.where(present, grid, -np.inf).max(axis=0)
@@ -191,12 +195,25 @@ def phase_imbalance(phase: str, times_by_rank: Mapping[int, Sequence[float]],
     if contested.any():
         best = int(np.argmax(wins))
         straggler, straggler_iterations = ranks[best], int(wins[best])
-    return PhaseImbalance(phase, ranks, missing, n_iter, min(counts), useful, waiting,
-                          straggler, straggler_iterations, int(contested.sum()), busy, idle)
+    return PhaseImbalance(
+        phase,
+        ranks,
+        missing,
+        n_iter,
+        min(counts),
+        useful,
+        waiting,
+        straggler,
+        straggler_iterations,
+        int(contested.sum()),
+        busy,
+        idle,
+    )
 
 
-def imbalance_by_phase(timing_by_rank: Mapping[int, Mapping[str, Sequence[float]]],
-                       group: Iterable[int] | None = None) -> list[PhaseImbalance]:
+def imbalance_by_phase(
+    timing_by_rank: Mapping[int, Mapping[str, Sequence[float]]], group: Iterable[int] | None = None
+) -> list[PhaseImbalance]:
     """:func:`phase_imbalance` of every phase any rank recorded.
 
     Phases come in order of first appearance, scanning ranks in ascending order.
@@ -207,8 +224,9 @@ def imbalance_by_phase(timing_by_rank: Mapping[int, Mapping[str, Sequence[float]
     for rank in sorted(timing_by_rank):
         order.update(dict.fromkeys(timing_by_rank[rank]))
     return [
-        phase_imbalance(phase, {r: timing_by_rank[r][phase] for r in sorted(timing_by_rank)
-                                if phase in timing_by_rank[r]}, members)
+        phase_imbalance(
+            phase, {r: timing_by_rank[r][phase] for r in sorted(timing_by_rank) if phase in timing_by_rank[r]}, members
+        )
         for phase in order
     ]
 
@@ -260,31 +278,30 @@ class WaitMatrix:
         """``{"ranks": [...], "seconds": {"w": {"p": {label: s}}}, "counts": {...}}``."""
         return {
             "ranks": list(self.ranks),
-            "seconds": {str(w): {str(p): dict(lab) for p, lab in peers.items()}
-                        for w, peers in self.by_label.items()},
-            "counts": {str(w): {str(p): dict(lab) for p, lab in peers.items()}
-                       for w, peers in self.counts.items()},
+            "seconds": {str(w): {str(p): dict(lab) for p, lab in peers.items()} for w, peers in self.by_label.items()},
+            "counts": {str(w): {str(p): dict(lab) for p, lab in peers.items()} for w, peers in self.counts.items()},
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WaitMatrix:
         """Inverse of :meth:`to_dict`."""
-        def nested(d: Mapping[str, Any], cast: type) -> dict[int, dict[int, dict[str, Any]]]:
-            return {parse_rank(w, "wait matrix"): {
-                parse_rank(p, "wait matrix"): {str(k): cast(v) for k, v in lab.items()}
-                for p, lab in peers.items()} for w, peers in d.items()}
 
-        return cls(tuple(int(r) for r in data["ranks"]), nested(data["seconds"], float),
-                   nested(data["counts"], int))
+        def nested(d: Mapping[str, Any], cast: type) -> dict[int, dict[int, dict[str, Any]]]:
+            return {
+                parse_rank(w, "wait matrix"): {
+                    parse_rank(p, "wait matrix"): {str(k): cast(v) for k, v in lab.items()} for p, lab in peers.items()
+                }
+                for w, peers in d.items()
+            }
+
+        return cls(tuple(int(r) for r in data["ranks"]), nested(data["seconds"], float), nested(data["counts"], int))
 
 
 def wait_matrix(timers: Mapping[int, StepTimer], collectives: Sequence[CollectiveWaits] = ()) -> WaitMatrix:
     """Collect every rank's ``StepTimer.waits``, and the waits on each collective's last arriver
     (label ``collective:<name>``, :mod:`gflowdist.timing.collectives`), into one :class:`WaitMatrix`."""
-    by_label = {w: {p: dict(lab) for p, lab in t.waits.items()} for w, t in timers.items()
-                if t.waits}
-    counts = {w: {p: dict(lab) for p, lab in t.wait_counts.items()} for w, t in timers.items()
-              if t.wait_counts}
+    by_label = {w: {p: dict(lab) for p, lab in t.waits.items()} for w, t in timers.items() if t.waits}
+    counts = {w: {p: dict(lab) for p, lab in t.wait_counts.items()} for w, t in timers.items() if t.wait_counts}
     add_to_matrix(list(collectives), by_label, counts)
     ranks = set(by_label)
     for peers in by_label.values():

@@ -28,7 +28,7 @@ class Throughput:
         clock: seconds callable; ``time.perf_counter`` by default.
     """
 
-    __slots__ = ("alpha", "_clock", "_last", "_pending", "rate", "total", "_start")
+    __slots__ = ("_clock", "_last", "_pending", "_start", "alpha", "rate", "total")
 
     def __init__(self, alpha: float = 0.1, *, clock: Clock = time.perf_counter):
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
@@ -53,8 +53,7 @@ class Throughput:
         if elapsed <= 0.0:
             return self.rate
         instant = self._pending / elapsed
-        self.rate = instant if self.rate is None else (
-            self.alpha * instant + (1.0 - self.alpha) * self.rate)
+        self.rate = instant if self.rate is None else (self.alpha * instant + (1.0 - self.alpha) * self.rate)
         self._pending = 0.0
         self._last = now
         return self.rate
@@ -84,7 +83,7 @@ def format_duration(seconds: float | None) -> str:
         return "?"
     if seconds < 60.0:
         return f"{seconds:.1f}s"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"

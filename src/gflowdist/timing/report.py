@@ -44,8 +44,7 @@ from gflowdist.timing.summaries import (
 from gflowdist.timing.text_table import rank_list, table_lines
 from gflowdist.timing.timers import StepTimer, parse_rank
 
-__all__ = ["Report", "SavedReport", "build_report", "REPORT_FORMAT", "UNKNOWN_ROLE",
-           "MATRIX_MAX_RANKS"]
+__all__ = ["Report", "SavedReport", "build_report", "REPORT_FORMAT", "UNKNOWN_ROLE", "MATRIX_MAX_RANKS"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +123,11 @@ class Report:
             "ranks": list(self.ranks),
             "roles": {str(r): v for r, v in self.roles.items()},
             "hosts": {str(r): v for r, v in self.hosts.items()},
-            "imbalance": {role: [p.to_dict() for p in phases]
-                          for role, phases in self.imbalance.items()},
+            "imbalance": {role: [p.to_dict() for p in phases] for role, phases in self.imbalance.items()},
             "waits": self.waits.to_dict(),
             "staleness": {str(r): s.to_dict() for r, s in self.staleness.items()},
             "ledger": None if self.ledger is None else self.ledger.to_dict(),
-            "curves": {name: {"x": list(c["x"]), "y": list(c["y"])}
-                       for name, c in self.curves.items()},
+            "curves": {name: {"x": list(c["x"]), "y": list(c["y"])} for name, c in self.curves.items()},
             "metrics": [m.to_dict() for m in self.metrics],
             "notes": list(self.notes),
             "collectives": [c.to_dict() for c in self.collectives],
@@ -147,21 +144,20 @@ class Report:
     @classmethod
     def _from_dict(cls, data: Mapping[str, Any]) -> Report:
         if data.get("format") != REPORT_FORMAT:
-            raise GflowdistError(f"report format {data.get('format')!r} is not supported "
-                                 f"(expected {REPORT_FORMAT})")
-        staleness = {r: staleness_summary(h, r)
-                     for r, h in _by_rank(data["staleness"], "staleness").items()}
+            raise GflowdistError(f"report format {data.get('format')!r} is not supported (expected {REPORT_FORMAT})")
+        staleness = {r: staleness_summary(h, r) for r, h in _by_rank(data["staleness"], "staleness").items()}
         return cls(
             ranks=tuple(int(r) for r in data["ranks"]),
             roles={r: str(v) for r, v in _by_rank(data["roles"], "roles").items()},
             hosts={r: str(v) for r, v in _by_rank(data["hosts"], "hosts").items()},
-            imbalance={str(role): tuple(PhaseImbalance.from_dict(p) for p in phases)
-                       for role, phases in data["imbalance"].items()},
+            imbalance={
+                str(role): tuple(PhaseImbalance.from_dict(p) for p in phases)
+                for role, phases in data["imbalance"].items()
+            },
             waits=WaitMatrix.from_dict(data["waits"]),
             staleness=staleness,
             ledger=None if data["ledger"] is None else ledger_summary(data["ledger"]),
-            curves={str(n): {"x": list(c["x"]), "y": list(c["y"])}
-                    for n, c in data["curves"].items()},
+            curves={str(n): {"x": list(c["x"]), "y": list(c["y"])} for n, c in data["curves"].items()},
             metrics=tuple(MetricSummary.from_dict(m) for m in data["metrics"]),
             notes=tuple(str(n) for n in data["notes"]),
             collectives=tuple(CollectiveWaits.from_dict(c) for c in data.get("collectives", ())),
@@ -211,25 +207,39 @@ class Report:
         return lines
 
     def _imbalance_lines(self) -> list[str]:
-        lines = ["Load imbalance per role and phase",
-                 "  per iteration: useful = mean over ranks, waiting = max - mean; summed;",
-                 "  waiting % = waiting / (useful + waiting)"]
+        lines = [
+            "Load imbalance per role and phase",
+            "  per iteration: useful = mean over ranks, waiting = max - mean; summed;",
+            "  waiting % = waiting / (useful + waiting)",
+        ]
         if not self.imbalance:
-            return lines + ["  (no phase timings recorded)"]
+            return [*lines, "  (no phase timings recorded)"]
         for role, phases in self.imbalance.items():
             timed = {r for p in phases for r in (*p.ranks, *p.missing_ranks)}
             untimed = [r for r, name in self.roles.items() if name == role and r not in timed]
-            lines.append(f"[{role}] ranks {rank_list(sorted(timed))}"
-                         + (f" (no timings from {rank_list(untimed)})" if untimed else ""))
-            rows = [[p.phase,
-                     str(p.iterations) if not p.uneven else f"{p.min_iterations}..{p.iterations}",
-                     _secs(p.useful), _secs(p.waiting), f"{p.waiting_pct:.1f}",
-                     "-" if p.straggler is None else
-                     f"rank {p.straggler} ({p.straggler_iterations}/{p.contested_iterations})"]
-                    for p in phases]
-            lines += table_lines(["phase", "iters", "useful s", "waiting s", "waiting %",
-                                  "straggler (slowest/contested iters)"], rows,
-                                 align="lrrrrl", indent="  ")
+            lines.append(
+                f"[{role}] ranks {rank_list(sorted(timed))}"
+                + (f" (no timings from {rank_list(untimed)})" if untimed else "")
+            )
+            rows = [
+                [
+                    p.phase,
+                    str(p.iterations) if not p.uneven else f"{p.min_iterations}..{p.iterations}",
+                    _secs(p.useful),
+                    _secs(p.waiting),
+                    f"{p.waiting_pct:.1f}",
+                    "-"
+                    if p.straggler is None
+                    else f"rank {p.straggler} ({p.straggler_iterations}/{p.contested_iterations})",
+                ]
+                for p in phases
+            ]
+            lines += table_lines(
+                ["phase", "iters", "useful s", "waiting s", "waiting %", "straggler (slowest/contested iters)"],
+                rows,
+                align="lrrrrl",
+                indent="  ",
+            )
         return lines
 
     def _straggler_lines(self) -> list[str]:
@@ -244,7 +254,8 @@ class Report:
                 lines.append(
                     f"  {role}/{p.phase}: {where} slowest in {p.straggler_iterations} of "
                     f"{p.contested_iterations} contested iterations; its time "
-                    f"{_secs(p.busy[p.straggler])} s vs mean {_secs(mean_busy)} s")
+                    f"{_secs(p.busy[p.straggler])} s vs mean {_secs(mean_busy)} s"
+                )
         lines += collective_lines(list(self.collectives), self.hosts)
         if len(lines) == 1:
             lines.append("  none (no phase had ranks with different times)")
@@ -252,72 +263,93 @@ class Report:
 
     def _wait_lines(self) -> list[str]:
         w = self.waits
-        lines = ["Who waited on whom (seconds blocked; row = waiting rank, column = rank waited on;",
-                 "  '.' = never waited)"]
+        lines = [
+            "Who waited on whom (seconds blocked; row = waiting rank, column = rank waited on;",
+            "  '.' = never waited)",
+        ]
         if not w.by_label:
-            return lines + ["  (no waits recorded)"]
+            return [*lines, "  (no waits recorded)"]
         if len(w.ranks) <= MATRIX_MAX_RANKS:
-            rows = [[self._who(r), *(_cell(w.seconds(r, p)) for p in w.ranks), _secs(w.waited(r))]
-                    for r in w.ranks]
+            rows = [[self._who(r), *(_cell(w.seconds(r, p)) for p in w.ranks), _secs(w.waited(r))] for r in w.ranks]
             rows.append(["total", *(_secs(w.waited_on(p)) for p in w.ranks), _secs(w.total())])
-            return lines + table_lines(["waiter \\ peer", *map(str, w.ranks), "total"], rows,
-                                       indent="  ")
+            return lines + table_lines(["waiter \\ peer", *map(str, w.ranks), "total"], rows, indent="  ")
         rows = [[self._who(a), self._who(b), _secs(s)] for a, b, s in w.top_pairs(_TOP_PAIRS)]
-        lines.append(f"  {len(w.ranks)} ranks: the {len(rows)} largest cells, "
-                     f"total of all cells {_secs(w.total())} s")
+        lines.append(f"  {len(w.ranks)} ranks: the {len(rows)} largest cells, total of all cells {_secs(w.total())} s")
         return lines + table_lines(["waiter", "waited on", "seconds"], rows, align="llr", indent="  ")
 
     def _staleness_lines(self) -> list[str]:
         lines = ["Staleness (learner version - trajectory version, per consumer rank)"]
         if not self.staleness:
-            return lines + ["  (no staleness histograms given)"]
+            return [*lines, "  (no staleness histograms given)"]
 
         def row(name: str, s: StalenessSummary) -> list[str]:
             mean = s.mean
-            return [name, str(s.count), "-" if mean is None else f"{mean:.2f}",
-                    *(str(v) if v is not None else "-"
-                      for v in (s.quantile(0.5), s.quantile(0.95), s.maximum))]
+            return [
+                name,
+                str(s.count),
+                "-" if mean is None else f"{mean:.2f}",
+                *(str(v) if v is not None else "-" for v in (s.quantile(0.5), s.quantile(0.95), s.maximum)),
+            ]
 
         rows = [row(self._who(r), s) for r, s in self.staleness.items()]
         overall = StalenessSummary({})
         for s in self.staleness.values():
             overall = overall.merged(s)
         rows.append(row("all", overall))
-        return lines + table_lines(["consumer", "samples", "mean", "p50", "p95", "max"], rows,
-                                   indent="  ")
+        return lines + table_lines(["consumer", "samples", "mean", "p50", "p95", "max"], rows, indent="  ")
 
     def _ledger_lines(self) -> list[str]:
         lines = ["Ledger (trajectories)"]
         if self.ledger is None:
-            return lines + ["  (no ledger given)"]
+            return [*lines, "  (no ledger given)"]
         reasons = self.ledger.reasons
         used_here = self.ledger.total.used_locally > 0  # a column only where trainers learn without a buffer
 
         def row(name: str, e: Any) -> list[str]:
-            return [name, str(e.produced), str(e.sent), *([str(e.used_locally)] if used_here else []),
-                    str(e.received), str(e.admitted),
-                    *(str(e.dropped.get(reason, 0)) for reason in reasons), str(e.in_flight)]
+            return [
+                name,
+                str(e.produced),
+                str(e.sent),
+                *([str(e.used_locally)] if used_here else []),
+                str(e.received),
+                str(e.admitted),
+                *(str(e.dropped.get(reason, 0)) for reason in reasons),
+                str(e.in_flight),
+            ]
 
         rows = [row(self._who(r), e) for r, e in self.ledger.rows.items()]
         rows.append(row("total", self.ledger.total))
-        headers = ["rank", "produced", "sent", *(["used here"] if used_here else []), "received", "admitted",
-                   *(f"dropped:{reason}" for reason in reasons), "in flight"]
-        return lines + table_lines(headers, rows, indent="  ") + [
-            f"  {self.ledger.balance_line()}"]
+        headers = [
+            "rank",
+            "produced",
+            "sent",
+            *(["used here"] if used_here else []),
+            "received",
+            "admitted",
+            *(f"dropped:{reason}" for reason in reasons),
+            "in flight",
+        ]
+        return lines + table_lines(headers, rows, indent="  ") + [f"  {self.ledger.balance_line()}"]
 
     def _metric_lines(self) -> list[str]:
         lines = ["Training curves (first / last / best finite value, @ step)"]
         if not self.metrics:
-            return lines + ["  (no metrics given)"]
+            return [*lines, "  (no metrics given)"]
 
         def at(p: tuple[float, float] | None) -> str:
             return "-" if p is None else f"{_num(p[1])} @{_num(p[0])}"
 
-        rows = [[m.name, str(m.count - m.nonfinite) + (f" (+{m.nonfinite} non-finite)"
-                                                       if m.nonfinite else ""),
-                 at(m.first), at(m.last), f"{at(m.best)} ({m.goal})"] for m in self.metrics]
-        return lines + table_lines(["metric", "points", "first", "last", "best"], rows,
-                                   indent="  ")
+        rows = [
+            [
+                m.name,
+                str(m.count - m.nonfinite) + (f" (+{m.nonfinite} non-finite)" if m.nonfinite else ""),
+                at(m.first),
+                at(m.last),
+                f"{at(m.best)} ({m.goal})",
+            ]
+            for m in self.metrics
+        ]
+        return lines + table_lines(["metric", "points", "first", "last", "best"], rows, indent="  ")
 
     # --- files ----------------------------------------------------------------------
 
@@ -333,8 +365,10 @@ class Report:
 
         directory = Path(run_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        paths = [_write_text(directory / "report.txt", self.to_text() + "\n"),
-                 _write_text(directory / "report.json", self.to_json() + "\n")]
+        paths = [
+            _write_text(directory / "report.txt", self.to_text() + "\n"),
+            _write_text(directory / "report.json", self.to_json() + "\n"),
+        ]
         reason = figure_unavailable_reason()
         if reason is None:
             paths.append(save_figure(self, directory / "report.png"))
@@ -414,8 +448,12 @@ def build_report(
         notes += [f"{role}: {note}" for p in phases for note in p.notes()]
 
     collectives = collective_waits(timers)
-    notes += [f"collective {c.name} of ranks {list(c.group)}: no seconds from rank(s) {rank_list(c.missing)}, "
-              f"so its last arrivers are unknown" for c in collectives if c.missing]
+    notes += [
+        f"collective {c.name} of ranks {list(c.group)}: no seconds from rank(s) {rank_list(c.missing)}, "
+        f"so its last arrivers are unknown"
+        for c in collectives
+        if c.missing
+    ]
     waits = wait_matrix(timers, collectives)
     all_ranks = set(timers) | set(role_of) | set(host_of) | set(stale) | set(waits.ranks)
     if ledger_rows is not None:

@@ -123,8 +123,9 @@ class StalenessSummary:
 def staleness_summary(histogram: Mapping[Any, Any], consumer: int | str = "?") -> StalenessSummary:
     """Validate one consumer's ``{staleness (str or int): count}`` histogram."""
     if not isinstance(histogram, Mapping):
-        raise GflowdistError(f"staleness of rank {consumer} must be a mapping "
-                             f"{{staleness: count}}, got {type(histogram).__name__}")
+        raise GflowdistError(
+            f"staleness of rank {consumer} must be a mapping {{staleness: count}}, got {type(histogram).__name__}"
+        )
     hist: dict[int, int] = {}
     for key, c in histogram.items():
         if isinstance(key, bool):
@@ -132,8 +133,7 @@ def staleness_summary(histogram: Mapping[Any, Any], consumer: int | str = "?") -
         try:
             value = int(key)
         except (TypeError, ValueError) as exc:
-            raise GflowdistError(
-                f"staleness of rank {consumer}: staleness value {key!r} is not an int") from exc
+            raise GflowdistError(f"staleness of rank {consumer}: staleness value {key!r} is not an int") from exc
         hist[value] = hist.get(value, 0) + _count(c, f"staleness count of rank {consumer}")
     return StalenessSummary(hist)
 
@@ -159,29 +159,39 @@ class LedgerRow:
         return sum(self.dropped.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"produced": self.produced, "sent": self.sent, "used_locally": self.used_locally,
-                "received": self.received, "admitted": self.admitted, "dropped": dict(self.dropped),
-                "in_flight": self.in_flight}
+        return {
+            "produced": self.produced,
+            "sent": self.sent,
+            "used_locally": self.used_locally,
+            "received": self.received,
+            "admitted": self.admitted,
+            "dropped": dict(self.dropped),
+            "in_flight": self.in_flight,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], rank: int | str = "?") -> LedgerRow:
         """Validate one rank's ledger dict; absent keys are 0, unknown keys raise."""
         if not isinstance(data, Mapping):
-            raise GflowdistError(f"ledger of rank {rank} must be a mapping, "
-                                 f"got {type(data).__name__}")
+            raise GflowdistError(f"ledger of rank {rank} must be a mapping, got {type(data).__name__}")
         unknown = set(data) - set(LEDGER_KEYS)
         if unknown:
-            raise GflowdistError(f"ledger of rank {rank} has unknown keys "
-                                 f"{sorted(map(str, unknown))}; known: {list(LEDGER_KEYS)}")
+            raise GflowdistError(
+                f"ledger of rank {rank} has unknown keys {sorted(map(str, unknown))}; known: {list(LEDGER_KEYS)}"
+            )
         dropped = data.get("dropped", {})
         if not isinstance(dropped, Mapping):
-            raise GflowdistError(f"ledger of rank {rank}: 'dropped' must be {{reason: count}}, "
-                                 f"got {type(dropped).__name__}")
+            raise GflowdistError(
+                f"ledger of rank {rank}: 'dropped' must be {{reason: count}}, got {type(dropped).__name__}"
+            )
         return cls(
-            **{k: _count(data.get(k, 0), f"ledger of rank {rank}: {k!r}")
-               for k in ("produced", "sent", "used_locally", "received", "admitted", "in_flight")},
-            dropped={str(reason): _count(n, f"ledger of rank {rank}: dropped[{reason!r}]")
-                     for reason, n in dropped.items()},
+            **{
+                k: _count(data.get(k, 0), f"ledger of rank {rank}: {k!r}")
+                for k in ("produced", "sent", "used_locally", "received", "admitted", "in_flight")
+            },
+            dropped={
+                str(reason): _count(n, f"ledger of rank {rank}: dropped[{reason!r}]") for reason, n in dropped.items()
+            },
         )
 
 
@@ -224,12 +234,13 @@ class LedgerSummary:
 
     def balance_line(self) -> str:
         t = self.total
-        verdict = "balanced" if self.balanced else (
-            f"UNBALANCED: {self.unaccounted:+d} trajectories unaccounted for")
+        verdict = "balanced" if self.balanced else (f"UNBALANCED: {self.unaccounted:+d} trajectories unaccounted for")
         used = f"used here {t.used_locally} + " if t.used_locally else ""
-        return (f"balance: produced {t.produced} = {used}admitted {t.admitted} + dropped "
-                f"{t.dropped_total} + in flight {t.in_flight} -> {verdict}; "
-                f"sent {t.sent} - received {t.received} = {t.sent - t.received}")
+        return (
+            f"balance: produced {t.produced} = {used}admitted {t.admitted} + dropped "
+            f"{t.dropped_total} + in flight {t.in_flight} -> {verdict}; "
+            f"sent {t.sent} - received {t.received} = {t.sent - t.received}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {str(rank): row.to_dict() for rank, row in sorted(self.rows.items())}
@@ -237,8 +248,7 @@ class LedgerSummary:
 
 def ledger_summary(ledger: Mapping[Any, Mapping[str, Any]]) -> LedgerSummary:
     """Validate ``{rank: ledger dict}`` (rank keys int or str)."""
-    rows = {parse_rank(rank, "ledger"): LedgerRow.from_dict(data, rank)
-            for rank, data in ledger.items()}
+    rows = {parse_rank(rank, "ledger"): LedgerRow.from_dict(data, rank) for rank, data in ledger.items()}
     return LedgerSummary(dict(sorted(rows.items())))
 
 
@@ -250,10 +260,10 @@ class MetricSummary:
     """First, last and best finite value of one metric, with the x (step) of each."""
 
     name: str
-    goal: str                       # "min" or "max": which extreme is best
-    count: int                      # rows that had the metric
-    nonfinite: int                  # of which NaN/inf
-    first: tuple[float, float] | None   # (x, value)
+    goal: str  # "min" or "max": which extreme is best
+    count: int  # rows that had the metric
+    nonfinite: int  # of which NaN/inf
+    first: tuple[float, float] | None  # (x, value)
     last: tuple[float, float] | None
     best: tuple[float, float] | None
 
@@ -261,18 +271,30 @@ class MetricSummary:
         def pair(p: tuple[float, float] | None) -> list[float] | None:
             return None if p is None else [p[0], p[1]]
 
-        return {"name": self.name, "goal": self.goal, "count": self.count,
-                "nonfinite": self.nonfinite, "first": pair(self.first),
-                "last": pair(self.last), "best": pair(self.best)}
+        return {
+            "name": self.name,
+            "goal": self.goal,
+            "count": self.count,
+            "nonfinite": self.nonfinite,
+            "first": pair(self.first),
+            "last": pair(self.last),
+            "best": pair(self.best),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MetricSummary:
         def pair(p: Sequence[float] | None) -> tuple[float, float] | None:
             return None if p is None else (p[0], p[1])
 
-        return cls(str(data["name"]), str(data["goal"]), int(data["count"]),
-                   int(data["nonfinite"]), pair(data["first"]), pair(data["last"]),
-                   pair(data["best"]))
+        return cls(
+            str(data["name"]),
+            str(data["goal"]),
+            int(data["count"]),
+            int(data["nonfinite"]),
+            pair(data["first"]),
+            pair(data["last"]),
+            pair(data["best"]),
+        )
 
 
 def _is_number(value: object) -> bool:
@@ -308,18 +330,27 @@ def _goal(name: str, goals: Mapping[str, str] | None) -> str:
     return "min" if any(frag in lowered for frag in LOWER_IS_BETTER) else "max"
 
 
-def metric_summaries(curves: Mapping[str, Mapping[str, Sequence[Any]]],
-                     goals: Mapping[str, str] | None = None) -> list[MetricSummary]:
+def metric_summaries(
+    curves: Mapping[str, Mapping[str, Sequence[Any]]], goals: Mapping[str, str] | None = None
+) -> list[MetricSummary]:
     """One :class:`MetricSummary` per curve of :func:`metric_curves`, in curve order."""
     out = []
     for name, curve in curves.items():
-        points = [(x, y) for x, y in zip(curve["x"], curve["y"]) if y is not None]
+        points = [(x, y) for x, y in zip(curve["x"], curve["y"], strict=False) if y is not None]
         goal = _goal(name, goals)
         best = None
         if points:
             pick = min if goal == "min" else max
             best = pick(points, key=lambda p: p[1])  # first occurrence of the extreme
-        out.append(MetricSummary(name, goal, len(curve["y"]), len(curve["y"]) - len(points),
-                                 points[0] if points else None, points[-1] if points else None,
-                                 best))
+        out.append(
+            MetricSummary(
+                name,
+                goal,
+                len(curve["y"]),
+                len(curve["y"]) - len(points),
+                points[0] if points else None,
+                points[-1] if points else None,
+                best,
+            )
+        )
     return out

@@ -89,7 +89,7 @@ def write_tensorboard(run_dir: str | Path) -> Path:
                     writer.add_scalar(f"timing/{phase}", value, iteration)
     with SummaryWriter(log_dir=str(out / "mean")) as writer:
         for name, curve in curves.items():
-            for x, y in zip(curve["x"], curve["y"]):
+            for x, y in zip(curve["x"], curve["y"], strict=False):
                 if y is not None:
                     writer.add_scalar(f"metrics/{name}", y, int(x))
         for tag, values in _mean_phases(finals, roles).items():
@@ -127,6 +127,7 @@ def _mean_phases(finals: Mapping[str, Any], roles: Mapping[int, str]) -> dict[st
     means = {}
     for tag, series in gathered.items():
         longest = max(len(s) for s in series)
-        means[tag] = [sum(s[i] for s in series if i < len(s)) / sum(1 for s in series if i < len(s))
-                      for i in range(longest)]
+        means[tag] = [
+            sum(s[i] for s in series if i < len(s)) / sum(1 for s in series if i < len(s)) for i in range(longest)
+        ]
     return means

@@ -9,8 +9,9 @@ from gflowdist.errors import GflowdistError
 __all__ = ["table_lines", "rank_list"]
 
 
-def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], *, align: str = "",
-                indent: str = "") -> list[str]:
+def table_lines(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, align: str = "", indent: str = ""
+) -> list[str]:
     """Lines of a table: header, rule, rows; cells padded to the widest in their column.
 
     ``align`` has one letter per column, ``l`` (left) or ``r`` (right); missing
@@ -22,11 +23,10 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], *, align:
     for row in rows:
         if len(row) != len(headers):
             raise GflowdistError(f"table row has {len(row)} cells, expected {len(headers)}: {row!r}")
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=False)]
 
     def fmt(cells: Sequence[str]) -> str:
-        parts = [cell.ljust(w) if a == "l" else cell.rjust(w)
-                 for a, cell, w in zip(align, cells, widths)]
+        parts = [cell.ljust(w) if a == "l" else cell.rjust(w) for a, cell, w in zip(align, cells, widths, strict=False)]
         return (indent + "  ".join(parts)).rstrip()
 
     rule = indent + "  ".join("-" * w for w in widths)
@@ -40,7 +40,7 @@ def rank_list(ranks: Sequence[int]) -> str:
         return "-"
     spans: list[str] = []
     start = prev = ordered[0]
-    for rank in ordered[1:] + [None]:  # type: ignore[list-item]
+    for rank in [*ordered[1:], None]:  # type: ignore[list-item]
         if rank is not None and rank == prev + 1:
             prev = rank
             continue

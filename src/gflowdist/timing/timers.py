@@ -85,8 +85,9 @@ class _TimedBlock:
         self._start = self._clock()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._done(self._clock() - self._start)
 
 
@@ -97,10 +98,18 @@ class _TracedBlock(_TimedBlock):
     recorded inside it (:meth:`StepTimer.record`) must not begin before it.
     """
 
-    __slots__ = ("_trace", "_name", "_cat", "_args", "_opened")
+    __slots__ = ("_args", "_cat", "_name", "_opened", "_trace")
 
-    def __init__(self, clock: Clock, done: Callable[[float], None], trace: TraceRecorder, name: str, cat: str,
-                 opened: list[float], args: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        clock: Clock,
+        done: Callable[[float], None],
+        trace: TraceRecorder,
+        name: str,
+        cat: str,
+        opened: list[float],
+        args: dict[str, Any] | None = None,
+    ):
         super().__init__(clock, done)
         self._trace, self._name, self._cat, self._args, self._opened = trace, name, cat, args, opened
 
@@ -109,8 +118,9 @@ class _TracedBlock(_TimedBlock):
         self._opened.append(self._start)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         seconds = self._clock() - self._start
         self._opened.pop()
         self._done(seconds)
@@ -157,7 +167,7 @@ class StepTimer:
         ``group`` the members' world ranks, ascending.
     """
 
-    __slots__ = ("_clock", "phases", "waits", "wait_counts", "collectives", "trace", "_opened")
+    __slots__ = ("_clock", "_opened", "collectives", "phases", "trace", "wait_counts", "waits")
 
     def __init__(self, *, clock: Clock = time.perf_counter, trace: TraceRecorder | None = None):
         if not callable(clock):
@@ -188,8 +198,9 @@ class StepTimer:
         Wrap exactly the blocking call (a receive from ``peer``, a send waiting
         for ``peer`` to drain, a sample request served by ``peer``).
         """
-        return _TimedBlock(self._clock, partial(self._add_wait, _check_peer(peer_rank),
-                                                _check_name(label, "wait label")))
+        return _TimedBlock(
+            self._clock, partial(self._add_wait, _check_peer(peer_rank), _check_name(label, "wait label"))
+        )
 
     def collective(self, name: str, group: Sequence[int]) -> _TimedBlock:
         """``with timer.collective(name, group):`` wraps one collective; its seconds go to ``collectives``.
@@ -204,8 +215,9 @@ class StepTimer:
         if self.trace is None:
             return _TimedBlock(self._clock, done)
         index = len(self.collectives.get(key, ()))  # which of the group's collectives of this name
-        return _TracedBlock(self._clock, done, self.trace, name, "collective", self._opened,
-                            {"group": list(key[1]), "index": index})
+        return _TracedBlock(
+            self._clock, done, self.trace, name, "collective", self._opened, {"group": list(key[1]), "index": index}
+        )
 
     def record(self, name: str, seconds: float, *, end: float | None = None) -> None:
         """Append one iteration's ``seconds`` to ``phases[name]`` (for times measured elsewhere).
@@ -222,8 +234,7 @@ class StepTimer:
         """
         name = _check_name(name, "phase name")
         value = _check_seconds(seconds, f"time of phase {name!r}")
-        if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float))
-                                or not math.isfinite(end)):
+        if end is not None and (isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end)):
             raise GflowdistError(f"end of phase {name!r} must be a finite clock reading, got {end!r}")
         self._append(name, value)
         if self.trace is not None:
@@ -235,8 +246,7 @@ class StepTimer:
     def record_wait(self, peer_rank: int, label: str, seconds: float) -> None:
         """Add ``seconds`` blocked on ``peer_rank`` under ``label`` and count one wait."""
         peer = _check_peer(peer_rank)
-        self._add_wait(peer, _check_name(label, "wait label"),
-                       _check_seconds(seconds, f"wait on rank {peer}"))
+        self._add_wait(peer, _check_name(label, "wait label"), _check_seconds(seconds, f"wait on rank {peer}"))
 
     # fast paths for the context managers: arguments were checked when the block was made,
     # and the clock is monotonic
@@ -292,8 +302,10 @@ class StepTimer:
             "wait_counts": {str(peer): dict(labels) for peer, labels in self.wait_counts.items()},
         }
         if self.collectives:
-            out["collectives"] = [{"name": name, "group": list(group), "seconds": list(times)}
-                                  for (name, group), times in self.collectives.items()]
+            out["collectives"] = [
+                {"name": name, "group": list(group), "seconds": list(times)}
+                for (name, group), times in self.collectives.items()
+            ]
         return out
 
     @classmethod
@@ -310,33 +322,36 @@ class StepTimer:
             raise GflowdistError(f"StepTimer data has unknown keys {sorted(map(str, unknown))}")
         if data.get("format") != STEP_TIMER_FORMAT:
             raise GflowdistError(
-                f"StepTimer data format {data.get('format')!r} is not supported "
-                f"(expected {STEP_TIMER_FORMAT})")
+                f"StepTimer data format {data.get('format')!r} is not supported (expected {STEP_TIMER_FORMAT})"
+            )
         timer = cls(clock=clock)
         for name, times in _mapping(data.get("phases", {}), "phases").items():
             timer.phases[_check_name(name, "phase name")] = [
-                _check_seconds(t, f"time of phase {name!r}") for t in _sequence(times, name)]
+                _check_seconds(t, f"time of phase {name!r}") for t in _sequence(times, name)
+            ]
         for peer_key, labels in _mapping(data.get("waits", {}), "waits").items():
             peer = parse_rank(peer_key, "waits")
             timer.waits[peer] = {
                 _check_name(label, "wait label"): _check_seconds(s, f"wait on rank {peer}")
-                for label, s in _mapping(labels, f"waits[{peer_key!r}]").items()}
+                for label, s in _mapping(labels, f"waits[{peer_key!r}]").items()
+            }
         for peer_key, labels in _mapping(data.get("wait_counts", {}), "wait_counts").items():
             peer = parse_rank(peer_key, "wait_counts")
             timer.wait_counts[peer] = {
                 _check_name(label, "wait label"): _check_count(n, f"wait count on rank {peer}")
-                for label, n in _mapping(labels, f"wait_counts[{peer_key!r}]").items()}
+                for label, n in _mapping(labels, f"wait_counts[{peer_key!r}]").items()
+            }
         for entry in _sequence(data.get("collectives", []), "collectives"):
             entry = _mapping(entry, "collectives entry")
             name = _check_name(entry.get("name"), "collective name")
             group = tuple(sorted(_check_peer(r) for r in _sequence(entry.get("group", ()), f"{name} group")))
-            timer.collectives[(name, group)] = [_check_seconds(t, f"time of collective {name!r}")
-                                                for t in _sequence(entry.get("seconds", ()), name)]
+            timer.collectives[(name, group)] = [
+                _check_seconds(t, f"time of collective {name!r}") for t in _sequence(entry.get("seconds", ()), name)
+            ]
         return timer
 
     @classmethod
-    def from_timing_dict(cls, timing: Mapping[str, Any], *,
-                         clock: Clock = time.perf_counter) -> StepTimer:
+    def from_timing_dict(cls, timing: Mapping[str, Any], *, clock: Clock = time.perf_counter) -> StepTimer:
         """Adopt a torchgfn timing dict ``{step_name: [seconds per iteration]}``.
 
         A bare number for a step counts as one iteration, as torchgfn's reports do.
@@ -384,6 +399,5 @@ def _mapping(value: object, what: str) -> Mapping[Any, Any]:
 
 def _sequence(value: object, what: str) -> list[Any]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise GflowdistError(
-            f"times of {what!r} must be a list of seconds, got {type(value).__name__}")
+        raise GflowdistError(f"times of {what!r} must be a list of seconds, got {type(value).__name__}")
     return list(value)  # type: ignore[call-overload]

@@ -23,8 +23,10 @@ __all__ = ["LoadImbalanceResult", "TimeInfoResult", "StepTime", "report_load_imb
 
 logger = logging.getLogger(__name__)
 
-def _timing_list(all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Mapping[str, Any]],
-                 world_size: int) -> dict[int, dict[str, list[float]]]:
+
+def _timing_list(
+    all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Mapping[str, Any]], world_size: int
+) -> dict[int, dict[str, list[float]]]:
     """``{rank: {step: [seconds]}}`` for ranks ``0 .. world_size-1``, validated."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise GflowdistError(f"world_size must be an int >= 1, got {world_size!r}")
@@ -36,13 +38,15 @@ def _timing_list(all_timing_dict: Sequence[Mapping[str, Any]] | Mapping[Any, Map
     if absent:
         raise GflowdistError(
             f"all_timing_dict has no timing dict for ranks {rank_list(absent)} of "
-            f"world_size {world_size} (got {len(by_rank)} entries)")
+            f"world_size {world_size} (got {len(by_rank)} entries)"
+        )
     out: dict[int, dict[str, list[float]]] = {}
     for rank in range(world_size):
         timing = by_rank[rank]
         if not isinstance(timing, Mapping):
-            raise GflowdistError(f"timing dict of rank {rank} must be a mapping "
-                                 f"{{step_name: [seconds]}}, got {type(timing).__name__}")
+            raise GflowdistError(
+                f"timing dict of rank {rank} must be a mapping {{step_name: [seconds]}}, got {type(timing).__name__}"
+            )
         out[rank] = {str(step): as_time_list(times, str(step)) for step, times in timing.items()}
     return out
 
@@ -93,10 +97,14 @@ def report_load_imbalance(
         "-" * 80,
     ]
     for row in phases:
-        straggler = "-" if row.straggler is None else (
-            f"rank {row.straggler} ({row.straggler_iterations}/{row.contested_iterations})")
-        lines.append(f"{row.phase:<25} {row.useful:>11.4f}s {row.waiting:>11.4f}s "
-                     f"{row.waiting_pct:>9.1f}%  {straggler}")
+        straggler = (
+            "-"
+            if row.straggler is None
+            else (f"rank {row.straggler} ({row.straggler_iterations}/{row.contested_iterations})")
+        )
+        lines.append(
+            f"{row.phase:<25} {row.useful:>11.4f}s {row.waiting:>11.4f}s {row.waiting_pct:>9.1f}%  {straggler}"
+        )
     notes = tuple(note for row in phases for note in row.notes())
     for line in lines:
         logger.info("%s", line)
@@ -163,8 +171,7 @@ def report_time_info(
     maximum = {step: max(vals, key=lambda v: (v[0], -v[1])) for step, vals in totals.items()}
     average = {step: sum(v for v, _ in vals) / len(vals) for step, vals in totals.items()}
     lines += ["", "Maximum timing information:"]
-    lines += [f"  {step}: {value:.4f} seconds (rank {rank})"
-              for step, (value, rank) in maximum.items()]
+    lines += [f"  {step}: {value:.4f} seconds (rank {rank})" for step, (value, rank) in maximum.items()]
     lines += ["", "Average timing information:"]
     lines += [f"  {step}: {value:.4f} seconds" for step, value in average.items()]
     for line in lines:

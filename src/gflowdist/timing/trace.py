@@ -56,7 +56,7 @@ class TraceRecorder:
         clock: seconds, monotonic; the same clock as the rank's StepTimer.
     """
 
-    __slots__ = ("events", "capacity", "recorded", "clock")
+    __slots__ = ("capacity", "clock", "events", "recorded")
 
     def __init__(self, capacity: int = 20_000, *, clock: Callable[[], float] = time.perf_counter):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -71,14 +71,22 @@ class TraceRecorder:
         """Events recorded but no longer kept (the ring's oldest)."""
         return self.recorded - len(self.events)
 
-    def span(self, name: str, category: str, start: float, seconds: float,
-             args: Mapping[str, Any] | None = None) -> None:
+    def span(
+        self, name: str, category: str, start: float, seconds: float, args: Mapping[str, Any] | None = None
+    ) -> None:
         """A duration event: ``name`` ran from ``start`` for ``seconds``."""
         self.events.append((SPAN, name, category, start, seconds, args))
         self.recorded += 1
 
-    def stretch(self, name: str, category: str, end: float, seconds: float, floor: float = NEVER,
-                args: Mapping[str, Any] | None = None) -> int:
+    def stretch(
+        self,
+        name: str,
+        category: str,
+        end: float,
+        seconds: float,
+        floor: float = NEVER,
+        args: Mapping[str, Any] | None = None,
+    ) -> int:
         """``seconds`` of ``name`` measured elsewhere and recorded when they ended, at ``end``; returns the
         number of duration events added.
 
@@ -157,8 +165,9 @@ class TraceRecorder:
         self.events.append((INSTANT, name, category, self.clock(), args))
         self.recorded += 1
 
-    def message(self, kind: int, message_type: str, peer: int, tag: int, seq: int, start: float,
-                seconds: float) -> None:
+    def message(
+        self, kind: int, message_type: str, peer: int, tag: int, seq: int, start: float, seconds: float
+    ) -> None:
         """A message sent to (``kind`` :data:`SENT`) or taken from (:data:`TOOK`) ``peer``.
 
         ``(tag, seq)`` is the channel's number of the message between the two
@@ -170,8 +179,12 @@ class TraceRecorder:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, msgpack- and JSON-able data: ``{"format", "capacity", "recorded", "events": [[...], ...]}``."""
-        return {"format": TRACE_FORMAT, "capacity": self.capacity, "recorded": self.recorded,
-                "events": [list(e) for e in self.events]}
+        return {
+            "format": TRACE_FORMAT,
+            "capacity": self.capacity,
+            "recorded": self.recorded,
+            "events": [list(e) for e in self.events],
+        }
 
 
 def span_seconds(start: float, end: float) -> float:

@@ -18,8 +18,9 @@ error (:class:`WindowError`, naming the span), not an empty picture.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gflowdist.errors import GflowdistError
 
@@ -28,6 +29,7 @@ __all__ = ["draw_timeline", "default_window", "trace_span_ms", "check_window", "
 
 class WindowError(GflowdistError):
     """The window to draw holds no moment of the trace; the message names the trace's time span."""
+
 
 #: Colours of events by name, in order of first appearance (matplotlib's cycle without its grey: messages are grey).
 _COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "navy", "maroon", "darkgreen", "gold")
@@ -56,8 +58,9 @@ def check_window(trace: Mapping[str, Any], window_ms: tuple[float, float]) -> No
     span = trace_span_ms(trace)
     start, end = window_ms
     if span is not None and (end < span[0] or start > span[1]):
-        raise WindowError(f"the window {start:g}:{end:g} ms is outside the trace, which spans "
-                          f"{span[0]:.1f} to {span[1]:.1f} ms")
+        raise WindowError(
+            f"the window {start:g}:{end:g} ms is outside the trace, which spans {span[0]:.1f} to {span[1]:.1f} ms"
+        )
 
 
 def _layers(events: list[dict]) -> dict[int, int]:
@@ -74,8 +77,9 @@ def _layers(events: list[dict]) -> dict[int, int]:
     return depth
 
 
-def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tuple[float, float] | None = None,
-                  dpi: int = 120) -> Path:
+def draw_timeline(
+    trace: Mapping[str, Any], path: str | Path, *, window_ms: tuple[float, float] | None = None, dpi: int = 120
+) -> Path:
     """Draw ``window_ms`` (start, end in ms of the trace's time line; default :func:`default_window`) to PNG ``path``.
 
     Raises:
@@ -100,8 +104,13 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tupl
         colour = "0.55" if message else colours.setdefault(e["name"], _COLOURS[len(colours) % len(_COLOURS)])
         height = 0.16 if message else max(0.7 - 0.2 * depth[i], 0.2)
         y = row[e["pid"]] - height / 2
-        ax.broken_barh([((e["ts"] - lo) / 1e3, e["dur"] / 1e3)], (y, height), color=colour, linewidth=0,
-                       label=None if message else e["name"])
+        ax.broken_barh(
+            [((e["ts"] - lo) / 1e3, e["dur"] / 1e3)],
+            (y, height),
+            color=colour,
+            linewidth=0,
+            label=None if message else e["name"],
+        )
         if e.get("cat") == "collective" and e["args"].get("last_arriver") == e["pid"]:
             ax.plot((e["ts"] - lo) / 1e3, y + height + 0.06, marker="v", color="black", markersize=5)
     _arrows(ax, events, row, lo, hi)
@@ -109,16 +118,26 @@ def draw_timeline(trace: Mapping[str, Any], path: str | Path, *, window_ms: tupl
         if e.get("ph") == "i" and lo <= e["ts"] <= hi and e.get("pid") in row:
             ax.plot((e["ts"] - lo) / 1e3, row[e["pid"]] + 0.42, marker="D", color="black", markersize=5)
     handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
+    unique = dict(zip(labels, handles, strict=False))
     if unique:  # a stretch with only messages, instants or nothing has no legend (and ncol must be >= 1)
-        ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper center", ncol=min(len(unique), 10),
-                  bbox_to_anchor=(0.5, 1.12), frameon=False)
+        ax.legend(
+            unique.values(),
+            unique.keys(),
+            fontsize=7,
+            loc="upper center",
+            ncol=min(len(unique), 10),
+            bbox_to_anchor=(0.5, 1.12),
+            frameon=False,
+        )
     ax.set_yticks([row[p] for p in pids])
     ax.set_yticklabels([names.get(p, f"rank {p}") for p in pids], fontsize=8)
     ax.set_xlim(0.0, (hi - lo) / 1e3)
     ax.set_ylim(-0.6, len(pids) - 0.4)
-    ax.set_xlabel(f"milliseconds from {start:.1f} ms into the trace (triangle: the last arriver of a collective; "
-                  f"diamond: an instant, e.g. a checkpoint; arrows: messages from send to take)", fontsize=8)
+    ax.set_xlabel(
+        f"milliseconds from {start:.1f} ms into the trace (triangle: the last arriver of a collective; "
+        f"diamond: an instant, e.g. a checkpoint; arrows: messages from send to take)",
+        fontsize=8,
+    )
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")
     fig.savefig(tmp, format="png", dpi=dpi)
@@ -137,5 +156,9 @@ def _arrows(ax: Any, events: list[dict], row: Mapping[int, int], lo: float, hi: 
         tail, head = pair["s"], pair["f"]
         if not (lo <= tail["ts"] <= hi and lo <= head["ts"] <= hi) or tail["pid"] not in row or head["pid"] not in row:
             continue
-        ax.annotate("", xy=((head["ts"] - lo) / 1e3, row[head["pid"]]), xytext=((tail["ts"] - lo) / 1e3,
-                    row[tail["pid"]]), arrowprops={"arrowstyle": "->", "color": "0.3", "linewidth": 0.6})
+        ax.annotate(
+            "",
+            xy=((head["ts"] - lo) / 1e3, row[head["pid"]]),
+            xytext=((tail["ts"] - lo) / 1e3, row[tail["pid"]]),
+            arrowprops={"arrowstyle": "->", "color": "0.3", "linewidth": 0.6},
+        )

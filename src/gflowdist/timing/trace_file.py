@@ -88,12 +88,32 @@ class _Builder:
             if cat == "collective":
                 args.update(self._last_arriver(rank, name, args))
             ts = self.ts(start + shift)
-            self.out.append({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 0, "ts": ts,
-                             "dur": _dur(ts, self.ts(start + seconds + shift)), "args": args})
+            self.out.append(
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": cat,
+                    "pid": rank,
+                    "tid": 0,
+                    "ts": ts,
+                    "dur": _dur(ts, self.ts(start + seconds + shift)),
+                    "args": args,
+                }
+            )
         elif kind == INSTANT:
             _, name, cat, at, args = event
-            self.out.append({"ph": "i", "s": "t", "name": name, "cat": cat, "pid": rank, "tid": 0,
-                             "ts": self.ts(at + shift), "args": dict(args or {})})
+            self.out.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": name,
+                    "cat": cat,
+                    "pid": rank,
+                    "tid": 0,
+                    "ts": self.ts(at + shift),
+                    "args": dict(args or {}),
+                }
+            )
         elif kind in (SENT, TOOK):
             self._message(rank, event, shift)
         else:
@@ -103,10 +123,18 @@ class _Builder:
         kind, type_name, peer, tag, seq, start, seconds = event
         sent = kind == SENT
         ts = self.ts(start + shift)
-        self.out.append({"ph": "X", "name": f"{'send' if sent else 'take'} {type_name} {'->' if sent else '<-'} "
-                                             f"{peer}", "cat": "message", "pid": rank, "tid": 0,
-                         "ts": ts, "dur": _dur(ts, self.ts(start + seconds + shift)),
-                         "args": {"peer": peer, "tag": tag, "seq": seq}})
+        self.out.append(
+            {
+                "ph": "X",
+                "name": f"{'send' if sent else 'take'} {type_name} {'->' if sent else '<-'} {peer}",
+                "cat": "message",
+                "pid": rank,
+                "tid": 0,
+                "ts": ts,
+                "dur": _dur(ts, self.ts(start + seconds + shift)),
+                "args": {"peer": peer, "tag": tag, "seq": seq},
+            }
+        )
         # The arrow leaves as the send starts and lands as the take ends (a blocking take may have begun
         # before the send), each a hair inside its event so a viewer binds it there: never back in time.
         inside = min(seconds / 2, INSIDE_S)
@@ -138,9 +166,13 @@ class _Builder:
         return _us(seconds - self.origin)
 
 
-def chrome_trace(traces: Mapping[int, Mapping[str, Any]], *, names: Mapping[int, str],
-                 offsets: Mapping[int, float] | None = None,
-                 timings: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def chrome_trace(
+    traces: Mapping[int, Mapping[str, Any]],
+    *,
+    names: Mapping[int, str],
+    offsets: Mapping[int, float] | None = None,
+    timings: Mapping[int, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The trace of a run (module docstring) as a JSON-able dict.
 
     Args:
@@ -153,10 +185,11 @@ def chrome_trace(traces: Mapping[int, Mapping[str, Any]], *, names: Mapping[int,
     for rank, trace in traces.items():
         if trace.get("format") != TRACE_FORMAT:
             raise GflowdistError(f"trace of rank {rank}: format {trace.get('format')!r} is not {TRACE_FORMAT}")
-    firsts = {r: min(_start_of(e) for e in t["events"]) + offsets.get(r, 0.0)
-              for r, t in traces.items() if t["events"]}
-    cut = max((firsts[r] for r, t in traces.items() if r in firsts and t["recorded"] > len(t["events"])),
-              default=float("-inf"))
+    firsts = {r: min(_start_of(e) for e in t["events"]) + offsets.get(r, 0.0) for r, t in traces.items() if t["events"]}
+    cut = max(
+        (firsts[r] for r, t in traces.items() if r in firsts and t["recorded"] > len(t["events"])),
+        default=float("-inf"),
+    )
     origin = max(min(firsts.values(), default=0.0), cut)
     timers = {int(r): StepTimer.from_dict(d) for r, d in (timings or {}).items()}
     builder = _Builder(origin, cut, timers)
@@ -170,10 +203,17 @@ def chrome_trace(traces: Mapping[int, Mapping[str, Any]], *, names: Mapping[int,
         meta.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": names.get(rank, f"rank {rank}")}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
         meta.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "main"}})
-    return {"traceEvents": meta + builder.out, "displayTimeUnit": "ms",
-            "otherData": {"generator": "gflowdist", "cut_to_common_window": cut != float("-inf"), "flows": flows,
-                          "dropped": {str(r): t["recorded"] - len(t["events"]) for r, t in traces.items()},
-                          "offsets_s": {str(r): offsets.get(r, 0.0) for r in traces}}}
+    return {
+        "traceEvents": meta + builder.out,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "gflowdist",
+            "cut_to_common_window": cut != float("-inf"),
+            "flows": flows,
+            "dropped": {str(r): t["recorded"] - len(t["events"]) for r, t in traces.items()},
+            "offsets_s": {str(r): offsets.get(r, 0.0) for r in traces},
+        },
+    }
 
 
 def write_trace(path: str | os.PathLike[str], trace: Mapping[str, Any]) -> Path:

@@ -45,8 +45,9 @@ consume each other's messages and break the sequence checks.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from gflowdist.comm import AsyncSendHandle, Communicator
 from gflowdist.comm.buffers import BufferPool
@@ -81,19 +82,30 @@ class ChannelStats:
     sequence_errors: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sent": self.sent, "received": self.received, "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received,
-                "protocol_errors": {str(k): v for k, v in self.protocol_errors.items()},
-                "sequence_errors": {str(k): v for k, v in self.sequence_errors.items()}}
+        return {
+            "sent": self.sent,
+            "received": self.received,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "protocol_errors": {str(k): v for k, v in self.protocol_errors.items()},
+            "sequence_errors": {str(k): v for k, v in self.sequence_errors.items()},
+        }
 
 
 class Channel:
     """Typed send / isend / recv on one tag of ``comm`` (see the module docstring)."""
 
-    def __init__(self, comm: Communicator, tag: int = 0, *, max_in_flight: int = 8,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, send_timeout: float = 60.0,
-                 expected_types: Iterable[MessageType] | None = None,
-                 limit_name: str = "max_message_bytes"):
+    def __init__(
+        self,
+        comm: Communicator,
+        tag: int = 0,
+        *,
+        max_in_flight: int = 8,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        send_timeout: float = 60.0,
+        expected_types: Iterable[MessageType] | None = None,
+        limit_name: str = "max_message_bytes",
+    ):
         """``limit_name`` is what a refused sender is told to raise (the runtime passes its config key)."""
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -117,8 +129,7 @@ class Channel:
         self.observer: ChannelObserver | None = None
 
     # -- sending ----------------------------------------------------------------
-    def isend(self, msg_type: MessageType, body: Any, dst: int, *,
-              timeout: float | None = None) -> AsyncSendHandle:
+    def isend(self, msg_type: MessageType, body: Any, dst: int, *, timeout: float | None = None) -> AsyncSendHandle:
         """Encode and start sending; waits only when ``max_in_flight`` sends to ``dst`` are pending.
 
         Raises :class:`~gflowdist.transport.values.EncodeError` (nothing sent)
@@ -135,7 +146,9 @@ class Channel:
             except DeadlineError as err:
                 raise DeadlineError(
                     f"back-pressure: {len(pending)} sends to rank {dst} still in flight after "
-                    f"{wait_s:g} s (is it receiving?)", peer=dst) from err
+                    f"{wait_s:g} s (is it receiving?)",
+                    peer=dst,
+                ) from err
             self._retire(pending)
         seq = self._next_seq[dst]
 
@@ -166,7 +179,9 @@ class Channel:
             f"refusing to send a {nbytes}-byte {kind} message from rank {self.comm.rank} to rank {dst} "
             f"(tag {self.tag}): over the limit {self.limit_name} = {self.max_message_bytes} bytes, which "
             f"the receiver enforces too; nothing was sent. Raise {self.limit_name} to at least {nbytes}, "
-            f"or send less per message", peer=dst)
+            f"or send less per message",
+            peer=dst,
+        )
 
     @staticmethod
     def _retire(pending: collections.deque) -> None:
@@ -188,8 +203,9 @@ class Channel:
                 try:
                     pending[0].wait(wait_s)
                 except DeadlineError as err:
-                    raise DeadlineError(f"drain: {len(pending)} sends to rank {dst} did not complete "
-                                        f"within {wait_s:g} s", peer=dst) from err
+                    raise DeadlineError(
+                        f"drain: {len(pending)} sends to rank {dst} did not complete within {wait_s:g} s", peer=dst
+                    ) from err
                 pending.popleft()
 
     def forget(self, dst: int) -> int:
@@ -226,8 +242,13 @@ class Channel:
     def _open(self, sender: int, payload: Any, *, copy: bool) -> Message:
         self.stats.bytes_received += int(payload.numel())
         try:
-            message = decode(payload, sender=sender, max_message_bytes=self.max_message_bytes, copy=copy,
-                             expected_types=self.expected_types)
+            message = decode(
+                payload,
+                sender=sender,
+                max_message_bytes=self.max_message_bytes,
+                copy=copy,
+                expected_types=self.expected_types,
+            )
         except ProtocolError:
             self.stats.protocol_errors[sender] = self.stats.protocol_errors.get(sender, 0) + 1
             raise
@@ -236,7 +257,8 @@ class Channel:
         if message.seq != expected:
             self.stats.sequence_errors[sender] = self.stats.sequence_errors.get(sender, 0) + 1
             kind = "duplicate or reordered" if message.seq < expected else f"{message.seq - expected} lost"
-            raise ProtocolError(f"sequence number {message.seq}, expected {expected} ({kind}) "
-                                f"on tag {self.tag}", sender=sender)
+            raise ProtocolError(
+                f"sequence number {message.seq}, expected {expected} ({kind}) on tag {self.tag}", sender=sender
+            )
         self.stats.received += 1
         return message

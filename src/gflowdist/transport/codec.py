@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterable
-from typing import Callable, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -52,8 +52,16 @@ from gflowdist.transport.messages import MESSAGE_TYPES, Message, MessageType, bu
 from gflowdist.transport.values import EncodeError, check_body, check_received_body
 
 __all__ = [
-    "FORMAT_VERSION", "DEFAULT_MAX_MESSAGE_BYTES", "SUPPORTED_DTYPES", "PREFIX_BYTES", "MAGIC",
-    "encode", "decode", "Message", "MessageType", "EncodeError",
+    "FORMAT_VERSION",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "SUPPORTED_DTYPES",
+    "PREFIX_BYTES",
+    "MAGIC",
+    "encode",
+    "decode",
+    "Message",
+    "MessageType",
+    "EncodeError",
 ]
 
 #: Version of the byte layout; a message of another version is refused.
@@ -122,8 +130,9 @@ def _check_int(name: str, value: Any, high: int) -> None:
         raise EncodeError(f"{name} must be in [0, {high}], got {value}")
 
 
-def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int,
-           alloc: Callable[[int], np.ndarray] | None = None) -> np.ndarray:
+def encode(
+    msg_type: MessageType | int, body: Any, *, sender: int, seq: int, alloc: Callable[[int], np.ndarray] | None = None
+) -> np.ndarray:
     """Encode one message into a new contiguous uint8 array (header, then 64-byte aligned frames).
 
     ``alloc(n)``, when given, supplies the uint8 array of ``n`` bytes for a
@@ -156,8 +165,9 @@ def encode(msg_type: MessageType | int, body: Any, *, sender: int, seq: int,
         raise EncodeError(f"body could not be packed: {exc}") from exc
     header_len = len(header)
     if header_len > _MAX_HEADER_BYTES:
-        raise EncodeError(f"header of {header_len} bytes exceeds the {_MAX_HEADER_BYTES}-byte limit; "
-                          "put bulk data in arrays")
+        raise EncodeError(
+            f"header of {header_len} bytes exceeds the {_MAX_HEADER_BYTES}-byte limit; put bulk data in arrays"
+        )
     header_end = PREFIX_BYTES + header_len
     if not has_arrays or not frames:  # numpy scalars only: no frames
         out = np.empty(header_end, np.uint8)
@@ -183,14 +193,19 @@ def _byte_view(buf: Any, sender: int) -> tuple[memoryview, bool]:
         return memoryview(buf), True
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
-            raise ProtocolError(f"decode needs a 1-d contiguous uint8 array, got {buf.dtype} with shape "
-                                f"{buf.shape}{'' if buf.flags.c_contiguous else ' (not contiguous)'}",
-                                sender=sender)
+            raise ProtocolError(
+                f"decode needs a 1-d contiguous uint8 array, got {buf.dtype} with shape "
+                f"{buf.shape}{'' if buf.flags.c_contiguous else ' (not contiguous)'}",
+                sender=sender,
+            )
         return memoryview(buf), bool(buf.flags.writeable)
     if isinstance(buf, torch.Tensor):
         if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.device.type != "cpu" or not buf.is_contiguous():
-            raise ProtocolError(f"decode needs a 1-d contiguous uint8 CPU tensor, got {buf.dtype} with shape "
-                                f"{tuple(buf.shape)} on {buf.device}", sender=sender)
+            raise ProtocolError(
+                f"decode needs a 1-d contiguous uint8 CPU tensor, got {buf.dtype} with shape "
+                f"{tuple(buf.shape)} on {buf.device}",
+                sender=sender,
+            )
         return memoryview(buf.numpy()), True
     if isinstance(buf, memoryview):
         if not buf.c_contiguous:
@@ -198,12 +213,20 @@ def _byte_view(buf: Any, sender: int) -> tuple[memoryview, bool]:
         if buf.format != "B" or buf.ndim != 1:
             buf = buf.cast("B")
         return buf, not buf.readonly
-    raise ProtocolError(f"decode needs bytes, bytearray, memoryview or a uint8 numpy array / CPU tensor, "
-                        f"got {kind.__name__}", sender=sender)
+    raise ProtocolError(
+        f"decode needs bytes, bytearray, memoryview or a uint8 numpy array / CPU tensor, got {kind.__name__}",
+        sender=sender,
+    )
 
 
-def decode(buf: Any, *, sender: int, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, copy: bool = False,
-           expected_types: Iterable[MessageType] | None = None) -> Message:
+def decode(
+    buf: Any,
+    *,
+    sender: int,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    copy: bool = False,
+    expected_types: Iterable[MessageType] | None = None,
+) -> Message:
     """Decode one message received from rank ``sender``.
 
     ``buf`` is bytes, bytearray, memoryview, a 1-d uint8 numpy array or a 1-d
@@ -236,37 +259,52 @@ def decode(buf: Any, *, sender: int, max_message_bytes: int = DEFAULT_MAX_MESSAG
     if flags & ~FLAG_FRAMES:
         raise ProtocolError(f"flags byte is {flags:#04x}; only bit 0 (frames follow) is defined", sender=sender)
     if total > max_message_bytes:
-        raise ProtocolError(f"header declares {total} bytes, over the {max_message_bytes}-byte limit",
-                            sender=sender)
+        raise ProtocolError(f"header declares {total} bytes, over the {max_message_bytes}-byte limit", sender=sender)
     if total != size:
         if total > size:
             raise ProtocolError(f"truncated: header declares {total} bytes, {size} arrived", sender=sender)
-        raise ProtocolError(f"{size - total} bytes of trailing garbage: header declares {total} bytes, "
-                            f"{size} arrived", sender=sender)
+        raise ProtocolError(
+            f"{size - total} bytes of trailing garbage: header declares {total} bytes, {size} arrived", sender=sender
+        )
     header_end = PREFIX_BYTES + header_len
     if header_end > total:
-        raise ProtocolError(f"header declares a {header_len}-byte msgpack header but the message has only "
-                            f"{total - PREFIX_BYTES} bytes after the prefix", sender=sender)
+        raise ProtocolError(
+            f"header declares a {header_len}-byte msgpack header but the message has only "
+            f"{total - PREFIX_BYTES} bytes after the prefix",
+            sender=sender,
+        )
     if flags:
         data_start = align(header_end)
         reader = FrameReader(view, data_start, total - data_start, sender, copy, writable, max_message_bytes)
         ext_hook = reader
     else:
         if header_end != total:
-            raise ProtocolError(f"{total - header_end} bytes of trailing garbage after the header of a message "
-                                "without array frames", sender=sender)
+            raise ProtocolError(
+                f"{total - header_end} bytes of trailing garbage after the header of a message without array frames",
+                sender=sender,
+            )
         reader = None
         ext_hook = _refuse_ext
     try:
         record = msgpack.unpackb(
-            view[PREFIX_BYTES:header_end], ext_hook=ext_hook, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=header_len, max_bin_len=header_len, max_array_len=header_len,
-            max_map_len=header_len // 2, max_ext_len=MAX_REF_BYTES)
+            view[PREFIX_BYTES:header_end],
+            ext_hook=ext_hook,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=header_len,
+            max_bin_len=header_len,
+            max_array_len=header_len,
+            max_map_len=header_len // 2,
+            max_ext_len=MAX_REF_BYTES,
+        )
     except ProtocolError:
         raise
     except _FramesNotFlagged as exc:
-        raise ProtocolError(f"array reference (msgpack extension type {exc.args[0]}) in a message whose flags "
-                            "say it has no frames", sender=sender) from None
+        raise ProtocolError(
+            f"array reference (msgpack extension type {exc.args[0]}) in a message whose flags say it has no frames",
+            sender=sender,
+        ) from None
     except _UNPACK_ERRORS as exc:
         raise ProtocolError(f"msgpack header is invalid: {type(exc).__name__}: {exc}", sender=sender) from exc
     if type(record) is not list or len(record) != 4:
@@ -276,11 +314,15 @@ def decode(buf: Any, *, sender: int, max_message_bytes: int = DEFAULT_MAX_MESSAG
     if member is None:
         raise ProtocolError(f"unknown message type {type_value!r}", sender=sender)
     if expected_types is not None and member not in expected_types:
-        raise ProtocolError(f"unexpected message type {member.name}; expected one of "
-                            f"{sorted(str(getattr(t, 'name', t)) for t in expected_types)}", sender=sender)
+        raise ProtocolError(
+            f"unexpected message type {member.name}; expected one of "
+            f"{sorted(str(getattr(t, 'name', t)) for t in expected_types)}",
+            sender=sender,
+        )
     if type(header_sender) is not int or header_sender != sender:
-        raise ProtocolError(f"header names sender {header_sender!r} but the transport delivered it from "
-                            f"rank {sender}", sender=sender)
+        raise ProtocolError(
+            f"header names sender {header_sender!r} but the transport delivered it from rank {sender}", sender=sender
+        )
     if type(seq) is not int or seq < 0:
         raise ProtocolError(f"sequence number {seq!r} is not a non-negative int", sender=sender)
     check_received_body(body, sender)

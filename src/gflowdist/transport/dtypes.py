@@ -51,8 +51,9 @@ class WireDtype:
     torch_storage: torch.dtype
 
 
-def _row(code: int, name: str, storage: str, torch_dtype: torch.dtype, *,
-         bits_as: torch.dtype | None = None) -> WireDtype:
+def _row(
+    code: int, name: str, storage: str, torch_dtype: torch.dtype, *, bits_as: torch.dtype | None = None
+) -> WireDtype:
     dtype = np.dtype(storage)
     numpy_dtype = None if bits_as is not None else dtype
     return WireDtype(code, name, dtype.itemsize, dtype, numpy_dtype, torch_dtype, bits_as or torch_dtype)

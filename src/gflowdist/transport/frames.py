@@ -36,8 +36,16 @@ from gflowdist.transport.dtypes import BY_CODE, WIRE_DTYPES, WireDtype, row_for_
 from gflowdist.transport.values import EncodeError
 
 __all__ = [
-    "FRAME_ALIGNMENT", "MAX_NDIM", "EXT_NUMPY", "EXT_TORCH", "MAX_REF_BYTES",
-    "align", "Frame", "FrameWriter", "FrameReader", "fill_message",
+    "FRAME_ALIGNMENT",
+    "MAX_NDIM",
+    "EXT_NUMPY",
+    "EXT_TORCH",
+    "MAX_REF_BYTES",
+    "align",
+    "Frame",
+    "FrameWriter",
+    "FrameReader",
+    "fill_message",
 ]
 
 FRAME_ALIGNMENT = 64
@@ -76,7 +84,7 @@ class FrameWriter:
     list over and empties the writer, so a reused writer holds no arrays.
     """
 
-    __slots__ = ("frames", "end")
+    __slots__ = ("end", "frames")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -95,12 +103,15 @@ class FrameWriter:
                 return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes, True)
         if isinstance(value, np.ndarray):
             if isinstance(value, np.ma.MaskedArray):
-                raise EncodeError("a numpy masked array cannot travel (its mask would be lost); "
-                                  "send .data and .mask as two arrays")
+                raise EncodeError(
+                    "a numpy masked array cannot travel (its mask would be lost); send .data and .mask as two arrays"
+                )
             row = row_for_numpy(value.dtype)
             if row is None:
-                raise EncodeError(f"numpy dtype {value.dtype} cannot travel; supported: "
-                                  "bool, uint8, int8, int16, int32, int64, float16, float32, float64")
+                raise EncodeError(
+                    f"numpy dtype {value.dtype} cannot travel; supported: "
+                    "bool, uint8, int8, int16, int32, int64, float16, float32, float64"
+                )
             return self._reference(EXT_NUMPY, value, row, value.shape, value.nbytes)
         if isinstance(value, torch.Tensor):
             try:  # a plain CPU tensor of a numpy-compatible dtype: one call gives its bytes
@@ -120,12 +131,13 @@ class FrameWriter:
     def _tensor_reference(self, tensor: torch.Tensor) -> msgpack.ExtType:
         """The careful path for a tensor ``Tensor.numpy()`` refused or gave an unknown dtype."""
         if tensor.layout != torch.strided:
-            raise EncodeError(f"a torch tensor with layout {tensor.layout} cannot travel; "
-                              "convert it with .to_dense()")
+            raise EncodeError(f"a torch tensor with layout {tensor.layout} cannot travel; convert it with .to_dense()")
         row = row_for_torch(tensor.dtype)
         if row is None:
-            raise EncodeError(f"torch dtype {tensor.dtype} cannot travel; supported: bool, uint8, int8, "
-                              "int16, int32, int64, float16, bfloat16, float32, float64")
+            raise EncodeError(
+                f"torch dtype {tensor.dtype} cannot travel; supported: bool, uint8, int8, "
+                "int16, int32, int64, float16, bfloat16, float32, float64"
+            )
         if tensor.requires_grad:
             tensor = tensor.detach()
         if tensor.is_meta:
@@ -137,19 +149,20 @@ class FrameWriter:
         try:
             array = (tensor if row.numpy is not None else tensor.view(row.torch_storage)).numpy()
         except (RuntimeError, TypeError) as exc:
-            raise EncodeError(f"a {type(tensor).__qualname__} of {row.name} cannot be read as plain memory: "
-                              f"{exc}") from exc
+            raise EncodeError(
+                f"a {type(tensor).__qualname__} of {row.name} cannot be read as plain memory: {exc}"
+            ) from exc
         return self._reference(EXT_TORCH, array, row, array.shape, array.nbytes)
 
-    def _reference(self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...], nbytes: int,
-                   native: bool = False) -> msgpack.ExtType:
+    def _reference(
+        self, ext_code: int, data: Any, row: WireDtype, shape: tuple[int, ...], nbytes: int, native: bool = False
+    ) -> msgpack.ExtType:
         """Record one frame and return its reference; ``native``: ``data`` is an ndarray of ``row.storage``."""
         ndim = len(shape)
         if ndim > MAX_NDIM:
             raise EncodeError(f"an array with {ndim} dimensions cannot travel (at most {MAX_NDIM})")
         offset = (self.end + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT if self.frames else 0
-        if nbytes and (native or (type(data) is np.ndarray and data.dtype == row.storage)) \
-                and data.flags.c_contiguous:
+        if nbytes and (native or (type(data) is np.ndarray and data.dtype == row.storage)) and data.flags.c_contiguous:
             data = data.data.cast("B")  # already the frame's bytes: one memoryview assignment copies it
         self.frames.append((data, row, shape, offset, nbytes))
         self.end = offset + nbytes
@@ -171,14 +184,14 @@ def fill_message(out: np.ndarray, header: bytes, header_start: int, data_start: 
     fill = memoryview(out)
     header_end = header_start + len(header)
     fill[header_start:header_end] = header
-    fill[header_end:data_start] = _ZEROS[:data_start - header_end]
+    fill[header_end:data_start] = _ZEROS[: data_start - header_end]
     previous_end = data_start
     for data, row, shape, offset, nbytes in frames:
         start = data_start + offset
         if start != previous_end:
-            fill[previous_end:start] = _ZEROS[:start - previous_end]
+            fill[previous_end:start] = _ZEROS[: start - previous_end]
         if type(data) is memoryview:
-            fill[start:start + nbytes] = data
+            fill[start : start + nbytes] = data
         elif isinstance(data, np.ndarray):  # strided or byte-swapped source
             np.copyto(np.ndarray(shape, row.storage, out, start), data, casting="equiv")
         else:  # a tensor on another device
@@ -200,11 +213,29 @@ class FrameReader:
     message.
     """
 
-    __slots__ = ("buffer", "data_start", "data_len", "sender", "copy", "writable", "max_bytes", "count", "end",
-                 "next")
+    __slots__ = (
+        "buffer",
+        "copy",
+        "count",
+        "data_len",
+        "data_start",
+        "end",
+        "max_bytes",
+        "next",
+        "sender",
+        "writable",
+    )
 
-    def __init__(self, buffer: memoryview, data_start: int, data_len: int, sender: int, copy: bool,
-                 writable: bool, max_bytes: int) -> None:
+    def __init__(
+        self,
+        buffer: memoryview,
+        data_start: int,
+        data_len: int,
+        sender: int,
+        copy: bool,
+        writable: bool,
+        max_bytes: int,
+    ) -> None:
         self.buffer = buffer
         self.data_start = data_start
         self.data_len = data_len
@@ -221,9 +252,11 @@ class FrameReader:
 
     def __call__(self, ext_code: int, ref: bytes) -> Any:
         if ext_code != EXT_NUMPY and ext_code != EXT_TORCH:
-            raise ProtocolError(f"unknown msgpack extension type {ext_code} in header "
-                                f"(arrays use {EXT_NUMPY} for numpy and {EXT_TORCH} for torch)",
-                                sender=self.sender)
+            raise ProtocolError(
+                f"unknown msgpack extension type {ext_code} in header "
+                f"(arrays use {EXT_NUMPY} for numpy and {EXT_TORCH} for torch)",
+                sender=self.sender,
+            )
         try:
             fields = _READ_REFS[ref[1]].unpack(ref)
         except (IndexError, struct.error):
@@ -241,8 +274,8 @@ class FrameReader:
             self._check_extent(row, shape, offset, end)
         start = self.data_start + offset
         if offset != self.end:
-            padding = self.buffer[self.data_start + self.end:start]
-            if padding != _ZEROS[:len(padding)]:
+            padding = self.buffer[self.data_start + self.end : start]
+            if padding != _ZEROS[: len(padding)]:
                 raise self._fail("padding before the frame is not zero")
         view = np.ndarray(shape, row.storage, self.buffer, start)
         self.count += 1
@@ -268,8 +301,9 @@ class FrameReader:
         ndim = ref[1]
         if ndim > MAX_NDIM:
             return self._fail(f"{ndim} dimensions (at most {MAX_NDIM})")
-        return self._fail(f"array reference of {len(ref)} bytes, expected {_REF_HEAD.size + 8 * ndim} "
-                          f"for {ndim} dimensions")
+        return self._fail(
+            f"array reference of {len(ref)} bytes, expected {_REF_HEAD.size + 8 * ndim} for {ndim} dimensions"
+        )
 
     def _check_extent(self, row: WireDtype, shape: tuple[int, ...], offset: int, end: int) -> None:
         """The slow path of a frame that is empty or does not fit: name what is wrong, if anything.
@@ -280,22 +314,29 @@ class FrameReader:
         """
         negative = [dim - (1 << 64) for dim in shape if dim >= 1 << 63]
         if negative:
-            raise self._fail(f"negative dimension {negative[0]} in shape "
-                             f"{[dim - (1 << 64) if dim >= 1 << 63 else dim for dim in shape]}")
+            raise self._fail(
+                f"negative dimension {negative[0]} in shape "
+                f"{[dim - (1 << 64) if dim >= 1 << 63 else dim for dim in shape]}"
+            )
         if end > self.data_len:
-            raise self._fail(f"{row.name} {list(shape)} needs bytes [{offset}, {end}) of the data section, "
-                             f"which holds only {max(self.data_len, 0)} (truncated or lying header)")
+            raise self._fail(
+                f"{row.name} {list(shape)} needs bytes [{offset}, {end}) of the data section, "
+                f"which holds only {max(self.data_len, 0)} (truncated or lying header)"
+            )
         if math.prod(dim for dim in shape if dim) * row.itemsize > self.max_bytes:
-            raise self._fail(f"empty {row.name} array of shape {list(shape)} would exceed the "
-                             f"{self.max_bytes}-byte message limit if its empty axes were not")
+            raise self._fail(
+                f"empty {row.name} array of shape {list(shape)} would exceed the "
+                f"{self.max_bytes}-byte message limit if its empty axes were not"
+            )
 
     def finish(self, header_end: int) -> None:
         """Check the frames filled the data section exactly and the padding after the header is zero."""
         if not self.count:
             raise ProtocolError("flags say array frames follow but the header references none", sender=self.sender)
         if self.end != self.data_len:
-            raise ProtocolError(f"{self.data_len - self.end} bytes of trailing garbage after the last array frame",
-                                sender=self.sender)
-        gap = self.buffer[header_end:self.data_start]
-        if gap != _ZEROS[:len(gap)]:
+            raise ProtocolError(
+                f"{self.data_len - self.end} bytes of trailing garbage after the last array frame", sender=self.sender
+            )
+        gap = self.buffer[header_end : self.data_start]
+        if gap != _ZEROS[: len(gap)]:
             raise ProtocolError("padding between header and first frame is not zero", sender=self.sender)

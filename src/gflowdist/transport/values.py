@@ -74,25 +74,28 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
     elif isinstance(value, (int, float, str, bytes)):
         return False
     else:
-        raise EncodeError(f"{format_path(path)}: a {type(value).__module__}.{type(value).__qualname__} "
-                          "cannot travel; allowed are None, bool, int, float, str, bytes, list, tuple, "
-                          "dict with str keys, numpy arrays and torch tensors")
+        raise EncodeError(
+            f"{format_path(path)}: a {type(value).__module__}.{type(value).__qualname__} "
+            "cannot travel; allowed are None, bool, int, float, str, bytes, list, tuple, "
+            "dict with str keys, numpy arrays and torch tensors"
+        )
     if depth >= MAX_NESTING_DEPTH:
-        raise EncodeError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
-                          "(or the body contains a reference cycle)")
+        raise EncodeError(
+            f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers "
+            "(or the body contains a reference cycle)"
+        )
     is_dict = type(items) is not enumerate
     special = False
     for key, item in items:
         if is_dict and type(key) is not str and not isinstance(key, str):
-            raise EncodeError(f"{format_path(path)}: dict key {key!r} is a {type(key).__name__}; "
-                              "only str keys travel")
+            raise EncodeError(f"{format_path(path)}: dict key {key!r} is a {type(key).__name__}; only str keys travel")
         kind = type(item)
         if kind in _SCALARS:
             continue
         if kind is np.ndarray or kind is torch.Tensor:
             special = True
         else:
-            special = _check(item, depth + 1, path + (key,)) or special
+            special = _check(item, depth + 1, (*path, key)) or special
     return special
 
 
@@ -112,16 +115,17 @@ def check_received_body(body: Any, sender: int) -> None:
 
 def _check_received(value: dict | list, depth: int, path: tuple[Any, ...], sender: int) -> None:
     if depth > MAX_NESTING_DEPTH:
-        raise ProtocolError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers",
-                            sender=sender)
+        raise ProtocolError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers", sender=sender)
     items = value.items() if type(value) is dict else enumerate(value)
     for key, item in items:
         if type(key) is bytes:
-            raise ProtocolError(f"{format_path(path)}: map key {key!r} is bytes; only str keys are allowed",
-                                sender=sender)
+            raise ProtocolError(
+                f"{format_path(path)}: map key {key!r} is bytes; only str keys are allowed", sender=sender
+            )
         kind = type(item)
         if kind is dict or kind is list:
-            _check_received(item, depth + 1, path + (key,), sender)
+            _check_received(item, depth + 1, (*path, key), sender)
         elif kind is msgpack.Timestamp:
-            raise ProtocolError(f"{format_path(path + (key,))}: msgpack timestamp, which gflowdist never sends",
-                                sender=sender)
+            raise ProtocolError(
+                f"{format_path((*path, key))}: msgpack timestamp, which gflowdist never sends", sender=sender
+            )

@@ -137,8 +137,14 @@ class BufferLoop:
             self.refuse(msg, n, str(err))
             return
         try:
-            result = self.replay.extend(batch, producer=msg.sender, seq=int(msg.body["seq"]), policy_version=version,
-                                        scores=self.manager.score(batch), priorities=msg.body.get("priorities"))
+            result = self.replay.extend(
+                batch,
+                producer=msg.sender,
+                seq=int(msg.body["seq"]),
+                policy_version=version,
+                scores=self.manager.score(batch),
+                priorities=msg.body.get("priorities"),
+            )
         except RateLimitedError:
             ledger.drop("rate_limit", n)
             return
@@ -159,8 +165,9 @@ class BufferLoop:
         :func:`~gflowdist.runtime.faults.on_refused`); I keep serving everyone.
         """
         ctx = self.w.context
-        text = refusal_text(f"buffer {ctx.describe_rank(self.w.rank)}", ctx.describe_rank(msg.sender), n,
-                            int(msg.body["seq"]), reason)
+        text = refusal_text(
+            f"buffer {ctx.describe_rank(self.w.rank)}", ctx.describe_rank(msg.sender), n, int(msg.body["seq"]), reason
+        )
         self.w.ledger.drop("bad_batch", n)
         self.w.ledger.refused[msg.sender] += 1
         self.w.note("batch refused", "fault", sender=msg.sender, trajectories=n)

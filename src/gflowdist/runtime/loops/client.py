@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -20,8 +21,16 @@ from gflowdist.transport.channel import Channel
 #: How many recent batches a trainer remembers the step of (a refusal arrives a few batches later at most).
 SHIPPED_KEPT = 256
 
-__all__ = ["trajectory_count", "concat_batches", "ship", "use_locally", "reply_from", "checkpoint_cut", "finish",
-           "drain_live"]
+__all__ = [
+    "trajectory_count",
+    "concat_batches",
+    "ship",
+    "use_locally",
+    "reply_from",
+    "checkpoint_cut",
+    "finish",
+    "drain_live",
+]
 
 
 def trajectory_count(batch: Mapping[str, torch.Tensor]) -> int:
@@ -32,8 +41,11 @@ def trajectory_count(batch: Mapping[str, torch.Tensor]) -> int:
     return sizes.pop()
 
 
-def concat_batches(fresh: Mapping[str, torch.Tensor] | None, replayed: Mapping[str, torch.Tensor] | None,
-                   device: torch.device | str = "cpu") -> dict | None:
+def concat_batches(
+    fresh: Mapping[str, torch.Tensor] | None,
+    replayed: Mapping[str, torch.Tensor] | None,
+    device: torch.device | str = "cpu",
+) -> dict | None:
     """Fresh trajectories followed by replayed ones, field by field (fields only ``fresh`` has stay as they are).
 
     Replayed tensors (received into host memory) move to the device of the fresh ones first (to
@@ -45,8 +57,10 @@ def concat_batches(fresh: Mapping[str, torch.Tensor] | None, replayed: Mapping[s
     if fresh is None:
         return {k: v.to(device) for k, v in replayed.items()}
     first = next(iter(fresh.values()))
-    pad = {"weights": torch.ones(first.shape[0], device=first.device),
-           "keys": torch.full((first.shape[0],), -1, dtype=torch.int64, device=first.device)}
+    pad = {
+        "weights": torch.ones(first.shape[0], device=first.device),
+        "keys": torch.full((first.shape[0],), -1, dtype=torch.int64, device=first.device),
+    }
     fresh = {**{k: v for k, v in pad.items() if k in replayed}, **fresh}
     return {k: torch.cat([fresh[k], replayed[k].to(fresh[k].device)]) if k in replayed else fresh[k] for k in fresh}
 
@@ -62,8 +76,9 @@ def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buf
         w.shipped_at[state.produced] = state.step
         if len(w.shipped_at) > SHIPPED_KEPT:
             del w.shipped_at[next(iter(w.shipped_at))]
-    w.data.isend(*protocol.trajectories(batch, seq=state.produced, version=state.version, n=n,
-                                        priorities=priorities), buffer)
+    w.data.isend(
+        *protocol.trajectories(batch, seq=state.produced, version=state.version, n=n, priorities=priorities), buffer
+    )
     w.ledger.sent += n
     state.produced += n
     return n
@@ -83,8 +98,12 @@ def reply_from(w: Wiring, buffer: int, timeout: float) -> Message:
         return w.data.recv(buffer, timeout=timeout)
     except DeadlineError as err:
         layout = w.context.layout
-        raise PeerLostError(buffer, role=layout.role_of(buffer).value, host=layout.host_of(buffer),
-                            reason=f"no reply to a sample request within {timeout:g} s") from err
+        raise PeerLostError(
+            buffer,
+            role=layout.role_of(buffer).value,
+            host=layout.host_of(buffer),
+            reason=f"no reply to a sample request within {timeout:g} s",
+        ) from err
 
 
 def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: str) -> dict[str, Any] | None:
@@ -102,8 +121,10 @@ def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: s
         with w.timer.phase("checkpoint"), w.timer.wait_on(buffer, "checkpoint"):
             ack = reply_from(w, buffer, w.config.faults.peer_timeout_s)
         if command_of(ack) is not Command.CHECKPOINTED or ack.body.get("name") != name:
-            raise GflowdistError(f"expected the acknowledgement of checkpoint {name} from buffer rank "
-                                 f"{buffer}, got a {ack.type.name} message")
+            raise GflowdistError(
+                f"expected the acknowledgement of checkpoint {name} from buffer rank "
+                f"{buffer}, got a {ack.type.name} message"
+            )
         # a batch of mine refused before my marker fails me (on_bad_batch: fail) before I save past it
         w.hear_refusals(int(ack.body.get("refused", 0)))
     with w.timer.phase("checkpoint"):
@@ -129,8 +150,11 @@ def drain_live(w: Wiring, channel: Channel, peers: Sequence[int]) -> None:
     waiting = [p for p in peers if p not in w.lost and channel.in_flight(p)]
     while waiting:
         if time.monotonic() > deadline:
-            raise DeadlineError(f"{channel.in_flight(waiting[0])} sends to rank {waiting[0]} did not complete "
-                                f"within {channel.send_timeout:g} s", peer=waiting[0])
+            raise DeadlineError(
+                f"{channel.in_flight(waiting[0])} sends to rank {waiting[0]} did not complete "
+                f"within {channel.send_timeout:g} s",
+                peer=waiting[0],
+            )
         w.heartbeat(-1)
         w.check_control()
         time.sleep(0.002)

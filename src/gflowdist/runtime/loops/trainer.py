@@ -25,8 +25,16 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
 from gflowdist.runtime.faults import loss_is_usable
 from gflowdist.runtime.loops.agent_group import AgentGroup
-from gflowdist.runtime.loops.client import (checkpoint_cut, concat_batches, drain_live, finish, reply_from, ship,
-                                             trajectory_count, use_locally)
+from gflowdist.runtime.loops.client import (
+    checkpoint_cut,
+    concat_batches,
+    drain_live,
+    finish,
+    reply_from,
+    ship,
+    trajectory_count,
+    use_locally,
+)
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
 from gflowdist.runtime.state import TrainerState
@@ -104,8 +112,13 @@ class TrainerLoop:
         replays = self.buffer is not None and (replay.replay_fraction > 0 or replay.learner_batch)
         self.requests = ReplayRequests(w, self.buffer) if replays else None
         layout = w.context.layout
-        self.evaluator = (layout.coordinator if self.config.sync.weights_to_coordinator_every
-                          and layout.coordinator is not None and layout.trainers[0] == w.rank else None)
+        self.evaluator = (
+            layout.coordinator
+            if self.config.sync.weights_to_coordinator_every
+            and layout.coordinator is not None
+            and layout.trainers[0] == w.rank
+            else None
+        )
         self.idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
         #: my loop's turns: where my tape records what I took and saw; my step, but a pure learner's
         #: waits for items are turns too
@@ -153,18 +166,22 @@ class TrainerLoop:
         """This step's replayed trajectories (``replay.replay_fraction`` of the batch, or a pure
         learner's ``replay.learner_batch``), if any."""
         if fresh is None and (self.requests is None or not self.config.replay.learner_batch):
-            raise GflowdistError(f"{type(self.trainer).__name__}.rollout() returned None, so trainer rank "
-                                 f"{self.w.rank} learns from replay only: set replay.learner_batch (replayed "
-                                 f"items per step){'' if self.buffer is not None else ' and give it a buffer'}")
+            raise GflowdistError(
+                f"{type(self.trainer).__name__}.rollout() returned None, so trainer rank "
+                f"{self.w.rank} learns from replay only: set replay.learner_batch (replayed "
+                f"items per step){'' if self.buffer is not None else ' and give it a buffer'}"
+            )
         count = None if fresh is None else trajectory_count(fresh)
         return self.requests.take(self.state, count) if self.requests is not None else None
 
     def wait_for_items(self) -> None:
         """A pure learner whose buffer cannot serve yet: no step; back off, stay alive, ask again."""
         if self.group.shared:
-            raise GflowdistError(f"trainer rank {self.w.rank} has nothing to learn from (its rollout gave None, "
-                                 f"its buffer nothing yet) but averages with its agent group every step: a "
-                                 f"pure learner needs sync.mode none or an agent group of one")
+            raise GflowdistError(
+                f"trainer rank {self.w.rank} has nothing to learn from (its rollout gave None, "
+                f"its buffer nothing yet) but averages with its agent group every step: a "
+                f"pure learner needs sync.mode none or an agent group of one"
+            )
         with self.w.timer.phase("wait_replay"):
             self.idle.pause()
         self.keep_alive()
@@ -181,8 +198,9 @@ class TrainerLoop:
         with timer.phase("loss"):
             trainer.optimizer.zero_grad(set_to_none=True)
             loss = trainer.loss(batch)
-            usable = loss_is_usable(loss, mode=self.config.faults.on_nonfinite_loss, rank=self.w.rank,
-                                    step=self.state.step)
+            usable = loss_is_usable(
+                loss, mode=self.config.faults.on_nonfinite_loss, rank=self.w.rank, step=self.state.step
+            )
             if usable:
                 loss.backward()
             else:
@@ -219,8 +237,13 @@ class TrainerLoop:
             self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
         step, run = self.state.step, self.config.run
         if step % run.log_every == 0 or step == run.steps - 1:
-            metrics = {"step": step, "loss": float(loss.detach()), "trajectories": self.state.produced,
-                       **({"skipped_steps": self.skipped} if self.skipped else {}), **self.trainer.metrics()}
+            metrics = {
+                "step": step,
+                "loss": float(loss.detach()),
+                "trajectories": self.state.produced,
+                **({"skipped_steps": self.skipped} if self.skipped else {}),
+                **self.trainer.metrics(),
+            }
             if self.collector is not None:
                 self.collector.record_metrics(self.w.rank, metrics)
             else:
@@ -276,8 +299,11 @@ class TrainerLoop:
         here for a slow or dead actor would stall my training.
         """
         channel = self.w.weights
-        ready = [a for a in self.reachable_actors  # a timed choice: recorded, replayed
-                 if not self.w.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)]
+        ready = [
+            a
+            for a in self.reachable_actors  # a timed choice: recorded, replayed
+            if not self.w.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)
+        ]
         if not ready:
             return
         weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
