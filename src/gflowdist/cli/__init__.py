@@ -49,7 +49,8 @@ def command_modules() -> list[ModuleType]:
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr (status 2), not usage + error."""
 
-    def error(self, message: str):  # type: ignore[override] - argparse's signature
+    # argparse's signature returns NoReturn
+    def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

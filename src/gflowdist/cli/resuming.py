@@ -124,4 +124,5 @@ def _steps_done(name: str, manifest: Mapping[str, Any], layout: Layout | None) -
     if step_of(name) is not None or layout is None or not isinstance(steps, dict):
         return checkpoint_step(name, manifest)  # a periodic checkpoint's: every trainer's
     done = [steps.get(str(rank)) for rank in layout.trainers]
-    return min(done) if done and all(isinstance(step, int) for step in done) else None
+    counted = [step for step in done if isinstance(step, int)]
+    return min(counted) if counted and len(counted) == len(done) else None

@@ -235,6 +235,7 @@ class MPIComm(Communicator):
     eager_bytes = 64 << 10
 
     def send(self, data: Any, dst: int, tag: int = 0, *, kind: int = 0, timeout: float | None = None) -> None:
+        buffer: Any
         if type(data) is torch.Tensor and data.dtype is _UINT8 and data.is_cpu and data.is_contiguous():
             # read at the tensor's address (alive for this blocking call): no numpy view to build
             nbytes = data.nbytes

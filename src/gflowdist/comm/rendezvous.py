@@ -39,6 +39,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlsplit
 
 from gflowdist.errors import ConfigError, DeadlineError, TransportError
@@ -93,7 +94,7 @@ def init_default_group(
     """
     import torch.distributed as dist
 
-    extra = {} if timeout is None else {"timeout": timeout}
+    extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if init_method == "env://":
         where = _from_environment(rank, world_size)
     elif urlsplit(init_method).scheme == "tcp":
@@ -136,7 +137,7 @@ def bind_listener(
         except OSError as exc:
             sock.close()
             if exc.errno == errno.EADDRNOTAVAIL:
-                foreign.append(sockaddr[0])
+                foreign.append(str(sockaddr[0]))
                 continue
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
@@ -165,7 +166,7 @@ def reachable_address(hostname: str) -> str:
         infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(f"rank 0's host name {hostname!r} does not resolve: {exc.strerror}") from exc
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
         if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
             return address

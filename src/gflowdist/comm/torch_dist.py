@@ -137,7 +137,9 @@ class TorchComm(Communicator):
             raise ValueError("this communicator's backend is nccl: collectives need CUDA tensors")
         return x
 
-    def _finish(self, work, what: str, tensor: torch.Tensor, factor: int = 1, timeout: float | None = None) -> None:
+    def _finish(
+        self, work, what: str, tensor: torch.Tensor | None, factor: int = 1, timeout: float | None = None
+    ) -> None:
         """Wait for an async collective by polling (hook between checks), then surface its errors."""
         if self.wait_hook is not None or timeout is not None:
             nbytes = tensor.numel() * tensor.element_size() * factor if tensor is not None else 0
@@ -283,7 +285,7 @@ class TorchComm(Communicator):
             found = self._take_queued(src, tag)
         if found is not None:  # the common case of a busy rank: no waiting at all
             return found
-        lane = self._lanes.get(src)
+        lane = self._lanes.get(src) if src is not None else None
         if lane is not None and timeout is None and self.wait_hook is None:
             lane.last_direct = time.monotonic()  # keeps the lane's thread away (Lane.park)
             if lane.owner.acquire(blocking=False):
@@ -415,7 +417,7 @@ class TorchComm(Communicator):
         if self._p2p is self._group:
             return rank
         world = rank if self._group is None else dist.get_global_rank(self._group, rank)
-        return dist.get_group_rank(self._p2p, world)
+        return world if self._p2p is None else dist.get_group_rank(self._p2p, world)
 
     def _ensure_completer(self) -> None:
         """Start the send-completion thread (caller holds ``_send_lock``)."""

@@ -64,7 +64,7 @@ def _find_file(path: str, *, key: str, file: str | None) -> str:
 
 def _nearest_file(path: str, places: list[str]) -> str:
     """`` (did you mean 'my_roles.py'?)`` for a Python file next to where ``path`` was looked for."""
-    names = set()
+    names: set[str] = set()
     for place in places:
         try:
             names.update(entry for entry in os.listdir(os.path.dirname(place)) if entry.endswith(".py"))

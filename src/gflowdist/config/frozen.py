@@ -20,6 +20,7 @@ class FrozenMapping(Mapping):
     """An immutable mapping (``dict``'s reading methods; no item assignment, no ``update``)."""
 
     __slots__ = ("_items",)
+    _items: dict[str, Any]
 
     def __init__(self, items: Mapping[str, Any] | None = None):
         object.__setattr__(self, "_items", {key: freeze(value) for key, value in (items or {}).items()})
@@ -39,7 +40,8 @@ class FrozenMapping(Mapping):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is read-only")
 
-    __hash__ = None  # type: ignore[assignment] - equal to dicts, which are unhashable
+    # equal to dicts, which are unhashable
+    __hash__ = None  # type: ignore[assignment]
 
     def __copy__(self) -> FrozenMapping:
         return self

@@ -107,8 +107,9 @@ def section_from_mapping(cls: type, data: Any, key: str) -> Any:
         raise ConfigError(f"expected a mapping of settings, found {found(data)}", key=key)
     valid = known_keys(cls)
     for name in data:
-        if isinstance(name, str) and name in getattr(cls, "removed", {}):
-            raise ConfigError(cls.removed[name], key=f"{key}.{name}")
+        removed: dict[str, str] = getattr(cls, "removed", {})
+        if isinstance(name, str) and name in removed:
+            raise ConfigError(removed[name], key=f"{key}.{name}")
         if not isinstance(name, str) or name not in valid:
             hint = suggest(name, valid) if isinstance(name, str) else ""
             raise ConfigError(f"unknown key '{name}'{hint}; valid keys are: {', '.join(valid)}", key=f"{key}.{name}")

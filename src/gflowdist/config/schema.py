@@ -191,8 +191,9 @@ class Config:
                 )
             return
         valid = [f.name for f in dataclasses.fields(SECTIONS[head])]
-        if len(path) == 2 and path[1] in SECTIONS[head].removed:
-            raise ConfigError(f"{SECTIONS[head].removed[path[1]]} (override '{text}')", key=".".join(path))
+        removed: dict[str, str] = getattr(SECTIONS[head], "removed", {})
+        if len(path) == 2 and path[1] in removed:
+            raise ConfigError(f"{removed[path[1]]} (override '{text}')", key=".".join(path))
         if len(path) != 2 or path[1] not in valid:
             leaf = path[1] if len(path) > 1 else ""
             hint = suggest(leaf, valid) if leaf else ""

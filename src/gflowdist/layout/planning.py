@@ -229,11 +229,12 @@ def _node_local_chunks(
     if max(loads) - min(loads) > 1:
         busiest = chunks[loads.index(max(loads))]
         idlest = chunks[loads.index(min(loads))]
+        busiest_host, idlest_host = (hosts[c.buffer] if c.buffer is not None else "?" for c in (busiest, idlest))
         raise LayoutError(
             "placement 'node-local' would give buffers unequal loads: "
-            f"buffer {busiest.buffer} on '{hosts[busiest.buffer]}' would serve "
+            f"buffer {busiest.buffer} on '{busiest_host}' would serve "
             f"{_count(max(loads), 'client')} but buffer {idlest.buffer} on "
-            f"'{hosts[idlest.buffer]}' {min(loads)}; clients per buffer must differ by at most "
+            f"'{idlest_host}' {min(loads)}; clients per buffer must differ by at most "
             "one (spread the ranks evenly over the hosts, or use placement 'block')"
         )
     return chunks

@@ -95,7 +95,7 @@ def _plain_module_parameters(root: torch.nn.Module) -> list[torch.Tensor] | None
             if p is not None and id(p) not in seen_params:
                 seen_params.add(id(p))
                 params.append(p)
-        stack.extend(reversed(module._modules.values()))
+        stack.extend(child for child in reversed(list(module._modules.values())) if child is not None)
     return params
 
 

@@ -92,6 +92,13 @@ def broadcast_tensors(
 # -- gradient buckets ---------------------------------------------------------------------
 
 
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    """``param.grad`` of a parameter known to have one (it was moved or copied into a slot)."""
+    if param.grad is None:
+        raise RuntimeError(f"a parameter of shape {tuple(param.shape)} lost its gradient during averaging")
+    return param.grad
+
+
 def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """``t.copy_(s)`` for every pair, in one multi-tensor kernel where torch has it."""
     if _FOREACH_COPY is not None:
@@ -189,7 +196,7 @@ class GradBucket:
         grads = [p.grad for p in self.params]
         if (
             all(g is not None and g.layout is _STRIDED for g in grads)
-            and [g.data_ptr() for g in grads] == self.pointers
+            and [g.data_ptr() for g in grads if g is not None] == self.pointers
         ):
             self.presence.fill_(1.0)  # the steady state: every gradient already lives in its slot
             return False, []
@@ -216,9 +223,9 @@ class GradBucket:
             for index in movers:
                 self._evict(index)
             both = movers + copied
-            copy_all([self.slots[i] for i in both], [self.params[i].grad for i in both])
+            copy_all([self.slots[i] for i in both], [_grad(self.params[i]) for i in both])
             for index in movers:
-                self._point(index, self.params[index].grad)
+                self._point(index, _grad(self.params[index]))
         missing = len(flags) - int(sum(flags))
         if missing:
             self.presence.copy_(torch.tensor(flags, dtype=self.flat.dtype))
@@ -233,7 +240,7 @@ class GradBucket:
         some rank had one (presence flag > 0), and stays None otherwise.
         """
         if copied:
-            copy_all([self.params[i].grad for i in copied], [self.slots[i] for i in copied])
+            copy_all([_grad(self.params[i]) for i in copied], [self.slots[i] for i in copied])
         if missing:
             for index, share in enumerate(self.presence.tolist()):
                 p = self.params[index]

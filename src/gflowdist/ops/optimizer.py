@@ -58,7 +58,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # the wrapped optimizer's state, shared (schedulers and hooks read these)
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -66,7 +66,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def state(self):  # type: ignore[override]
+    def state(self):
         return self.optimizer.state
 
     @state.setter
@@ -83,7 +83,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._averager = GradientAverager(params, self.group, bucket_cap_bytes=self.bucket_cap_bytes)
         self._averager()
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Average gradients over the group, then step the wrapped optimizer.
 
         With a ``closure``, the gradients it produces are averaged each time
@@ -103,7 +103,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -111,7 +111,7 @@ class RateLimiter:
                     key="replay.samples_per_insert",
                 )
             floor = max(1.0, float(samples_per_insert))
-            if not (_number(tolerance) and tolerance >= floor):
+            if not (_number(tolerance) and tolerance is not None and tolerance >= floor):
                 raise ConfigError(
                     f"must be >= max(1, samples_per_insert) = {floor:g}, found {tolerance!r}: "
                     f"a smaller window would block sample and/or insert calls forever "

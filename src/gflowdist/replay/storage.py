@@ -42,7 +42,7 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
     """
     if not isinstance(batch, Mapping) or not batch:
         raise ItemSchemaError(f"a batch must be a non-empty dict of tensors, got {type(batch).__name__}")
-    size = None
+    size: int | None = None
     for name, value in batch.items():
         if not isinstance(value, torch.Tensor):
             raise ItemSchemaError(f"field {name!r} must be a torch.Tensor, got {type(value).__name__}")
@@ -53,6 +53,8 @@ def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
         elif value.shape[0] != size:
             sizes = {key: tuple(t.shape[:1]) for key, t in batch.items()}
             raise ItemSchemaError(f"fields disagree on the batch size: {sizes}")
+    if size is None:  # unreachable: the batch is non-empty
+        raise ItemSchemaError("a batch must be a non-empty dict of tensors")
     return size
 
 

@@ -148,8 +148,7 @@ class EnvironmentActor(Actor):
     def step_environments(self) -> None:
         """One step of every environment with :meth:`act`'s actions."""
         obs = self.obs
-        actions = self.act(torch.from_numpy(np.asarray(obs, dtype=np.float32)), self.epsilon)
-        actions = actions.numpy()
+        actions = self.act(torch.from_numpy(np.asarray(obs, dtype=np.float32)), self.epsilon).numpy()
         self.obs, reward, terminated, truncated, info = self.env.step(actions)
         done = np.logical_or(terminated, truncated)
         next_obs = self.obs

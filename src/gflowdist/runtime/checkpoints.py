@@ -160,7 +160,7 @@ def save_rank(run_dir: Path, name: str, rank: int, payload: dict[str, Any]) -> d
     try:
         with open(tmp, "wb") as raw:
             writer = _HashingWriter(raw)
-            torch.save(payload, writer)
+            torch.save(payload, writer)  # type: ignore[arg-type]  # a file-like object, as torch.save accepts
             writer.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)

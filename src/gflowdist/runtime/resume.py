@@ -69,7 +69,7 @@ def choose_checkpoint(run_dir: Path, world) -> Chosen:
             f"--resume {run_dir}: no checkpoint in {Path(run_dir) / 'checkpoints'}",
             path=str(Path(run_dir) / "checkpoints"),
         )
-    skipped = []
+    skipped: list[str] = []
     for name in names:
         manifest, payload, problem = _check_mine(run_dir, name, world)
         problems = [p.decode() for p in world.all_gather_bytes(problem.encode())]

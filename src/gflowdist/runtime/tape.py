@@ -172,6 +172,8 @@ class RecordingTape(Tape):
         self._opened = time.monotonic()
 
     def _write(self, *event: Any) -> None:
+        if self._file is None:
+            raise GflowdistError(f"{self.path}: a choice made after the recording was closed")
         self._file.write(self._packer.pack((*event, int(1e3 * (time.monotonic() - self._opened)))))
         self.events += 1
 
@@ -218,7 +220,8 @@ def read_recording(path: str | Path) -> tuple[dict[str, Any], list[list[Any]], b
             header = next(unpacker, None)
             if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT:
                 raise GflowdistError(f"{path}: not a gflowdist recording (format {RECORD_FORMAT})")
-            events, complete = [], False
+            events: list[Any] = []
+            complete = False
             for item in unpacker:
                 if isinstance(item, dict):
                     complete = bool(item.get("end")) and item.get("events") == len(events)

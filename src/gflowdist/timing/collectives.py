@@ -118,7 +118,10 @@ def _attribute(name: str, group: tuple[int, ...], times: Mapping[int, list[float
     last: dict[int, int] = {}
     waited: dict[int, dict[int, float]] = {}
     for i in range(count):
-        arrived_last, waits = last_at(times, i)
+        found = last_at(times, i)
+        if found is None:  # i < count: every member has collective i
+            continue
+        arrived_last, waits = found
         last[arrived_last] = last.get(arrived_last, 0) + 1
         for r in members:
             if r != arrived_last:

@@ -40,7 +40,7 @@ def rank_list(ranks: Sequence[int]) -> str:
         return "-"
     spans: list[str] = []
     start = prev = ordered[0]
-    for rank in [*ordered[1:], None]:  # type: ignore[list-item]
+    for rank in [*ordered[1:], None]:
         if rank is not None and rank == prev + 1:
             prev = rank
             continue

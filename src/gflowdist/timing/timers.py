@@ -400,4 +400,4 @@ def _mapping(value: object, what: str) -> Mapping[Any, Any]:
 def _sequence(value: object, what: str) -> list[Any]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise GflowdistError(f"times of {what!r} must be a list of seconds, got {type(value).__name__}")
-    return list(value)  # type: ignore[call-overload]
+    return list(value)

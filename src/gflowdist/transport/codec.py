@@ -273,6 +273,8 @@ def decode(
             f"{total - PREFIX_BYTES} bytes after the prefix",
             sender=sender,
         )
+    reader: FrameReader | None
+    ext_hook: Callable[[int, bytes], Any]
     if flags:
         data_start = align(header_end)
         reader = FrameReader(view, data_start, total - data_start, sender, copy, writable, max_message_bytes)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+TorchDtype = torch.dtype  # the field named `torch` below shadows the module inside the class
+
 __all__ = ["WireDtype", "WIRE_DTYPES", "SUPPORTED_DTYPES", "BY_CODE", "row_for_numpy", "row_for_torch"]
 
 
@@ -47,8 +49,8 @@ class WireDtype:
     itemsize: int
     storage: np.dtype
     numpy: np.dtype | None
-    torch: torch.dtype
-    torch_storage: torch.dtype
+    torch: TorchDtype
+    torch_storage: TorchDtype
 
 
 def _row(

@@ -20,6 +20,7 @@ nesting bomb that no gflowdist sender would produce.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -65,6 +66,7 @@ def _check(value: Any, depth: int, path: tuple[Any, ...]) -> bool:
         return False
     if kind is np.ndarray or kind is torch.Tensor:
         return True
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, (list, tuple)):
