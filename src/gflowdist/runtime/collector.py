@@ -54,6 +54,16 @@ def is_heartbeat(msg) -> bool:
 
 
 class Collector:
+    """The collector's state and duties on its rank (the module docstring says what it hears).
+
+    Built by the job runner on the coordinator (else rank 0) and polled from
+    that rank's loop: :meth:`poll` reads the control channel, keeps each
+    rank's last heartbeat, metrics and summary, writes metrics.jsonl and the
+    progress line, declares silent ranks lost, and gathers the final reports
+    that :func:`~gflowdist.runtime.conclusion.conclude` turns into the report
+    and the ledger check.
+    """
+
     def __init__(
         self,
         w: Wiring,

@@ -46,6 +46,15 @@ BEFORE_DELIVERY = ("lost_rank",)
 
 @dataclass
 class Ledger:
+    """One rank's counts of trajectories (the module docstring says which role counts which).
+
+    Producers fill ``produced``, ``sent``, ``used_locally`` and ``in_flight``;
+    buffers fill ``received`` (and ``received_from`` per producer),
+    ``admitted``, ``evicted``, ``dropped`` by reason, ``malformed`` messages
+    and ``refused`` batches per sender. Each rank sends its ledger in its final
+    report; :func:`check_ledgers` balances them over the job.
+    """
+
     produced: int = 0
     sent: int = 0
     used_locally: int = 0

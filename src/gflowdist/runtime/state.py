@@ -43,6 +43,8 @@ class RunState:
 
 @dataclass
 class TrainerState(RunState):
+    """A trainer's step, policy version and trajectory count (checkpointed) and its staleness histogram."""
+
     step: int = 0  # steps done, counted over this run and the runs it resumed
     version: int = 0  # my policy version: + 1 at every optimizer step
     produced: int = 0  # trajectories I produced (= the sequence number of my next one)
@@ -54,12 +56,16 @@ class TrainerState(RunState):
 
 @dataclass
 class ActorState(RunState):
+    """The policy version an actor samples with and its trajectory count (both checkpointed)."""
+
     version: int = 0  # the policy version of the weights I sample with
     produced: int = 0  # trajectories I produced (= the sequence number of my next one)
 
 
 @dataclass
 class BufferState(RunState):
+    """The newest policy version a buffer has heard of, from which ``replay.max_staleness`` counts."""
+
     latest_version: int = 0  # the newest policy version my clients told me of (replay.max_staleness counts from it)
 
 
