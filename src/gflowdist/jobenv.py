@@ -26,6 +26,7 @@ __all__ = [
     "FAILURE_FILE_VARIABLE",
     "RUN_DIR_VARIABLE",
     "RESTART_VARIABLE",
+    "LAUNCH_CONFIG_VARIABLE",
     "in_mpi_job",
     "in_torch_job",
     "launcher_world_size",
@@ -59,6 +60,8 @@ LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPI_LOCAL")
 RUN_DIR_VARIABLE = "GFLOWDIST_RUN_DIR"
 #: The launcher's record of a restart (``faults.max_restarts``), as JSON, for the ranks of the restarted job.
 RESTART_VARIABLE = "GFLOWDIST_RESTART"
+#: The launcher's checked, frozen config for its ranks (a file: :mod:`gflowdist.config.handoff`).
+LAUNCH_CONFIG_VARIABLE = "GFLOWDIST_LAUNCH_CONFIG"
 LAUNCHER_NAMES = (
     *TORCH_JOB_VARIABLES,
     "LOCAL_RANK",
@@ -66,6 +69,7 @@ LAUNCHER_NAMES = (
     "TORCHELASTIC_RUN_ID",
     RUN_DIR_VARIABLE,
     RESTART_VARIABLE,
+    LAUNCH_CONFIG_VARIABLE,
 )
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"

@@ -26,10 +26,13 @@ from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.jobenv import (
     FAILURE_FILE_VARIABLE,
     IN_MPI_VARIABLE,
+    LAUNCH_CONFIG_VARIABLE,
     RESTART_VARIABLE,
     RUN_DIR_VARIABLE,
     find_mpiexec,
     free_port,
+    in_mpi_job,
+    in_torch_job,
 )
 from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
@@ -98,6 +101,11 @@ def _load(args):
     from gflowdist.rundir import recorded_config
 
     overrides = split_late_options(args, "gflowdist run", _add_options)
+    handed = os.environ.get(LAUNCH_CONFIG_VARIABLE)
+    if handed and (in_mpi_job() or in_torch_job()):  # a rank: the config its launcher checked, read once
+        from gflowdist.config.handoff import read_launch_config
+
+        return read_launch_config(handed), args.config, overrides
     config_path = args.config
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)  # `gflowdist run --resume DIR key=value`
@@ -126,8 +134,6 @@ def _load(args):
 
 def run(args: argparse.Namespace) -> int:
     config, config_path, overrides = _load(args)  # a bad config fails here, before anything heavy loads
-    from gflowdist.jobenv import in_mpi_job, in_torch_job
-
     if in_mpi_job():
         from gflowdist.cli.rank_keeper import keep
 
@@ -151,9 +157,12 @@ def run(args: argparse.Namespace) -> int:
         from gflowdist.rundir import create_run_dir
 
         run_dir = str(create_run_dir(config.run.out_dir, config.run.name))
+    from gflowdist.config.handoff import write_launch_config
+
+    handed = write_launch_config(run_dir, config)
 
     def launch(argv: list[str], extra: dict) -> Ended:
-        env, began = dict(_child_env(), **extra), time.time()
+        env, began = dict(_child_env(), **extra, **{LAUNCH_CONFIG_VARIABLE: str(handed)}), time.time()
         if config.launch.engine == "torch":
             ended = _spawn_torch(nprocs, argv, env, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
         else:
@@ -173,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return code
     finally:
+        handed.unlink(missing_ok=True)
         if code != 0 and not args.resume:
             _remove_if_empty(run_dir)
 

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from gflowdist.config.checks import found, suggest
+from gflowdist.config.limits import MAX_FILE_BYTES, check_document, check_file_size
 from gflowdist.errors import ConfigError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "section_from_mapping",
     "parse_override",
     "override_for",
+    "shown_override",
     "set_in_tree",
     "known_keys",
 ]
@@ -66,23 +68,37 @@ _ConfigLoader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, *, file: str | None = None) -> Any:
-    """Parse YAML text safely; syntax errors become :class:`ConfigError` with the line."""
+    """Parse YAML text safely; syntax errors become :class:`ConfigError` with the line.
+
+    The document is checked against :mod:`gflowdist.config.limits` (value sizes, aliases expanded) after it is
+    composed and before any Python object is built from it.
+    """
+    loader = _ConfigLoader(text)
     try:
-        return yaml.load(text, Loader=_ConfigLoader)
+        node = loader.get_single_node()
+        check_document(node, file=file)
+        return loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise ConfigError("the YAML is nested too deeply to read", file=file) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"invalid YAML{where}: {err.problem}", file=file) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML: {err}", file=file) from None
+    finally:
+        loader.dispose()
 
 
 def read_yaml_file(path: str | os.PathLike[str]) -> Any:
-    """Read and parse one YAML file; a missing or unreadable file is a :class:`ConfigError`."""
+    """Read and parse one YAML file; a missing or unreadable file is a :class:`ConfigError`, and so is one larger
+    than :data:`~gflowdist.config.limits.MAX_FILE_BYTES` (refused before it is read)."""
     name = os.fspath(path)
     try:
         with open(name, encoding="utf-8") as handle:
-            text = handle.read()
+            check_file_size(os.fstat(handle.fileno()).st_size, file=name)
+            text = handle.read(MAX_FILE_BYTES + 1)  # a pipe or device has no size to check beforehand
+            check_file_size(len(text.encode()), file=name)
     except FileNotFoundError:
         raise ConfigError("config file not found", file=name) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
@@ -144,8 +160,17 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = parse_yaml(raw)
     except ConfigError as err:
-        raise ConfigError(f"cannot parse the value of override {text!r}: {err.detail}", key=".".join(path)) from None
+        raise ConfigError(
+            f"cannot parse the value of override {shown_override(text)}: {err.detail}", key=".".join(path)
+        ) from None
     return path, value
+
+
+def shown_override(text: str, width: int = 80) -> str:
+    """``text`` quoted for a message, cut to ``width`` characters with its length when longer."""
+    if len(text) <= width:
+        return repr(text)
+    return f"{text[:width]!r}... ({len(text):,} characters)"
 
 
 def set_in_tree(tree: dict[str, Any], path: list[str], value: Any) -> None:
