@@ -4,7 +4,26 @@
   each killed, whatever happened, when the test ends;
 - ``netns_hosts`` (:mod:`tests.support.netns`): two network-namespace hosts
   for a module (skipped with the reason where namespaces are unavailable).
+
+Tests marked ``gpu`` run where torch sees a CUDA device and are skipped,
+with that reason, elsewhere (``pytest -m gpu`` runs only them).
 """
+
+import pytest
 
 from tests.support.jobs import job_factory  # noqa: F401 (a fixture)
 from tests.support.netns import netns_hosts  # noqa: F401 (a fixture)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``gpu`` tests where torch sees no CUDA device (torch is imported only if there are some)."""
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False on this machine")
+    for item in marked:
+        item.add_marker(skip)

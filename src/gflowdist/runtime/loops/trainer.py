@@ -37,6 +37,7 @@ from gflowdist.runtime.loops.client import (
 )
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
+from gflowdist.runtime.staging import DevicePath
 from gflowdist.runtime.state import TrainerState
 from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
@@ -124,6 +125,8 @@ class TrainerLoop:
         #: waits for items are turns too
         self.turn = state.step
         self.skipped = 0  # steps whose loss was not finite (faults.on_nonfinite_loss: skip)
+        #: batches onto my device, weights off it once per publish (runtime.staging)
+        self.device_path = DevicePath(trainer.device, timer=w.timer)
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
@@ -132,12 +135,14 @@ class TrainerLoop:
             fresh = self.rollout()
             self.ship(fresh)
             replayed = self.replayed(fresh)
-            batch = concat_batches(fresh, replayed, self.trainer.device)
+            batch = concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
             if batch is None:
                 self.wait_for_items()
                 self.turn += 1
                 continue
-            loss = self.learn(batch)
+            self.device_path.check_once(self.trainer, self.w.rank)
+            with self.device_path.out_of_memory(self.w.rank, self.state.step, batch):
+                loss = self.learn(batch)
             self.return_priorities(batch, replayed)
             self.sync()
             self.publish(loss)
@@ -233,8 +238,9 @@ class TrainerLoop:
         if self.live_actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
             self.send_weights()
         if self.evaluator is not None and self.state.version % self.config.sync.weights_to_coordinator_every == 0:
-            weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
-            self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
+            with self.w.timer.phase("publish"):
+                weights = self.device_path.host_weights(self.trainer.model, self.state.version)
+                self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
         step, run = self.state.step, self.config.run
         if step % run.log_every == 0 or step == run.steps - 1:
             metrics = {
@@ -306,6 +312,7 @@ class TrainerLoop:
         ]
         if not ready:
             return
-        weights = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
-        for actor in ready:
-            channel.isend(*protocol.weights(weights, self.state.version), actor)
+        with self.w.timer.phase("publish"):  # one copy off my device, whatever the number of actors
+            weights = self.device_path.host_weights(self.trainer.model, self.state.version)
+            for actor in ready:
+                channel.isend(*protocol.weights(weights, self.state.version), actor)
