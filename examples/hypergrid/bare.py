@@ -62,6 +62,11 @@ class Args:
     """probability of a uniform random allowed action while sampling"""
     seed: int = 0
     """seeds the model initialisation and the sampler's generator"""
+    # --- a slow reward (simulated, gflowdist.simulation.RewardOracle; one call per batch) ---
+    oracle_latency_s: float = 0.0
+    """seconds each reward call waits"""
+    oracle_item_s: float = 0.0
+    """seconds each reward call waits per trajectory"""
     # --- reporting ---
     window: int = 2000
     """L1 is measured over this many most recently sampled terminal states"""
@@ -89,6 +94,11 @@ def train(args: Args) -> dict:
     model = HyperGridPolicy(env, hidden=args.hidden, n_layers=args.n_layers, uniform_pb=args.uniform_pb)
     others = [p for name, p in model.named_parameters() if name != "log_z"]
     optimizer = torch.optim.Adam([{"params": others, "lr": args.lr}, {"params": [model.log_z], "lr": args.lr_logz}])
+    oracle = None
+    if args.oracle_latency_s or args.oracle_item_s:  # the simulated slow reward (gflowdist only for this)
+        from gflowdist.simulation import RewardOracle
+
+        oracle = RewardOracle(env.log_reward, args.oracle_latency_s, args.oracle_item_s, prefix="oracle_")
     exact = env.n_states <= args.exact_max_states
     n_modes = int(modes_mask(env).sum())
     true_log_z = math.log(float(env.reward(env.all_states()).sum()))
@@ -109,6 +119,8 @@ def train(args: Args) -> dict:
     start = time.perf_counter()
     for step in range(1, args.n_steps + 1):
         batch = sample_trajectories(model, env, args.batch_size, generator, args.epsilon)
+        if oracle is not None:
+            batch["log_rewards"] = oracle(batch["terminal"]).float()
         loss = tb_loss(model, env, batch)
         optimizer.zero_grad()
         loss.backward()

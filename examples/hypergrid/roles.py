@@ -9,6 +9,14 @@ and learn by trajectory balance on fresh + replayed trajectories, averaging
 gradients with each other. The buffer scores trajectories by reward plus a
 bonus for terminal states it has never seen, and tracks discovered modes;
 the coordinator adds up the modes all buffers found.
+
+A slow reward (simulated: gflowdist.simulation.RewardOracle) is set in
+``params``: ``oracle_latency_s`` per call, ``oracle_item_s`` and
+``oracle_item_cpu_s`` per trajectory; every sampled batch is then scored by
+one call. With actors, ``params.trainer_samples: false`` makes the trainers
+pure learners (``rollout`` returns None; they learn from
+``replay.learner_batch`` replayed trajectories), so only the actors wait
+on the oracle.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
+from gflowdist.simulation import RewardOracle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hypergrid_gfn import (
@@ -37,6 +46,33 @@ def make_env(params) -> HyperGrid:
     return HyperGrid(ndim=int(params.get("ndim", 2)), height=int(params.get("height", 8)))
 
 
+def sample_scored(model, env, n, generator, epsilon, oracle: RewardOracle) -> dict[str, torch.Tensor]:
+    """``n`` trajectories; their log-rewards from ``oracle`` (one call per batch) when it is slow."""
+    with torch.no_grad():
+        batch = sample_trajectories(model, env, n, generator, epsilon)
+    if oracle.slow:
+        batch["log_rewards"] = oracle(batch["terminal"]).float()
+    return batch
+
+
+class RecentTerminals:
+    """A ring of the last ``window`` sampled terminal states; :meth:`l1` against R/Z."""
+
+    def __init__(self, env: HyperGrid, window: int):
+        self.env = env
+        self.states = torch.full((window,), -1, dtype=torch.int64)
+        self.cursor = 0
+
+    def add(self, terminal: torch.Tensor) -> None:
+        slots = (self.cursor + torch.arange(terminal.shape[0])) % self.states.numel()
+        self.states[slots] = state_index(terminal, self.env)
+        self.cursor += terminal.shape[0]
+
+    def l1(self) -> float:
+        seen = self.states[self.states >= 0]
+        return float(l1_distance(torch.bincount(seen, minlength=self.env.n_states).double(), self.env))
+
+
 class HyperGridTrainer(Trainer):
     def setup(self):
         p = self.params
@@ -51,16 +87,15 @@ class HyperGridTrainer(Trainer):
         )
         self.n = int(p.get("trajectories_per_step", 16))
         self.epsilon = float(p.get("epsilon", 0.0))
-        window = int(p.get("l1_window", 2000))
-        self.recent = torch.full((window,), -1, dtype=torch.int64)  # ring of recent terminal states
-        self.cursor = 0
+        self.oracle = RewardOracle.from_params(self.env.log_reward, p)
+        self.samples = bool(p.get("trainer_samples", True))
+        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)))
 
     def rollout(self, policy_version):
-        with torch.no_grad():
-            batch = sample_trajectories(self.model, self.env, self.n, self.generator, self.epsilon)
-        slots = (self.cursor + torch.arange(self.n)) % self.recent.numel()
-        self.recent[slots] = state_index(batch["terminal"], self.env)
-        self.cursor += self.n
+        if not self.samples:
+            return None  # a pure learner: the actors sample
+        batch = sample_scored(self.model, self.env, self.n, self.generator, self.epsilon, self.oracle)
+        self.recent.add(batch["terminal"])
         return batch
 
     def loss(self, batch):  # trajectory balance; weighted by batch["weights"] from a prioritized buffer
@@ -73,9 +108,10 @@ class HyperGridTrainer(Trainer):
         return self.residuals.abs() if "keys" in batch else None
 
     def metrics(self):
-        seen = self.recent[self.recent >= 0]
-        counts = torch.bincount(seen, minlength=self.env.n_states).double()
-        return {"l1": float(l1_distance(counts, self.env)), "log_z": float(self.model.log_z.detach())}
+        out = {"log_z": float(self.model.log_z.detach())}
+        if self.samples:
+            out["l1"] = self.recent.l1()
+        return out
 
 
 class HyperGridActor(Actor):
@@ -87,10 +123,17 @@ class HyperGridActor(Actor):
         self.model = HyperGridPolicy(self.env, hidden=int(p.get("hidden", 64)), n_layers=int(p.get("layers", 2)))
         self.n = int(p.get("trajectories_per_step", 16))
         self.epsilon = float(p.get("epsilon", 0.0))
+        self.oracle = RewardOracle.from_params(self.env.log_reward, p)
+        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)))
 
     def rollout(self, policy_version):
-        with torch.no_grad():
-            return sample_trajectories(self.model, self.env, self.n, self.generator, self.epsilon)
+        batch = sample_scored(self.model, self.env, self.n, self.generator, self.epsilon, self.oracle)
+        self.recent.add(batch["terminal"])
+        return batch
+
+    def metrics(self):
+        """``l1``: over my last ``params.l1_window`` sampled terminal states (as a trainer's)."""
+        return {"l1": self.recent.l1()}
 
 
 class HyperGridBuffer(BufferManager):

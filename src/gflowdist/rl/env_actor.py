@@ -37,12 +37,14 @@ it, actors run flat out as in Ape-X.
 ``params`` read here (with defaults): ``env_id`` (required),
 ``envs_per_actor`` (1), ``rollout_steps`` (16), ``n_step`` (1), ``gamma``
 (0.99), ``epsilon`` (0.4), ``epsilon_alpha`` (7.0), ``env_steps_per_update``
-(None).
+(None), ``env_latency_s`` and ``env_cpu_s`` (0: a simulated slow simulator,
+:mod:`gflowdist.rl.slow_env`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,9 +59,9 @@ from gflowdist.runtime.roles import Actor
 __all__ = ["EnvironmentActor", "make_vector_env"]
 
 
-def make_vector_env(env_id: str, num_envs: int) -> Any:
-    """``num_envs`` copies of ``env_id`` stepped in this process; ends reset in the same step
-    (the final observation is in ``info["final_obs"]``)."""
+def make_vector_env(env_id: str, num_envs: int, wrapper: Callable[[Any], Any] | None = None) -> Any:
+    """``num_envs`` copies of ``env_id`` stepped in this process, one after another; ends reset in the
+    same step (the final observation is in ``info["final_obs"]``); ``wrapper`` wraps each copy."""
     try:
         import gymnasium
     except ImportError as err:
@@ -69,6 +71,7 @@ def make_vector_env(env_id: str, num_envs: int) -> Any:
         num_envs=num_envs,
         vectorization_mode="sync",
         vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
+        wrappers=[wrapper] if wrapper is not None else None,
     )
 
 
@@ -80,10 +83,13 @@ class EnvironmentActor(Actor):
         raise NotImplementedError(f"{type(self).__name__} must implement act(obs, epsilon)")
 
     def make_env(self, num_envs: int) -> Any:
-        """The vector environment (default: :func:`make_vector_env` of ``params.env_id``)."""
+        """The vector environment (default: :func:`make_vector_env` of ``params.env_id``, each copy
+        slowed by ``params.env_latency_s`` / ``params.env_cpu_s`` when set: :mod:`gflowdist.rl.slow_env`)."""
         if "env_id" not in self.params:
             raise ConfigError("is required by an environment actor (e.g. CartPole-v1)", key="params.env_id")
-        return make_vector_env(str(self.params["env_id"]), num_envs)
+        from gflowdist.rl.slow_env import slow_env_wrapper  # imports gymnasium (the rl extra)
+
+        return make_vector_env(str(self.params["env_id"]), num_envs, slow_env_wrapper(self.params))
 
     def actor_slot(self) -> tuple[int, int]:
         """``(my index among the actors, number of actors)``; ``(0, 1)`` outside a job."""
