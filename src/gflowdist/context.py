@@ -23,6 +23,12 @@ Named communicators (None on ranks that are not members):
 ``POP``       the first trainer of every agent group
 ``buffers``   every buffer rank
 ============  =====================================================
+
+With ``device`` (this rank's ``"cpu"`` or ``"cuda:N"``, as ``gflowdist run`` gives it)
+creation also gathers every rank's device and chooses, for each agent group, how
+it averages (:func:`gflowdist.devices.choose_averaging`): ``ctx.devices`` and
+``ctx.averaging``. On the torch engine an agent group chosen for nccl gets an nccl
+process group; every other communicator is gloo.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gflowdist.comm import Communicator, world_comm
+from gflowdist.devices import AveragingChoice, choose_averaging
 from gflowdist.errors import LayoutError
 from gflowdist.layout import Layout, RankPlacement, Role, plan_layout
 
@@ -54,10 +61,19 @@ class DistributedContext:
         self.placement: RankPlacement = layout.for_rank(world.rank)
         self._comms = dict(comms)
         self._cleaned = False
+        #: every rank's device, by world rank (empty unless create() was given one)
+        self.devices: list[str] = []
+        #: how each agent group averages, by group index (empty unless create() was given a device)
+        self.averaging: list[AveragingChoice] = []
 
     @classmethod
     def create(
-        cls, layout_cfg: Any, *, comm: Communicator | None = None, fallback_to_block: bool = False
+        cls,
+        layout_cfg: Any,
+        *,
+        comm: Communicator | None = None,
+        fallback_to_block: bool = False,
+        device: str | None = None,
     ) -> DistributedContext:
         """Plan the layout on every rank, check that all ranks agree, then split.
 
@@ -75,13 +91,28 @@ class DistributedContext:
         statements = [s.decode() for s in world.all_gather_bytes(mine.encode())]
         if layout is None or len(set(statements)) > 1:
             raise LayoutError(cls._disagreement(statements, world.rank))
+        devices = [d.decode() for d in world.all_gather_bytes(device.encode())] if device is not None else []
+        averaging = (
+            [
+                choose_averaging(world.engine, [(r, layout.host_of(r) or hosts[r], devices[r]) for r in group])
+                for group in layout.agent_groups
+            ]
+            if devices
+            else []
+        )
         comms: dict[str, Communicator | None] = {"world": world}
         # Every rank takes part in every split, in this fixed order.
         comms["trainers"] = world.split([list(layout.trainers)])
-        comms["DP"] = world.split([list(g) for g in layout.agent_groups])
+        groups = [list(g) for g in layout.agent_groups]
+        if any(choice.path == "nccl" for choice in averaging):  # the torch engine only (choose_averaging)
+            comms["DP"] = world.split(groups, backends=["nccl" if c.path == "nccl" else "gloo" for c in averaging])
+        else:
+            comms["DP"] = world.split(groups)
         comms["POP"] = world.split([list(layout.pop_ranks)])
         comms["buffers"] = world.split([list(layout.buffers)]) if layout.buffers else None
-        return cls(world, layout, comms)
+        ctx = cls(world, layout, comms)
+        ctx.devices, ctx.averaging = devices, averaging
+        return ctx
 
     @staticmethod
     def _disagreement(statements: list[str], rank: int) -> str:

@@ -43,6 +43,9 @@ __all__ = [
     "launcher_rank",
     "choose_device",
     "needs_cuda",
+    "AveragingChoice",
+    "HOST_ENGINES",
+    "choose_averaging",
 ]
 
 #: (variable, launcher) in the order they are believed.
@@ -144,3 +147,65 @@ def _by_local_rank(setting: str, local: int, gpus: int, origin: str, seen_by: st
 
 def _gpus(count: int) -> str:
     return f"{count} visible CUDA device{'' if count == 1 else 's'}"
+
+
+@dataclass(frozen=True)
+class AveragingChoice:
+    """How one agent group averages (gradients or models), chosen at start-up by :func:`choose_averaging`.
+
+    ``path``: ``"nccl"`` (on the GPUs), ``"host"`` (through host memory on the job's engine) or
+    ``"none"`` (a group of one); ``engine``: what carries it (``nccl``, ``mpi``, ``gloo``, ``local``).
+    """
+
+    path: str
+    engine: str
+    reason: str
+
+    def describe(self) -> str:
+        """``"host memory on mpi: ranks 0 and 1 share cuda:0 on node-a"``."""
+        where = {"nccl": "nccl on the GPUs", "host": f"host memory on {self.engine}", "none": "nothing to average"}
+        return f"{where[self.path]}: {self.reason}"
+
+
+#: The engine that carries host averaging, by ``launch.engine`` as resolved.
+HOST_ENGINES = {"mpi": "mpi", "torch": "gloo", "local": "local"}
+
+
+def choose_averaging(engine: str, members: Sequence[tuple[int, str, str]]) -> AveragingChoice:
+    """How an agent group whose trainers are ``members`` (``(world rank, host, device)``) averages.
+
+    nccl needs the torch engine and every member on a GPU of its own (nccl refuses two
+    ranks on one device); otherwise the average goes through host memory on the job's
+    engine (MPI, or gloo for the torch engine), which takes CUDA tensors and stages them.
+    """
+    host_engine = HOST_ENGINES.get(engine, engine)
+    if len(members) < 2:
+        return AveragingChoice("none", "", "a group of one trainer")
+    on_cpu = [rank for rank, _, device in members if not device.startswith("cuda")]
+    if len(on_cpu) == len(members):
+        return AveragingChoice("host", host_engine, "every trainer of the group computes on the CPU")
+    if on_cpu:
+        return AveragingChoice(
+            "host", host_engine, f"{_ranks(on_cpu)} on the CPU: nccl needs every trainer of the group on a GPU"
+        )
+    seen: dict[tuple[str, str], int] = {}
+    for rank, host, device in members:
+        other = seen.setdefault((host, device), rank)
+        if other != rank:
+            return AveragingChoice(
+                "host",
+                host_engine,
+                f"ranks {other} and {rank} share {device} on {host or 'one host'} (nccl refuses two ranks on one GPU)",
+            )
+    if engine != "torch":
+        return AveragingChoice(
+            "host",
+            host_engine,
+            f"every trainer has a GPU of its own, but the {engine} engine reduces through host memory "
+            f"(launch.engine: torch averages on nccl)",
+        )
+    return AveragingChoice("nccl", "nccl", "every trainer of the group has a GPU of its own")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)

@@ -137,6 +137,13 @@ class TorchComm(Communicator):
             raise ValueError("this communicator's backend is nccl: collectives need CUDA tensors")
         return x
 
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """On an nccl group, a CPU tensor goes to this rank's GPU (a small value: a stop vote, a count);
+        the caller copies the result back (it is another tensor)."""
+        if self.backend == "nccl" and tensor.device.type == "cpu":
+            return tensor.to(f"cuda:{torch.cuda.current_device()}")
+        return tensor
+
     def _finish(
         self, work, what: str, tensor: torch.Tensor | None, factor: int = 1, timeout: float | None = None
     ) -> None:
@@ -157,7 +164,7 @@ class TorchComm(Communicator):
         if not inplace:
             x = np.array(x, copy=True) if is_array else x.clone()
         tensor = torch.from_numpy(x) if is_array else x
-        staged = tensor if tensor.is_contiguous() else tensor.contiguous()
+        staged = self._on_device(tensor if tensor.is_contiguous() else tensor.contiguous())
         work = dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group, async_op=True)
         self._finish(work, "all_reduce", staged)
         if op is ReduceOp.AVG:
@@ -176,7 +183,7 @@ class TorchComm(Communicator):
     def broadcast(self, x, src: int = 0):
         self._check_peer(src, "src")
         tensor = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-        staged = tensor if tensor.is_contiguous() else tensor.contiguous()
+        staged = self._on_device(tensor if tensor.is_contiguous() else tensor.contiguous())
         work = dist.broadcast(self._device_for(staged), group=self._group, group_src=src, async_op=True)
         self._finish(work, "broadcast", staged)
         if staged is not tensor:
@@ -204,7 +211,8 @@ class TorchComm(Communicator):
         dist.all_gather(out, padded, group=self._p2p)
         return [o[: int(s)].numpy().tobytes() for o, s in zip(out, sizes, strict=False)]
 
-    def split(self, groups: Sequence[Sequence[int]]) -> TorchComm | None:
+    def split(self, groups: Sequence[Sequence[int]], *, backends: Sequence[str] | None = None) -> TorchComm | None:
+        """A communicator over my group of ``groups``; ``backends``: each group's (default: the world's)."""
         if not self._is_world:
             raise NotImplementedError(
                 "torch.distributed creates process groups collectively over the world: "
@@ -212,9 +220,10 @@ class TorchComm(Communicator):
             )
         groups = check_groups(groups, self.size)
         mine = None
-        for members in groups:  # every rank creates every group, in the same order
-            group = dist.new_group(members)
-            p2p = group if self.backend == "gloo" else dist.new_group(members, backend="gloo")
+        for i, members in enumerate(groups):  # every rank creates every group, in the same order
+            backend = backends[i] if backends is not None else self.backend
+            group = dist.new_group(members, backend=backend)
+            p2p = group if backend == "gloo" else dist.new_group(members, backend="gloo")
             if self.rank in members:
                 mine = (group, p2p)
         if mine is None:

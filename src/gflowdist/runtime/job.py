@@ -51,6 +51,7 @@ from gflowdist.runtime import checkpoints, roles
 from gflowdist.runtime.checkpoints import CheckpointSaver
 from gflowdist.runtime.collector import Collector
 from gflowdist.runtime.conclusion import JobResult, conclude
+from gflowdist.runtime.device_record import device_notes, write_devices
 from gflowdist.runtime.generations import generation_note, restart_record
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_trainer
@@ -196,6 +197,7 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
     run_dir, layout, world = process.run_dir, process.context.layout, process.world
     write_config(run_dir, config, world.size, world.engine)
     (run_dir / "layout.txt").write_text(layout.describe() + "\n")
+    write_devices(run_dir, process.context)  # devices.json: every rank's device, how each agent group averages
     # rows of the steps this run repeats, written after the checkpoint by a generation that failed (a final
     # checkpoint's step is its furthest rank's: no row of the generation that wrote it is dropped)
     cut = rank.resumed_step if rank.resumed_from is not None else None
@@ -299,5 +301,5 @@ def _conclude(
         stop_reason=rank.w.stop.reason,
         tensorboard=config.run.tensorboard,
         out=out,
-        notes=[collector.generation_note] if collector.generation_note else [],
+        notes=[*([collector.generation_note] if collector.generation_note else []), *device_notes(process.context)],
     )

@@ -82,12 +82,14 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     """Make this process a rank of the job (collective: every rank calls it; see the module docstring)."""
     print_whole_lines()
     placed = setup_device(config.launch.devices)  # before any CUDA work, and before nccl could start
-    world = comm if comm is not None else world_comm(config.launch.engine, cuda=placed.cuda_index is not None)
+    # the world is gloo on the torch engine whatever the devices (ranks on the CPU and on GPUs share it); an agent
+    # group whose trainers each have a GPU of their own averages on an nccl group of its own (DistributedContext)
+    world = comm if comm is not None else world_comm(config.launch.engine, cuda=False)
     check_engine_allows(config, world.engine)
     _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
     stop = StopFlag()
     stop.install_signal_handlers()
-    ctx = DistributedContext.create(config.layout, comm=world)
+    ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
     run_dir = agree_run_dir(world, config, resume_dir)
     if world.rank == collector_rank(ctx.layout):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +104,9 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         placed.device,
         placed.reason,
     )
+    group = ctx.placement.group
+    if ctx.role.value == "trainer" and group is not None and ctx.averaging:
+        log.info("agent group %d averages through %s", group, ctx.averaging[group].describe())
     seed = rank_seed(config.run.seed, world.rank)
     seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
     return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
