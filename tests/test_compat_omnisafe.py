@@ -87,3 +87,82 @@ def test_fork_failure_raises(monkeypatch):
     monkeypatch.setattr(torchrun.subprocess, "call", lambda *a, **k: 1)
     with pytest.raises(Exception, match="workers failed"):
         omnisafe.fork(2, manual_args=["train.py"])
+
+
+# -- fork: OmniSafe 0.3's and 0.5's signatures ----------------------------------------------
+
+
+@pytest.fixture
+def bound(monkeypatch):
+    """What omnisafe.fork hands to torchrun's fork: (parallel, bind_to_core, use_threads, device, manual_args)."""
+    seen = []
+    monkeypatch.setattr(omnisafe, "_torchrun_fork", lambda *args: seen.append(args) or True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("USE_DISTRIBUTED", raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    return seen
+
+
+def test_fork_binds_positional_arguments_as_each_release(bound, monkeypatch):
+    omnisafe.fork(2, True, True, "cpu", ["a.py"])  # 0.3
+    omnisafe.fork(2, "cpu", ["b.py"])  # 0.5: the original 0.3 binding would take "cpu" as bind_to_core
+    omnisafe.fork(2, False)  # 0.3
+    omnisafe.fork(2, device="cpu", manual_args=["c.py"])  # either
+    assert bound == [
+        (2, True, True, "cpu", ["a.py"]),
+        (2, False, False, "cpu", ["b.py"]),
+        (2, False, False, "cpu", None),
+        (2, False, False, "cpu", ["c.py"]),
+    ]
+
+
+def test_fork_v05_cuda_device_spreads_workers_over_devices(bound):
+    import os
+
+    omnisafe.fork(3, "cuda:2")
+    assert bound == [(3, False, False, "cuda:2", None)]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3,4" and os.environ["USE_DISTRIBUTED"] == "1"
+
+
+def test_fork_v05_too_few_visible_devices_raise(bound, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "10,11")  # two devices, five characters: 0.5 counts 3
+    with pytest.raises(Exception, match="lists 2 device"):
+        omnisafe.fork_v05(3, "cuda:10")
+    assert bound == []
+
+
+def test_fork_refuses_mixed_or_unknown_arguments(bound):
+    with pytest.raises(TypeError, match="at most 3 positional"):
+        omnisafe.fork(2, "cpu", ["a.py"], 4)
+    with pytest.raises(TypeError, match="multiple values for argument 'device'"):
+        omnisafe.fork(2, "cpu", device="cpu")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'devices'"):
+        omnisafe.fork(2, devices="cpu")
+    assert bound == []
+
+
+def test_fork_v03_and_v05_signatures_are_the_releases():
+    import inspect
+
+    assert list(inspect.signature(omnisafe.fork_v03).parameters) == [
+        "parallel",
+        "bind_to_core",
+        "use_number_of_threads",
+        "device",
+        "manual_args",
+    ]
+    assert list(inspect.signature(omnisafe.fork_v05).parameters) == ["parallel", "device", "manual_args"]
+    assert omnisafe.allreduce is omnisafe.all_reduce and omnisafe.allgather is omnisafe.all_gather
+
+
+def test_statistics_float32_as_original_precise_float64():
+    x = torch.tensor([1e4 + 0.01 * i for i in range(7)], dtype=torch.float32)
+    mean, std = omnisafe.dist_statistics_scalar(x)
+    assert mean.dtype == std.dtype == torch.float32 and mean.ndim == 0
+    # the original's arithmetic, in one process
+    n = torch.tensor(float(len(x)))
+    expect_mean = torch.sum(x) / n
+    assert mean.item() == expect_mean.item()
+    assert std.item() == torch.sqrt(torch.sum((x - expect_mean) ** 2) / n).item()
+    _, p_std = omnisafe.dist_statistics_scalar(x, precise=True)
+    assert p_std.item() == pytest.approx(float(np.std(x.numpy().astype(np.float64))), rel=1e-6)

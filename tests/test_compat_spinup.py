@@ -104,3 +104,20 @@ def test_mpi_fork_command_keeps_module_and_flags_per_launcher(monkeypatch, open_
 def test_find_mpiexec_prefers_the_interpreters_own():
     found = jobs.find_mpiexec()
     assert found.endswith(("mpiexec", "mpirun"))
+
+
+def test_statistics_float32_as_original_precise_float64():
+    """The original's float32 arithmetic by default (numpy float32 out); float64 with ``precise=True``."""
+    x = np.float32(1e4) + np.float32(0.01) * np.arange(7, dtype=np.float32)
+    mean, std, lo, hi = spinup.mpi_statistics_scalar(x, with_min_and_max=True)
+    assert all(type(v) is np.float32 for v in (mean, std, lo, hi))
+    n = np.float32(len(x))
+    assert mean == np.sum(x) / n and std == np.sqrt(np.sum((x - np.sum(x) / n) ** 2) / n)
+    p_mean, p_std = spinup.mpi_statistics_scalar(x, precise=True)
+    assert type(p_mean) is float and p_std == pytest.approx(float(np.std(x.astype(np.float64))), rel=1e-9)
+
+
+def test_mpi_op_zero_d_stays_an_array_as_in_the_original():
+    out = spinup.mpi_sum(np.array(2.5))
+    assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.float32
+    assert type(spinup.mpi_sum(np.float64(1.5))) is np.float32

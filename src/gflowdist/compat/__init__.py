@@ -1,7 +1,7 @@
 """The helper APIs of other codebases, under their original names, over gflowdist's core.
 
 - :mod:`gflowdist.compat.spinup`   — Spinning Up ``spinup.utils.mpi_tools`` + ``mpi_pytorch``
-- :mod:`gflowdist.compat.omnisafe` — OmniSafe ``omnisafe.utils.distributed`` (v0.3)
+- :mod:`gflowdist.compat.omnisafe` — OmniSafe ``omnisafe.utils.distributed`` (0.3 and 0.5)
 - :mod:`gflowdist.compat.virtex`   — VirTex ``virtex.utils.distributed``
 - :mod:`gflowdist.compat.evorl`    — a torch analogue of EvoRL ``evorl.distributed``
 - :mod:`gflowdist.compat.torchgfn` — torchgfn ``gfn.utils.distributed`` (docs/migration-torchgfn.md)

@@ -10,9 +10,18 @@ under mpiexec, under torch.distributed and as a plain process. Fixed here:
 - ``mpi_fork`` also detects a job started by ``mpiexec`` itself (not only
   ``IN_MPI``), keeps ``-m module``, exits with the job's status;
 - ``mpi_statistics_scalar`` flattens multi-dimensional input (the original
-  counts rows), accepts ranks without samples;
+  counts rows) and takes a 0-d input as one sample;
 - ``mpi_avg_grads`` skips parameters without a gradient (the original
-  crashes) and reduces once per flat bucket instead of once per parameter.
+  crashes), keeps each gradient's dtype (the original reduces in float32)
+  and reduces once per flat bucket instead of once per parameter.
+
+Everything else computes as the original does, so a seeded run gives the
+same bits: reductions in float32 through the same MPI all-reduce, means as
+``sum / n`` (a true division, never a multiplication by ``1/n``), and the
+same return types (numpy float32 scalars and arrays).
+``mpi_statistics_scalar(..., precise=True)`` (or
+:func:`gflowdist.ops.statistics_scalar`) is the better-conditioned float64
+computation, offered beside the original's.
 """
 
 from __future__ import annotations
@@ -75,11 +84,16 @@ def broadcast(x: Any, root: int = 0, group: Group | None = None) -> None:
 
 
 def mpi_op(x: Any, op: Any, group: Group | None = None) -> Any:
-    """Reduce a scalar, list, array or CPU tensor as float32; a scalar in gives a numpy float32 scalar out."""
-    scalar = np.isscalar(x) or (isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 0)
+    """Reduce a scalar, list, array or CPU tensor as float32, as the original does.
+
+    A scalar (``np.isscalar``: a Python or numpy number) gives a numpy
+    float32 scalar; anything else (a 0-d array or tensor too) a new float32
+    array of its shape. The input is never modified.
+    """
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
-    buff = np.array(x, dtype=np.float32).reshape(-1) if scalar else np.array(x, dtype=np.float32)
+    x, scalar = ([x], True) if np.isscalar(x) else (x, False)
+    buff = np.array(x, dtype=np.float32)
     group_or_world(group).all_reduce(buff, as_reduce_op(op))
     return buff[0] if scalar else buff
 
@@ -94,13 +108,37 @@ def mpi_avg(x: Any, group: Group | None = None) -> Any:
     return mpi_sum(x, group) / num_procs(group)
 
 
-def mpi_statistics_scalar(x: Any, with_min_and_max: bool = False, group: Group | None = None) -> tuple:
+def mpi_statistics_scalar(
+    x: Any, with_min_and_max: bool = False, group: Group | None = None, *, precise: bool = False
+) -> tuple:
     """Pooled mean and population std (ddof 0) of every rank's samples; optionally global min and max.
 
-    See :mod:`gflowdist.ops.statistics` for the formulas; ranks may hold
-    different numbers of samples or none.
+    As Spinning Up computes them, so the bits are the original's: the
+    samples as float32, ``(sum, n)`` summed over the ranks in one float32
+    all-reduce, ``mean = sum / n``, then ``sum((x - mean)**2)`` summed in a
+    second one and ``std = sqrt(sum_sq / n)``; min and max by MIN/MAX
+    all-reduces (a rank without samples gives +inf / -inf). Returns numpy
+    float32 scalars. Ranks may hold different numbers of samples or none;
+    input of any shape is flattened (a 0-d value is one sample).
+
+    ``precise=True`` computes in float64 with a pairwise combine of per-rank
+    summaries instead (:func:`gflowdist.ops.statistics_scalar`: better
+    conditioned when the mean is large next to the spread; Python floats).
     """
-    return statistics_scalar(x, with_min_and_max, group)
+    if precise:
+        return statistics_scalar(x, with_min_and_max, group)
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    x = np.array(x, dtype=np.float32).reshape(-1)
+    global_sum, global_n = mpi_sum([np.sum(x), len(x)], group)
+    mean = global_sum / global_n
+    global_sum_sq = mpi_sum(np.sum((x - mean) ** 2), group)
+    std = np.sqrt(global_sum_sq / global_n)
+    if with_min_and_max:
+        global_min = mpi_op(np.min(x) if len(x) > 0 else np.inf, ReduceOp.MIN, group)
+        global_max = mpi_op(np.max(x) if len(x) > 0 else -np.inf, ReduceOp.MAX, group)
+        return mean, std, global_min, global_max
+    return mean, std
 
 
 def setup_pytorch_for_mpi(group: Group | None = None) -> None:
@@ -109,7 +147,12 @@ def setup_pytorch_for_mpi(group: Group | None = None) -> None:
 
 
 def mpi_avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
-    """Average every parameter's gradient over the ranks, in place; ``None`` gradients are skipped."""
+    """Average every parameter's gradient over the ranks, in place; ``None`` gradients are skipped.
+
+    Each gradient becomes ``sum_r g_r / n`` (the original's float32 sum, then
+    a true division by the number of ranks), so float32 models get the
+    original's bits.
+    """
     average_gradients(module, group)
 
 

@@ -8,8 +8,10 @@ decides which parameters share one). A call
    gradient, ``None``, is written as zeros) and sets one *presence* slot per
    parameter at the end of the bucket to 1 or 0;
 2. runs **one** in-place ``all_reduce(SUM)`` per bucket over the group of
-   size ``n`` (*this* group's size, never the world's) and multiplies it by
-   ``1/n``: each gradient slot
+   size ``n`` (*this* group's size, never the world's) and divides it by
+   ``n`` (a true division: the bits of ``sum / n`` that Spinning Up, OmniSafe
+   and torchgfn compute, which a multiplication by ``1/n`` would not give):
+   each gradient slot
    becomes ``g <- (1/n) sum_r g_r``, a missing gradient counting as zeros,
    and each presence slot ``c/n`` where ``c`` is the number of ranks that had
    that gradient (so it is positive exactly when some rank had one);
@@ -207,11 +209,13 @@ class GradientAverager:
             self._check_layout()
         if self._buckets is None:
             self._buckets = _bucket_set(self.params, self.bucket_cap_bytes)
-        scale = 1.0 / comm.size
+        size = comm.size
         for bucket in self._buckets.buckets:
             missing, copied = bucket.fill()
             comm.all_reduce(bucket.flat, ReduceOp.SUM)
-            bucket.flat.mul_(scale)  # torch's multiply: about half the time of the engine's division
+            # torch's division (about half the time of the engine's numpy one), correctly rounded:
+            # the originals' ``sum / n`` bits, which ``mul_(1 / n)`` would not give for n = 3, 5, ...
+            bucket.flat.div_(size)
             bucket.write_back(missing, copied)
 
     average = __call__
