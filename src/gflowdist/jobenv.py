@@ -27,6 +27,7 @@ __all__ = [
     "RUN_DIR_VARIABLE",
     "RESTART_VARIABLE",
     "LAUNCH_CONFIG_VARIABLE",
+    "LIFELINE_VARIABLE",
     "in_mpi_job",
     "in_torch_job",
     "launcher_world_size",
@@ -62,6 +63,8 @@ RUN_DIR_VARIABLE = "GFLOWDIST_RUN_DIR"
 RESTART_VARIABLE = "GFLOWDIST_RESTART"
 #: The launcher's checked, frozen config for its ranks (a file: :mod:`gflowdist.config.handoff`).
 LAUNCH_CONFIG_VARIABLE = "GFLOWDIST_LAUNCH_CONFIG"
+#: The launcher's lifeline, a pipe its ranks inherit (:mod:`gflowdist.lifeline`).
+LIFELINE_VARIABLE = "GFLOWDIST_LIFELINE"
 LAUNCHER_NAMES = (
     *TORCH_JOB_VARIABLES,
     "LOCAL_RANK",
@@ -70,6 +73,7 @@ LAUNCHER_NAMES = (
     RUN_DIR_VARIABLE,
     RESTART_VARIABLE,
     LAUNCH_CONFIG_VARIABLE,
+    LIFELINE_VARIABLE,
 )
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"

@@ -48,7 +48,7 @@ class Job:
     ``env`` adds variables on top of :func:`tests.support.launching.base_env`;
     ``cwd`` is where it starts (default ``folder``); ``log`` names its output
     file in ``folder`` (several jobs may share a folder). ``command`` another
-    than ``run`` (``replay``) gets ``ARGS`` only.
+    than ``run`` (``replay``) gets ``ARGS`` only. ``prefix`` runs it under another command (``timeout 20``).
     """
 
     def __init__(
@@ -60,12 +60,13 @@ class Job:
         cwd: Path | None = None,
         log: str = "launcher.log",
         command: str = "run",
+        prefix: tuple[str, ...] = (),
     ):
         self.folder = folder
         self.out_dir = folder / "runs"
         self.log = open(folder / log, "w+")
         self.marker = new_marker()
-        cmd = [sys.executable, "-m", "gflowdist", command]
+        cmd = [*prefix, sys.executable, "-m", "gflowdist", command]
         if config is not None:
             cmd.append(str(config))
         cmd += [f"run.out_dir={self.out_dir}", *args] if command == "run" else list(args)

@@ -17,7 +17,8 @@ launcher signal the rank's whole process group, which the child shares, so
 the child gets them directly (SIGUSR1 is hydra's "a peer died" notice, see
 ``_ignore_peer_death_signal`` in ``gflowdist.runtime.process``). If the keeper
 itself is killed, the child gets SIGKILL too (``PR_SET_PDEATHSIG``), so
-nothing outlives it. Linux only; elsewhere :func:`keep` runs nothing and
+nothing outlives it; if the launcher dies, the keeper ends the rank within
+a bound (see :func:`gflowdist.lifeline.keeper_wait`). Linux only; elsewhere :func:`keep` runs nothing and
 the rank is the process hydra started.
 """
 
@@ -28,6 +29,8 @@ import os
 import signal
 import sys
 
+from gflowdist.lifeline import keeper_wait
+
 __all__ = ["keep", "KEEPER_VARIABLE"]
 
 #: set in the rank's environment by its keeper (its pid); the rank reads it only for diagnostics
@@ -37,8 +40,12 @@ _PR_SET_PDEATHSIG = 1
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def keep() -> None:
-    """Fork; return in the child (the rank). The parent waits and exits with the child's status."""
+def keep(bound_s: float = 60.0) -> None:
+    """Fork; return in the child (the rank). The parent waits and exits with the child's status.
+
+    With the launcher's lifeline (:mod:`gflowdist.lifeline`), the parent SIGKILLs the child ``bound_s`` after the
+    launcher died, if it is still running by then.
+    """
     if not sys.platform.startswith("linux") or os.environ.get(KEEPER_VARIABLE):
         return
     sys.stdout.flush()
@@ -51,7 +58,7 @@ def keep() -> None:
         return
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
-    _, status = os.waitpid(child, 0)  # retried on EINTR (PEP 475)
+    status = keeper_wait(child, bound_s)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
 

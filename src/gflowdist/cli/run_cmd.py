@@ -6,7 +6,10 @@ Outside a job, the command re-launches itself on N ranks: under the
 ``launch.mpiexec``, or on PATH; with ``--engine torch`` it spawns N gloo
 workers with a rendezvous on a free loopback port. Inside a job (mpiexec,
 srun, torchrun) it just runs. Ctrl-C (SIGINT) or SIGTERM is forwarded to every
-rank: they finish their step, drain, checkpoint and write the report.
+rank: they finish their step, drain, checkpoint and write the report. A second
+signal is only counted (one signal to a process group often arrives twice);
+a third forces an exit. If the launcher itself dies, however, its job ends
+too (:mod:`gflowdist.lifeline`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gflowdist.jobenv import (
     in_mpi_job,
     in_torch_job,
 )
+from gflowdist.lifeline import Lifeline
 from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
 
 __all__ = ["add_parser"]
@@ -49,7 +53,9 @@ Before starting anything it checks that the layout fits the rank count, that
 every role class resolves, imports and implements what its role needs, and
 that the launcher runs: each mistake is one line and exit status 2.
 Ctrl-C or SIGTERM reaches every rank: they finish their step, drain,
-checkpoint and write the report."""
+checkpoint and write the report. A second Ctrl-C or SIGTERM is only counted;
+the third forces an exit (every process of the job killed, nothing more
+saved). If this process is killed, its job ends within faults.peer_timeout_s."""
 
 _EXAMPLES = """\
 examples:
@@ -137,9 +143,12 @@ def run(args: argparse.Namespace) -> int:
     if in_mpi_job():
         from gflowdist.cli.rank_keeper import keep
 
-        keep()  # this process becomes the rank's keeper; the rank continues in a child
+        # this process becomes the rank's keeper; the rank continues in a child
+        keep(bound_s=config.faults.peer_timeout_s + _KEEPER_MARGIN_S)
+        _watch_launcher(config, args.resume)
         return _run_here(config, args.resume)
     if in_torch_job():
+        _watch_launcher(config, args.resume)
         return _run_here(config, args.resume)
     nprocs = args.nprocs if args.nprocs is not None else config.launch.nprocs
     if args.resume:
@@ -160,13 +169,16 @@ def run(args: argparse.Namespace) -> int:
     from gflowdist.config.handoff import write_launch_config
 
     handed = write_launch_config(run_dir, config)
+    lifeline = Lifeline()  # whatever ends this process, the job ends within faults.peer_timeout_s
 
     def launch(argv: list[str], extra: dict) -> Ended:
-        env, began = dict(_child_env(), **extra, **{LAUNCH_CONFIG_VARIABLE: str(handed)}), time.time()
+        env = dict(_child_env(), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
+        began = time.time()
         if config.launch.engine == "torch":
-            ended = _spawn_torch(nprocs, argv, env, report_grace_s=2 * config.faults.peer_timeout_s + 10.0)
+            grace = 2 * config.faults.peer_timeout_s + 10.0
+            ended = _spawn_torch(nprocs, argv, env, report_grace_s=grace, fds=lifeline.fds)
         else:
-            ended = _launch_mpi(nprocs, argv, env, config, launcher)
+            ended = _launch_mpi(nprocs, argv, env, config, launcher, fds=lifeline.fds)
         return ended.judged_by(Path(run_dir), since=began)
 
     code = 1
@@ -185,6 +197,20 @@ def run(args: argparse.Namespace) -> int:
         handed.unlink(missing_ok=True)
         if code != 0 and not args.resume:
             _remove_if_empty(run_dir)
+
+
+#: How much longer than faults.peer_timeout_s a keeper lets its rank run after the launcher died (the rank's own
+#: bound is faults.peer_timeout_s: see gflowdist.lifeline).
+_KEEPER_MARGIN_S = 2.0
+
+
+def _watch_launcher(config, resume: str | None) -> None:
+    """On a rank: end within faults.peer_timeout_s once the launcher that started it is gone (gflowdist.lifeline)."""
+    from gflowdist.lifeline import watch
+
+    rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or "?"
+    run_dir = resume or os.environ.get(RUN_DIR_VARIABLE)
+    watch(run_dir, who=f"rank {rank} (pid {os.getpid()})", bound_s=config.faults.peer_timeout_s)
 
 
 def _remove_if_empty(run_dir: str) -> None:
@@ -330,7 +356,7 @@ def _reap_leftovers(tracker: DescendantTracker) -> None:
             pass
 
 
-def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> Ended:
+def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher, fds: tuple[int, ...] = ()) -> Ended:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
     # and host, and then aborts the job.
@@ -338,12 +364,12 @@ def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher) -> En
     cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = dict(env, **{IN_MPI_VARIABLE: "1"})
     become_subreaper()
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
     relay = StderrRelay(proc.stderr)
     return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
 
 
-def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float) -> Ended:
+def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float, fds: tuple[int, ...] = ()) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
@@ -352,14 +378,32 @@ def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: flo
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
         # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
         # rank) prints the run's lines, and a rank that prints nothing costs nothing
-        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True))
+        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True, pass_fds=fds))
     return _supervise(procs, report_grace_s=report_grace_s)
+
+
+#: The signal (SIGINT or SIGTERM, counted together) that forces an exit: the first one stops the job cleanly and
+#: the second is only counted (a Ctrl-C and a supervisor's SIGTERM; an impatient second Ctrl-C).
+FORCE_AFTER_SIGNALS = 3
+#: Signals within this many seconds of the last counted one are one signal: one ``kill -INT`` to a process group
+#: under GNU ``timeout`` reaches the launcher up to three times (directly, then from ``timeout`` to its child and
+#: to its group) within microseconds.
+SIGNAL_BURST_S = 1.0
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, the handler ran inside one
+        pass
 
 
 def _supervise(
     procs: list[subprocess.Popen], *, report_grace_s: float = 15.0, relay: StderrRelay | None = None
 ) -> Ended:
-    """Wait for the job; forward SIGINT/SIGTERM; if one process fails, stop the rest.
+    """Wait for the job; forward the first SIGINT/SIGTERM (the third forces an exit); if one process fails, stop
+    the rest.
 
     Whatever happens, no process of the job outlives this call: the launcher is a
     child subreaper and kills its whole process tree at the end (hydra moves
@@ -371,16 +415,33 @@ def _supervise(
     a failure is reported: see :func:`_wait_for_orphans`). ``relay`` reads
     mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
     """
-    interrupted = []
+    interrupted: list[int] = []
+    tracker = DescendantTracker(os.getpid())
+
+    last = [-1e9]  # when the last counted signal came
 
     def forward(signum, _frame):
+        now = time.monotonic()
+        if now - last[0] < SIGNAL_BURST_S:  # the same signal again, by another route (a process group's)
+            return
+        last[0] = now
         interrupted.append(signum)
-        for p in procs:
-            if p.poll() is None:
-                kill_group(p.pid, signum)
+        if len(interrupted) == 1:  # once: a second signal makes hydra kill every rank at once (exit 255)
+            for p in procs:
+                if p.poll() is None:
+                    kill_group(p.pid, signum)
+        elif len(interrupted) < FORCE_AFTER_SIGNALS:
+            _say(
+                f"gflowdist: {signal.Signals(signum).name} again: still stopping cleanly (checkpoint, report, "
+                f"ledger); signal {FORCE_AFTER_SIGNALS} times to force an exit"
+            )
+        elif len(interrupted) == FORCE_AFTER_SIGNALS:
+            _say("gflowdist: forced exit: every process of the job is killed now; nothing more is saved")
+            for p in procs:
+                kill_group(p.pid)
+            tracker.kill()
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    tracker = DescendantTracker(os.getpid())
     try:
         grace_until = None
         next_scan = 0.0
@@ -409,7 +470,8 @@ def _supervise(
             signal.signal(sig, handler)
     codes = [p.returncode for p in procs]
     failed = next((c for c in codes if c != 0), 0)
-    if interrupted and failed in (0, -signal.SIGINT, -signal.SIGTERM):
+    forced = len(interrupted) >= FORCE_AFTER_SIGNALS  # killed on purpose: the status is the signal's, as a stop's
+    if interrupted and (forced or failed in (0, -signal.SIGINT, -signal.SIGTERM)):
         failed = 130 if interrupted[0] == signal.SIGINT else 143
     elif failed < 0:
         failed = 128 - failed

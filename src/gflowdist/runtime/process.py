@@ -30,6 +30,7 @@ from gflowdist.comm import Communicator, world_comm
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
 from gflowdist.jobenv import FAILURE_FILE_VARIABLE
+from gflowdist.lifeline import on_lost
 from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
 from gflowdist.runtime.device_setup import setup_device
@@ -89,6 +90,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
     stop = StopFlag()
     stop.install_signal_handlers()
+    on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
     run_dir = agree_run_dir(world, config, resume_dir)
     if world.rank == collector_rank(ctx.layout):
