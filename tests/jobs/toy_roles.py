@@ -5,7 +5,8 @@ Behaviour switches come from ``params`` (fail_after, delay_s, ``slow_s``
 [/``slow_from``]: each trainer rollout from that policy version on sleeps
 ``slow_s``, a window for a test to kill a rank in); faults:
 ``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
-policy version on: batches its buffer refuses), ``nan_rank``/``nan_at``
+policy version on: batches its buffer refuses), ``setup_rank``/``setup_s`` (that
+rank's setup() sleeps: a window to kill it in), ``nan_rank``/``nan_at``
 [/``nan_until``] (that trainer's loss is NaN at those steps).
 """
 
@@ -26,6 +27,12 @@ def make_batch(n, generator):
     return {"x": x, "y": y, "log_rewards": -y.abs()}
 
 
+def _setup_pause(role):
+    """``params.setup_rank``/``setup_s``: that rank's setup() takes ``setup_s`` (a window to kill it in)."""
+    if role.params.get("setup_rank") == role.rank:
+        time.sleep(float(role.params.get("setup_s", 60)))
+
+
 def _delay(params, generator):
     delay = float(params.get("delay_s", 0.0))
     if delay:
@@ -34,6 +41,7 @@ def _delay(params, generator):
 
 class ToyTrainer(Trainer):
     def setup(self):
+        _setup_pause(self)
         self.steps_seen = 0  # loss() calls: the step, in this run and the runs it resumed
         self.model = torch.nn.Linear(4, 1, bias=False)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
@@ -99,6 +107,7 @@ class ToyActor(Actor):
 
 class ToyBuffer(BufferManager):
     def setup(self):
+        _setup_pause(self)
         self.admitted = 0
 
     def on_admitted(self, batch):
@@ -114,6 +123,7 @@ class ToyBuffer(BufferManager):
 
 class ToyCoordinator(Coordinator):
     def setup(self):
+        _setup_pause(self)
         self.summaries = 0
 
     def on_summary(self, rank, summary):

@@ -112,6 +112,8 @@ class Rank:
 
 
 def _run(process: RankProcess, config: Config, resume_dir: str | None, out: TextIO) -> JobResult | None:
+    if process.watch is not None:  # until the heartbeats start: a peer dying in its setup is named at once
+        process.watch.install(process.world)
     rank = _make_rank(process, config, resume_dir)
     world, w = process.world, rank.w
     if isinstance(rank.state, TrainerState):

@@ -35,6 +35,7 @@ from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
 from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.faults import check_engine_allows
+from gflowdist.runtime.setup_watch import SetupWatch
 from gflowdist.runtime.wiring import DEATH_HEARD, LOST_IN_THIS_PROCESS, PEER_DIED, StopFlag, collector_rank
 
 __all__ = [
@@ -72,6 +73,7 @@ class RankProcess:
     run_dir: Path
     generator: torch.Generator  # seeded from run.seed and the rank
     device: str  # "cpu" or "cuda:N" (launch.devices applied): the roles' self.device
+    watch: SetupWatch | None = None  # names a peer that dies during setup (installed by the job runner)
     step: Callable[[], int | None] = lambda: None  # the step a trainer is at (for failure messages)
 
     @property
@@ -92,6 +94,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     stop.install_signal_handlers()
     on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
+    watch = SetupWatch.gather(ctx)  # every rank's pid and machine, while every rank surely lives
     run_dir = agree_run_dir(world, config, resume_dir)
     if world.rank == collector_rank(ctx.layout):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         log.info("agent group %d averages through %s", group, ctx.averaging[group].describe())
     seed = rank_seed(config.run.seed, world.rank)
     seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
-    return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device)
+    return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device, watch)
 
 
 def print_whole_lines() -> None:
