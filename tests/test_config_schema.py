@@ -269,6 +269,9 @@ MALFORMED = [
     ("replay: {max_in_flight: 0}", "replay.max_in_flight", ["expected an integer >= 1"]),
     ("sync: {mode: gradient}", "sync.mode", ["did you mean 'gradients'"]),
     ("sync: {every: 0}", "sync.every", ["expected an integer >= 1"]),
+    ("learner: {epochs: 0}", "learner.epochs", ["expected an integer >= 1"]),
+    ("learner: {minibatches: 4, batch_size: 30}", "learner.minibatches", ["does not divide learner.batch_size 30"]),
+    ("learner: {max_grad_norm: 0}", "learner.max_grad_norm", ["> 0"]),
     (
         "faults: {heartbeat_s: 2, peer_timeout_s: 1}",
         "faults.peer_timeout_s",

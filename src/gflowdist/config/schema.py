@@ -15,6 +15,7 @@ A full file (every section optional, every key optional)::
     roles:   {trainer: my_roles.py:GridTrainer}
     replay:  {capacity: 50000, sampler: prioritized, replay_fraction: 0.25}
     sync:    {mode: gradients}
+    learner: {epochs: 4, minibatches: 4, batch_size: 1024, max_grad_norm: 0.5}
     faults:  {heartbeat_s: 0.5, peer_timeout_s: 5}
     params:  {ndim: 2, height: 8, lr: 1e-3}
 """
@@ -43,6 +44,7 @@ from gflowdist.config.sections import (
     FaultsConfig,
     LaunchConfig,
     LayoutConfig,
+    LearnerConfig,
     ReplayConfig,
     RolesConfig,
     RunConfig,
@@ -79,6 +81,7 @@ class Config:
     roles: RolesConfig = field(default_factory=RolesConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     params: Mapping[str, Any] = field(default_factory=FrozenMapping)
     file: str | None = field(default=None, compare=False, repr=False)

@@ -35,6 +35,7 @@ __all__ = [
     "RolesConfig",
     "ReplayConfig",
     "SyncConfig",
+    "LearnerConfig",
     "FaultsConfig",
     "SECTIONS",
     "REST",
@@ -362,6 +363,55 @@ class SyncConfig(_Section):
     )
 
 
+@dataclass(frozen=True)
+class LearnerConfig(_Section):
+    """What a trainer does with each learner batch: passes, minibatches, clipping (PPO's knobs)."""
+
+    section: ClassVar[str] = "learner"
+
+    epochs: int = setting(
+        1, IntCheck(low=1), "Passes over each learner batch per trainer step (PPO's epochs; 1 = one pass)."
+    )
+    minibatches: int = setting(
+        1,
+        IntCheck(low=1),
+        "Minibatches each pass splits the batch into (shuffled items, equal sizes): one optimizer step "
+        "each, its gradients averaged in the agent group.",
+    )
+    batch_size: int | None = setting(
+        None,
+        OptionalCheck(IntCheck(low=1)),
+        "Items in every learner batch (fresh and replayed, after Trainer.prepare); each step's batch is "
+        "checked against it. Required when minibatches > 1, which must divide it.",
+    )
+    max_grad_norm: float | None = setting(
+        None,
+        OptionalCheck(FloatCheck(0.0, low_open=True)),
+        "Clip the gradients to this global L2 norm after the agent group's average, before each optimizer "
+        "step (the norm before clipping is the metric grad_norm); null = no clipping.",
+    )
+
+    def check_together(self) -> None:
+        if self.minibatches > 1 and self.batch_size is None:
+            raise self.fail(
+                "minibatches",
+                f"is {self.minibatches} but learner.batch_size is null: set learner.batch_size to the items "
+                "in each learner batch (the minibatches must divide it)",
+            )
+        if self.batch_size is not None and self.batch_size % self.minibatches:
+            raise self.fail(
+                "minibatches",
+                f"is {self.minibatches}, which does not divide learner.batch_size {self.batch_size} "
+                f"(minibatches of {self.batch_size / self.minibatches:g} items); choose a divisor of "
+                f"{self.batch_size}",
+            )
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per trainer step: ``epochs x minibatches``."""
+        return self.epochs * self.minibatches
+
+
 #: Why ``faults.on_actor_loss: continue`` is refused on the torch engine (``{engine}``: how it was chosen).
 ACTOR_LOSS_ON_TORCH = (
     "is continue, but {engine}: gloo cannot go on without a rank (its first send to "
@@ -431,6 +481,7 @@ SECTIONS: dict[str, type] = {
     "roles": RolesConfig,
     "replay": ReplayConfig,
     "sync": SyncConfig,
+    "learner": LearnerConfig,
     "faults": FaultsConfig,
 }
 """Section name -> dataclass, in file order. ``params`` is the one free-form section."""

@@ -36,6 +36,13 @@
     ``replay.learner_batch`` replayed items per step; with a prioritized
     buffer the batch holds ``weights`` and ``keys`` (see :meth:`Trainer.loss`).
 
+    Beyond one loss and one optimizer step per step (PPO, A2C, IMPALA; see
+    :class:`Trainer` and docs/rl.md): ``learner.epochs`` x ``learner.minibatches``
+    optimizer steps per batch, ``learner.max_grad_norm`` clipping, a
+    ``self.scheduler`` (torch lr_scheduler) stepped once per step,
+    ``prepare(batch)`` once per batch (e.g. advantages), and ``loss`` returning
+    ``{"loss": scalar, "entropy": ..., ...}`` to report named values.
+
 **BufferManager** — owns a replay buffer, serves its clients::
 
     class MyBuffer(BufferManager):
@@ -156,17 +163,55 @@ class Actor(BaseRole):
 
 
 class Trainer(Actor):
-    """Samples and learns; set ``self.model`` and ``self.optimizer`` in :meth:`setup`."""
+    """Samples and learns; set ``self.model`` and ``self.optimizer`` in :meth:`setup`.
+
+    One trainer step, as the runtime runs it (``gflowdist.runtime.loops.learner_step``)::
+
+        batch = prepare(rollout(v) + replayed)        # prepare: once per batch, default as is
+        repeat learner.epochs times:                   # default 1
+            for each of learner.minibatches shuffled, equal parts of batch:   # default 1: the batch
+                loss(part) -> backward -> gradients averaged in my agent group (sync.mode gradients)
+                -> clipped to global norm learner.max_grad_norm (if set) -> optimizer.step()
+        scheduler.step()                               # if self.scheduler is set
+        v += 1 -> weights to my actors
+
+    - **Minibatches** need ``learner.batch_size`` (items per batch, which they must divide;
+      checked before launch). The trainers of an agent group all take
+      ``epochs x minibatches`` optimizer steps per trainer step, each averaging the group's
+      gradients (DD-PPO); a group whose members disagree fails naming each rank's count.
+    - **Learning-rate schedule**: set ``self.scheduler`` to a ``torch.optim.lr_scheduler``
+      of ``self.optimizer`` in :meth:`setup`; the runtime steps it once per trainer step
+      (after the batch's optimizer steps), saves it in checkpoints and reports ``lr``.
+    - **Named values**: :meth:`loss` may return ``{"loss": scalar, "policy_loss": ...,
+      "entropy": ..., "approx_kl": ...}``; each value, averaged over the step's optimizer
+      steps, reaches the progress line, metrics.jsonl, TensorBoard and the report (as does
+      ``grad_norm``, the norm before clipping, when ``learner.max_grad_norm`` is set).
+    """
 
     optimizer: torch.optim.Optimizer | None = None
+    #: a ``torch.optim.lr_scheduler`` of :attr:`optimizer`, stepped once per trainer step; None = constant
+    scheduler: Any = None
 
     @abc.abstractmethod
-    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The scalar loss of a batch (fresh and replayed trajectories concatenated).
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | Mapping[str, Any]:
+        """The scalar loss of a batch (fresh and replayed trajectories concatenated), or of one
+        minibatch of it (``learner.minibatches``).
+
+        Return the scalar tensor, or a dict holding it under ``"loss"`` beside named numbers
+        (floats, ints or one-element tensors: ``{"loss": total, "policy_loss": pl.detach(),
+        "entropy": ent.detach()}``) for the metrics. Anything else (a tensor of more than one
+        element, a value that is not a number) fails the run naming this class and method.
 
         With ``replay.sampler: prioritized`` the batch also holds ``weights``
         (importance weights; 1 for fresh items) and ``keys`` (-1 for fresh items).
         """
+
+    def prepare(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Called once per learner batch, before its epochs and minibatches; returns the batch to
+        learn from (default: ``batch`` as it is). E.g. compute advantages and value targets with
+        the current value function (PPO from actors' unrolls), or flatten ``[E, T]`` unrolls into
+        items. Runs without ``torch.no_grad``: wrap what should not be differentiated."""
+        return batch
 
     def priorities(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """New priorities, one per item of the batch just learned from (e.g. ``|TD error|`` kept
@@ -178,12 +223,16 @@ class Trainer(Actor):
         state = super().state_dict()
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
 
 
 class BufferManager(BaseRole):

@@ -52,6 +52,27 @@ class AgentGroup:
             with self.timer.phase("sync"), self.timer.collective("gradients", self.members):
                 average_gradients(model, self.comm)
 
+    def check_same_steps(self, count: int) -> None:
+        """Fail on every member, naming each one's count, unless all take ``count`` optimizer steps now.
+
+        Each optimizer step averages gradients (mode ``gradients``), so a member that took fewer
+        would leave the others waiting in an average it never joins; one all-gather of the counts
+        per trainer step turns that hang into an error on every member at once.
+        """
+        from gflowdist.errors import GflowdistError
+
+        if not self.averages_gradients:
+            return
+        with self.timer.collective("step_count", self.members):
+            counts = [int(c.reshape(-1)[0]) for c in self.comm.all_gather(torch.tensor([count], dtype=torch.int64))]
+        if len(set(counts)) > 1:
+            listed = ", ".join(f"rank {rank}: {c}" for rank, c in zip(self.members, counts, strict=True))
+            raise GflowdistError(
+                f"the trainers of an agent group take different numbers of optimizer steps this trainer "
+                f"step ({listed}): every step averages gradients, so each must take learner.epochs x "
+                f"learner.minibatches"
+            )
+
     def average_models(self, model: torch.nn.Module, version: int) -> None:
         """Average the weights over the group (mode ``models``, every ``sync.every`` versions)."""
         from gflowdist.ops.averaging import average_models

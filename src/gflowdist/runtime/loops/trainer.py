@@ -10,20 +10,19 @@ A pure learner (``rollout`` returns None, as in Ape-X) learns from
 serve yet, a step waits (backing off, heartbeating) instead of learning.
 
 Each step is a method of :class:`TrainerLoop`; the user's code runs in
-``rollout`` (:meth:`Actor.rollout`) and ``learn`` (:meth:`Trainer.loss`).
+``rollout`` (:meth:`Actor.rollout`) and ``learn`` (:meth:`Trainer.prepare`, then
+:meth:`Trainer.loss` once per optimizer step: ``learner.epochs`` x
+``learner.minibatches`` of them, see :mod:`~gflowdist.runtime.loops.learner_step`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
-from gflowdist.runtime.faults import loss_is_usable
 from gflowdist.runtime.loops.agent_group import AgentGroup
 from gflowdist.runtime.loops.client import (
     checkpoint_cut,
@@ -35,6 +34,7 @@ from gflowdist.runtime.loops.client import (
     trajectory_count,
     use_locally,
 )
+from gflowdist.runtime.loops.learner_step import LearnerStep
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
 from gflowdist.runtime.staging import DevicePath
@@ -124,9 +124,17 @@ class TrainerLoop:
         #: my loop's turns: where my tape records what I took and saw; my step, but a pure learner's
         #: waits for items are turns too
         self.turn = state.step
-        self.skipped = 0  # steps whose loss was not finite (faults.on_nonfinite_loss: skip)
         #: batches onto my device, weights off it once per publish (runtime.staging)
         self.device_path = DevicePath(trainer.device, timer=w.timer)
+        self.learner = LearnerStep(
+            trainer,
+            self.group,
+            self.config.learner,
+            w.timer,
+            rank=w.rank,
+            on_nonfinite=self.config.faults.on_nonfinite_loss,
+            note_skip=lambda step: w.note("non-finite loss", "fault", step=step),
+        )
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
@@ -142,10 +150,10 @@ class TrainerLoop:
                 continue
             self.device_path.check_once(self.trainer, self.w.rank)
             with self.device_path.out_of_memory(self.w.rank, self.state.step, batch):
-                loss = self.learn(batch)
+                values = self.learn(batch)
             self.return_priorities(batch, replayed)
             self.sync()
-            self.publish(loss)
+            self.publish(values)
             self.state.step += 1
             self.turn += 1
             self.checkpoint()
@@ -191,37 +199,15 @@ class TrainerLoop:
             self.idle.pause()
         self.keep_alive()
 
-    def learn(self, batch: dict) -> torch.Tensor:
-        """loss -> backward -> gradients averaged in my agent group -> optimizer step -> version + 1.
-
-        A NaN or infinite loss is caught before ``backward()`` (``faults.on_nonfinite_loss``,
-        :func:`~gflowdist.runtime.faults.loss_is_usable`): ``fail`` raises; ``skip`` gives zero
-        gradients, which still join my group's average so the replicas stay alike, and skips my
-        optimizer step when there is no average to join.
-        """
-        trainer, timer = self.trainer, self.w.timer
-        with timer.phase("loss"):
-            trainer.optimizer.zero_grad(set_to_none=True)
-            loss = trainer.loss(batch)
-            usable = loss_is_usable(
-                loss, mode=self.config.faults.on_nonfinite_loss, rank=self.w.rank, step=self.state.step
-            )
-            if usable:
-                loss.backward()
-            else:
-                self.skipped += 1
-                self.w.note("non-finite loss", "fault", step=self.state.step)
-                for param in trainer.model.parameters():
-                    if param.requires_grad:
-                        param.grad = torch.zeros_like(param)
-        self.w.check(Site.LOSS, self.state.step, lambda: float(loss.detach()))
-        self.group.average_gradients(trainer.model)
-        if usable or self.group.averages_gradients:
-            with timer.phase("optimizer"):
-                trainer.optimizer.step()
+    def learn(self, batch: dict) -> dict[str, float]:
+        """prepare -> epochs x minibatches of (loss -> backward -> average in my agent group ->
+        clip -> optimizer step) -> lr schedule -> version + 1 (:class:`LearnerStep`); the step's
+        loss and named values for the metrics."""
+        values = self.learner(batch, self.state.step)
+        self.w.check(Site.LOSS, self.state.step, lambda: values["loss"])
         self.state.version += 1
         self.idle.reset()
-        return loss
+        return values
 
     def return_priorities(self, batch: dict, replayed: dict | None) -> None:
         """The replayed items' new priorities (:meth:`Trainer.priorities`) to my buffer, not waited for."""
@@ -233,7 +219,7 @@ class TrainerLoop:
         """Mode ``models``: average the weights in my agent group (every ``sync.every`` versions)."""
         self.group.average_models(self.trainer.model, self.state.version)
 
-    def publish(self, loss: torch.Tensor) -> None:
+    def publish(self, values: dict[str, float]) -> None:
         """Weights to my actors (every ``sync.weights_to_actors_every`` versions), metrics to the collector."""
         if self.live_actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
             self.send_weights()
@@ -245,9 +231,9 @@ class TrainerLoop:
         if step % run.log_every == 0 or step == run.steps - 1:
             metrics = {
                 "step": step,
-                "loss": float(loss.detach()),
+                **values,
                 "trajectories": self.state.produced,
-                **({"skipped_steps": self.skipped} if self.skipped else {}),
+                **({"skipped_steps": self.learner.skipped} if self.learner.skipped else {}),
                 **self.trainer.metrics(),
             }
             if self.collector is not None:

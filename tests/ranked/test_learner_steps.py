@@ -1,0 +1,94 @@
+"""The learner step across an agent group: per-minibatch averages, clipping after them, the step count.
+
+Every rank learns from its own data; the group's replicas must stay equal and
+match one process learning from all the ranks' data (equal shares: the mean of
+the ranks' mean losses is the mean over everything). A member that takes
+another number of optimizer steps fails every member, naming the ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gflowdist.config import LearnerConfig, SyncConfig
+from gflowdist.errors import GflowdistError
+from gflowdist.runtime import Trainer
+from gflowdist.runtime.loops.agent_group import AgentGroup
+from gflowdist.runtime.loops.learner_step import LearnerStep
+from gflowdist.timing import StepTimer
+
+W = torch.tensor([1.0, -2.0, 0.5])
+ITEMS = 8
+
+
+def data(rank: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(ITEMS, 3, generator=g)
+    return {"x": x, "y": x @ W + rank}
+
+
+class Line(Trainer):
+    def setup(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(3, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def rollout(self, policy_version):
+        return None
+
+    def loss(self, batch):
+        return {"loss": ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean(), "items": len(batch["x"])}
+
+
+def make(comm, **learner):
+    trainer = Line(rank=comm.rank, config=None, generator=torch.Generator().manual_seed(comm.rank))
+    trainer.setup()
+    group = AgentGroup(comm, SyncConfig(mode="gradients"), StepTimer())
+    step = LearnerStep(
+        trainer, group, LearnerConfig(**learner), StepTimer(), rank=comm.rank, on_nonfinite="fail", note_skip=print
+    )
+    return trainer, step
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_epochs_of_averaged_steps_match_one_process_on_all_the_data(comm, clip):
+    trainer, step = make(comm, epochs=3, max_grad_norm=clip)
+    step(data(comm.rank), step=0)
+    mine = flat(trainer.model)
+    assert all(torch.equal(other, mine) for other in comm.all_gather(mine))  # the replicas stay alike
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    everything = [data(r) for r in range(comm.size)]
+    x, y = torch.cat([d["x"] for d in everything]), torch.cat([d["y"] for d in everything])
+    for _ in range(3):
+        optimizer.zero_grad()
+        ((reference(x).squeeze(-1) - y) ** 2).mean().backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)  # the global norm of the average
+        optimizer.step()
+    torch.testing.assert_close(mine, flat(reference))
+
+
+def test_minibatches_keep_the_replicas_alike(comm):
+    trainer, step = make(comm, epochs=2, minibatches=4, batch_size=ITEMS, max_grad_norm=1.0)
+    for s in range(3):
+        values = step(data(comm.rank), step=s)
+    assert values["items"] == ITEMS / 4
+    mine = flat(trainer.model)
+    assert all(torch.equal(other, mine) for other in comm.all_gather(mine))
+
+
+def test_a_member_taking_another_step_count_fails_every_member(comm):
+    group = AgentGroup(comm, SyncConfig(mode="gradients"), StepTimer())
+    group.check_same_steps(6)  # all agree: nothing happens
+    if comm.size == 1:
+        return
+    members = ", ".join(f"rank {r}: {6 if r else 3}" for r in range(comm.size))
+    with pytest.raises(GflowdistError, match=f"different numbers of optimizer steps this trainer step \\({members}\\)"):
+        group.check_same_steps(6 if comm.rank else 3)
