@@ -1,6 +1,7 @@
 """The single-process PPO baseline: the distributed run's hyper-parameters, one process, no runtime.
 
-    python examples/ppo_cartpole/single_process.py [config.yaml] [key=value ...]
+    python examples/ppo_cartpole/single_process.py [config.yaml] [key=value ...] [--json FILE]
+    python examples/ppo_cartpole/single_process.py examples/ppo_pendulum/config.yaml
 
 One process steps all ``layout.trainers x params.envs`` environments (the
 environments of every trainer of the DD-PPO run), so each update learns from the
@@ -98,10 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", default=str(HERE / "config.yaml"))
     parser.add_argument("overrides", nargs="*", help="key=value, as for gflowdist run")
+    parser.add_argument("--json", help="also write the result (with its evaluation curve) to this file")
     args = parser.parse_args(argv)
     config = Config.from_yaml(args.config, args.overrides)
     result = train(config)
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
