@@ -260,7 +260,7 @@ MALFORMED = [
         "replay.tolerance",
         [">= max(1, samples_per_insert)", "block inserts and samples forever"],
     ),
-    ("replay: {writer: dedup}", "replay.dedup_key", ["required by writer 'dedup'"]),
+    ("replay: {writer: dedup}", "replay.writer", ["writer 'dedup' needs its key"]),
     (
         "replay: {capacity: 10, min_size_to_sample: 11}",
         "replay.min_size_to_sample",

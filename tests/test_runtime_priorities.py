@@ -120,8 +120,22 @@ def test_a_malformed_update_names_its_sender():
 @pytest.mark.parametrize(
     "data, key, words",
     [
-        ({"replay": {"priority_beta_final": 1.0}}, "replay.priority_beta_steps", "must be >= 1"),
-        ({"replay": {"priority_beta_steps": 100}}, "replay.priority_beta_steps", "nothing to anneal towards"),
+        (
+            {"replay": {"sampler": "prioritized", "priority_beta_final": 1.0}},
+            "replay.sampler.beta_steps",
+            "must be >= 1",
+        ),
+        (
+            {"replay": {"sampler": {"name": "prioritized", "beta_steps": 100}}},
+            "replay.sampler.beta_steps",
+            "nothing to anneal towards",
+        ),
+        (
+            {"replay": {"priority_beta_steps": 100}},
+            "replay.priority_beta_steps",
+            r"applies to sampler 'prioritized' only, and replay.sampler is 'uniform' \(new spelling: "
+            r"replay.sampler: \{name: prioritized, beta_steps: 100\}\)",
+        ),
         (
             {"sync": {"weights_to_coordinator_every": 10}, "layout": {"coordinator": False}},
             "sync.weights_to_coordinator_every",

@@ -197,6 +197,8 @@ class Config:
         removed: dict[str, str] = getattr(SECTIONS[head], "removed", {})
         if len(path) == 2 and path[1] in removed:
             raise ConfigError(f"{removed[path[1]]} (override '{text}')", key=".".join(path))
+        if len(path) == 3 and head == "replay" and path[1] in ("sampler", "writer"):
+            return  # an option of the sampler or writer: checked by the registry (replay.sampler.alpha=0.5)
         if len(path) != 2 or path[1] not in valid:
             leaf = path[1] if len(path) > 1 else ""
             hint = suggest(leaf, valid) if leaf else ""

@@ -10,6 +10,7 @@ puts the sections together.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,8 @@ from gflowdist.config.checks import (
     StrCheck,
     StrListCheck,
 )
+from gflowdist.config.frozen import FrozenMapping, thaw
+from gflowdist.config.parts import FLAT_KEYS, PartCheck, fold_flat_keys
 from gflowdist.errors import ConfigError
 
 __all__ = [
@@ -229,13 +232,17 @@ class ReplayConfig(_Section):
     }
 
     capacity: int = setting(10000, IntCheck(low=1), "Trajectories each buffer rank stores.")
-    sampler: str = setting(
-        "uniform", ChoiceCheck("uniform", "prioritized", "fifo"), "Which stored items come out when a trainer samples."
+    sampler: Mapping[str, Any] = setting(
+        "uniform",
+        PartCheck("sampler"),
+        "Which stored items come out when a trainer samples: a name (`uniform`, `prioritized`, `fifo`, `queue`) "
+        "or `{name: prioritized, alpha: 0.6, beta: 0.4}` with that sampler's options (docs/replay.md).",
     )
-    writer: str = setting(
+    writer: Mapping[str, Any] = setting(
         "round_robin",
-        ChoiceCheck("round_robin", "keep_highest", "dedup"),
-        "Which slot a new item takes, or whether it is admitted.",
+        PartCheck("writer"),
+        "Which slot a new item takes, or whether it is admitted: `round_robin`, `keep_highest`, "
+        "`dedup`, or `{name: dedup, key: terminal}`.",
     )
     min_size_to_sample: int = setting(0, IntCheck(low=0), "Sampling waits until a buffer holds this many items.")
     samples_per_insert: float | None = setting(
@@ -249,25 +256,23 @@ class ReplayConfig(_Section):
         "when a ratio is set.",
     )
     dedup_key: str | None = setting(
-        None,
-        OptionalCheck(StrCheck(nonempty=True)),
-        "Trajectory field identifying duplicates for writer `dedup` (e.g. `terminal`).",
+        None, OptionalCheck(StrCheck(nonempty=True)), "Old spelling of `replay.writer: {name: dedup, key: ...}`."
     )
-    priority_alpha: float = setting(0.6, FloatCheck(0.0), "Prioritized sampler: P(i) proportional to priority^alpha.")
-    priority_beta: float = setting(
-        0.4, FloatCheck(0.0), "Prioritized sampler: importance weight exponent (the first, when it anneals)."
+    priority_alpha: float | None = setting(
+        None, OptionalCheck(FloatCheck(0.0)), "Old spelling of `replay.sampler: {name: prioritized, alpha: ...}`."
+    )
+    priority_beta: float | None = setting(
+        None, OptionalCheck(FloatCheck(0.0)), "Old spelling of `replay.sampler: {name: prioritized, beta: ...}`."
     )
     priority_beta_final: float | None = setting(
         None,
         OptionalCheck(FloatCheck(0.0)),
-        "Prioritized sampler: beta anneals linearly to this "
-        "over `priority_beta_steps` learner steps; null = "
-        "constant beta.",
+        "Old spelling of `replay.sampler: {name: prioritized, beta_final: ...}`.",
     )
-    priority_beta_steps: int = setting(
-        0,
-        IntCheck(low=0),
-        "Learner steps (each sample request's policy version) over which beta anneals; needs `priority_beta_final`.",
+    priority_beta_steps: int | None = setting(
+        None,
+        OptionalCheck(IntCheck(low=0)),
+        "Old spelling of `replay.sampler: {name: prioritized, beta_steps: ...}`.",
     )
     replay_fraction: float = setting(
         0.5,
@@ -285,7 +290,10 @@ class ReplayConfig(_Section):
         "trainer is refused.",
     )
     max_staleness: int | None = setting(
-        None, OptionalCheck(IntCheck(low=0)), "Drop trajectories older than this many policy versions; null = keep all."
+        None,
+        OptionalCheck(IntCheck(low=0)),
+        "Drop trajectories older than this many policy versions (at admission; a `queue` also when it serves "
+        "them), counted as dropped, reason `stale`; null = keep all.",
     )
     max_in_flight: int = setting(8, IntCheck(low=1), "Unacknowledged sends a client may have outstanding.")
     prefetch: int = setting(
@@ -311,19 +319,51 @@ class ReplayConfig(_Section):
                 f"must be >= max(1, samples_per_insert) = {max(1.0, self.samples_per_insert):g}, "
                 f"found {self.tolerance}: a smaller window could block inserts and samples forever",
             )
-        if self.writer == "dedup" and self.dedup_key is None:
-            raise self.fail("dedup_key", "is required by writer 'dedup' (the field naming a duplicate, e.g. terminal)")
-        if self.priority_beta_final is not None and self.priority_beta_steps < 1:
+        self._fold_flat_keys()
+        sampler, writer = self.sampler, self.writer
+        if writer["name"] == "dedup" and writer.get("key") is None:
+            raise self.fail("writer", "writer 'dedup' needs its key: {name: dedup, key: <field naming a duplicate>}")
+        if sampler["name"] == "prioritized":
+            if sampler["beta_final"] is not None and sampler["beta_steps"] < 1:
+                raise self.fail(
+                    "sampler.beta_steps", f"must be >= 1 when beta_final is set, found {sampler['beta_steps']}"
+                )
+            if sampler["beta_final"] is None and sampler["beta_steps"]:
+                raise self.fail(
+                    "sampler.beta_steps",
+                    f"is {sampler['beta_steps']} but beta_final is null: there is nothing to anneal towards",
+                )
+        if sampler["name"] == "queue" and self.learner_batch and self.capacity < self.learner_batch:
             raise self.fail(
-                "priority_beta_steps",
-                f"must be >= 1 when replay.priority_beta_final is set, found {self.priority_beta_steps}",
+                "capacity",
+                f"is {self.capacity}, smaller than one learner batch (replay.learner_batch = "
+                f"{self.learner_batch}): the queue could never serve a batch",
             )
-        if self.priority_beta_final is None and self.priority_beta_steps:
-            raise self.fail(
-                "priority_beta_steps",
-                f"is {self.priority_beta_steps} but replay.priority_beta_final "
-                "is null: there is nothing to anneal towards",
-            )
+
+    def _fold_flat_keys(self) -> None:
+        """The old flat keys into the nested specs, checked against the registry (:func:`fold_flat_keys`)."""
+        sampler, writer, flat = fold_flat_keys(self)
+        object.__setattr__(self, "sampler", FrozenMapping(sampler))
+        object.__setattr__(self, "writer", FrozenMapping(writer))
+        for key, value in flat.items():  # reading the old keys keeps working
+            object.__setattr__(self, key, value)
+
+    @property
+    def sampler_name(self) -> str:
+        """The sampler's name (``replay.sampler.name``)."""
+        return self.sampler["name"]
+
+    @property
+    def writer_name(self) -> str:
+        """The writer's name (``replay.writer.name``)."""
+        return self.writer["name"]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["sampler"], out["writer"] = thaw(self.sampler), thaw(self.writer)
+        for flat in FLAT_KEYS:  # their values live in the nested specs
+            out[flat] = None
+        return out
 
     def replayed_per_step(self, fresh: int | None) -> int:
         """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.

@@ -37,8 +37,9 @@ from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay.config_parts import sampler_named, writer_named
 from gflowdist.replay.priorities import check_priorities, current_keys, item_keys
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
-from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, Sampler, UniformSampler
-from gflowdist.replay.stamps import STAMPS, stamp_rows
+from gflowdist.replay.registry import build_part, part_spec
+from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, QueueSampler, Sampler, UniformSampler
+from gflowdist.replay.stamps import STAMPS, ItemStamps, stamp_rows
 from gflowdist.replay.storage import Batch, TensorStorage
 from gflowdist.replay.writers import (
     REJECTED_DUPLICATE,
@@ -108,6 +109,7 @@ class ReplayBuffer:
         self.generator = generator
         self.stamps = torch.zeros(storage.capacity, len(STAMPS), dtype=torch.int64)
         self.scores = torch.full((storage.capacity,), math.nan, dtype=torch.float32)
+        sampler.items = ItemStamps(lambda: self.stamps, lambda: self.storage.live)
         self.counters = {
             "offered": 0,
             "admitted": 0,
@@ -120,6 +122,7 @@ class ReplayBuffer:
             "initial_priorities": 0,
             "priority_updates": 0,
             "stale_priority_updates": 0,
+            "stale": 0,
         }
 
     # -- presets --------------------------------------------------------------
@@ -185,6 +188,15 @@ class ReplayBuffer:
         return cls(TensorStorage(capacity), UniformSampler(), DedupWriter(key), rate_limiter, generator)
 
     @classmethod
+    def queue(
+        cls, capacity: int, *, rate_limiter: RateLimiter | None = None, generator: torch.Generator | None = None
+    ) -> ReplayBuffer:
+        """The on-policy queue: each item served once, oldest first; a full queue takes nothing more
+        (:meth:`has_room`; the buffer rank parks what does not fit) and :meth:`drop_stale` drops items
+        whose policy lag is too large."""
+        return cls(TensorStorage(capacity), QueueSampler(), RoundRobinWriter(), rate_limiter, generator)
+
+    @classmethod
     def from_config(
         cls,
         cfg: Any,
@@ -197,17 +209,22 @@ class ReplayBuffer:
         beta_steps: int = 0,
         generator: torch.Generator | None = None,
     ) -> ReplayBuffer:
-        """Build from an object with attributes ``capacity``, ``sampler``
-        (``"uniform" | "prioritized" | "fifo"``), ``writer`` (``"round_robin" |
-        "keep_highest" | "dedup"``), ``min_size_to_sample``, ``samples_per_insert``
-        and ``tolerance`` (e.g. ``gflowdist.config`` ``ReplayConfig``).
+        """Build from an object with attributes ``capacity``, ``sampler``, ``writer``,
+        ``min_size_to_sample``, ``samples_per_insert`` and ``tolerance`` (e.g. ``gflowdist.config``
+        ``ReplayConfig``).
 
-        ``dedup_key`` is required for writer ``"dedup"``; ``alpha``, ``beta``,
-        ``eps``, ``beta_final``, ``beta_steps`` apply to sampler ``"prioritized"``.
+        ``sampler`` and ``writer`` are names or mappings ``{name: ..., <options>}``
+        (:mod:`gflowdist.replay.registry`); a mapping carries its own options. For a
+        sampler given by name only, ``alpha``, ``beta``, ``eps``, ``beta_final`` and
+        ``beta_steps`` apply to ``"prioritized"``; ``dedup_key`` is the key of writer
+        ``"dedup"`` when its mapping names none (a field name or a function of the batch).
         """
-        sampler = sampler_named(
-            cfg.sampler, alpha=alpha, beta=beta, eps=eps, beta_final=beta_final, beta_steps=beta_steps
-        )
+        if isinstance(cfg.sampler, str):
+            sampler = sampler_named(
+                cfg.sampler, alpha=alpha, beta=beta, eps=eps, beta_final=beta_final, beta_steps=beta_steps
+            )
+        else:
+            sampler = build_part("sampler", part_spec("sampler", cfg.sampler, "replay.sampler"))
         writer = writer_named(cfg.writer, dedup_key)
         limiter = RateLimiter(cfg.min_size_to_sample, cfg.samples_per_insert, cfg.tolerance)
         return cls(TensorStorage(cfg.capacity), sampler, writer, limiter, generator)
@@ -229,6 +246,24 @@ class ReplayBuffer:
 
     def can_insert(self, n: int) -> bool:
         return self.rate_limiter is None or self.rate_limiter.can_insert(n)
+
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more items fit without overwriting a stored one (what a queue waits for)."""
+        return len(self.storage) + n <= self.capacity
+
+    def drop_stale(self, version: int, max_staleness: int) -> int:
+        """Free every stored item whose policy lag ``version - policy_version`` exceeds ``max_staleness``;
+        returns how many (counted in ``counters["stale"]``; the sampler hears of them via ``on_free``)."""
+        live = self.storage.live_indices()
+        stale = live[version - self.stamps[live, 2] > max_staleness]
+        if not stale.numel():
+            return 0
+        freed = self.storage.free(stale)
+        self.sampler.on_free(stale)
+        self.counters["stale"] += freed
+        if self.rate_limiter is not None:
+            self.rate_limiter.record_delete(freed)
+        return freed
 
     def extend(
         self,

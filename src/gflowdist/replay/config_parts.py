@@ -7,12 +7,13 @@ builds its parts with these two functions; an unknown name raises a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from gflowdist.errors import ConfigError
-from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, Sampler, UniformSampler
+from gflowdist.replay.registry import build_part, part_spec
+from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, QueueSampler, Sampler, UniformSampler
 from gflowdist.replay.storage import Batch
 from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter, Writer
 
@@ -22,19 +23,26 @@ __all__ = ["sampler_named", "writer_named"]
 def sampler_named(
     name: str, *, alpha: float, beta: float, eps: float, beta_final: float | None, beta_steps: int
 ) -> Sampler:
-    """``"uniform" | "prioritized" | "fifo"``; the priority settings apply to prioritized."""
+    """``"uniform" | "prioritized" | "fifo" | "queue"``; the priority settings apply to prioritized."""
     samplers: dict[str, Callable[[], Sampler]] = {
         "uniform": UniformSampler,
         "prioritized": lambda: PrioritizedSampler(alpha, beta, eps, beta_final=beta_final, beta_steps=beta_steps),
         "fifo": FifoSampler,
+        "queue": QueueSampler,
     }
     if name not in samplers:
         raise ConfigError(f"must be one of {sorted(samplers)}, found {name!r}", key="replay.sampler")
     return samplers[name]()
 
 
-def writer_named(name: str, dedup_key: str | Callable[[Batch], torch.Tensor] | None) -> Writer:
-    """``"round_robin" | "keep_highest" | "dedup"`` (which needs ``dedup_key``)."""
+def writer_named(name: str | Mapping, dedup_key: str | Callable[[Batch], torch.Tensor] | None) -> Writer:
+    """``"round_robin" | "keep_highest" | "dedup"`` (which needs ``dedup_key``), or a mapping
+    ``{name: ..., <options>}`` (:mod:`gflowdist.replay.registry`; dedup's ``key`` option, else ``dedup_key``)."""
+    if isinstance(name, Mapping):
+        spec = part_spec("writer", name, "replay.writer")
+        if spec["name"] != "dedup":
+            return build_part("writer", spec)
+        name, dedup_key = "dedup", spec["key"] if spec["key"] is not None else dedup_key
     if name == "dedup":
         if dedup_key is None:
             raise ConfigError(

@@ -12,8 +12,27 @@ consumption those are exactly the live slots. A consuming sampler (FIFO)
 serves each item once: the buffer frees the returned slots in the storage.
 
 ``info["weights"]`` (float32, one per sampled item) are importance weights; a
-sampler that leaves them out means all ones. ``step`` (the caller's training
-step) only matters to a prioritized sampler whose beta anneals.
+sampler that leaves them out means all ones. ``step`` is the caller's training
+step: the learner step (policy version) that will use the batch; a prioritized
+sampler anneals beta with it, a staleness-aware one compares it with the items'
+versions.
+
+Besides slots, a sampler sees each stored item's stamps through ``self.items``
+(an :class:`~gflowdist.replay.stamps.ItemStamps` the buffer sets: policy
+version, producer rank, admission order; read-only copies), so a sampler that
+prefers fresh items is a few lines::
+
+    class FreshestFirst(Sampler):          # consumes: the n items of newest policy version
+        name, consumes = "freshest_first", True
+        def can_sample(self, storage_len, n):
+            return storage_len >= n
+        def sample(self, storage_len, n, generator, step=0):
+            slots = self.items.live()
+            newest = torch.argsort(self.items.policy_version(slots), descending=True, stable=True)
+            return slots[newest[:n]], {}
+
+A consuming sampler is told of slots the buffer freed without serving them
+(items dropped as too stale) through :meth:`Sampler.on_free`.
 """
 
 from __future__ import annotations
@@ -25,9 +44,11 @@ import torch
 from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.replay.component import Component
 from gflowdist.replay.priorities import BetaSchedule, check_priorities
+from gflowdist.replay.stamps import ItemStamps
 
 __all__ = [
     "FifoSampler",
+    "QueueSampler",
     "InsufficientItemsError",
     "PrioritizedSampler",
     "Sampler",
@@ -61,6 +82,13 @@ class Sampler(Component):
     name = "sampler"
     consumes = False
     prioritized = False
+    #: True for a queue: producers are held back when it is full instead of old items being overwritten
+    backpressure = False
+    #: the stored items' stamps (read-only copies); set by the buffer that owns the sampler
+    items: ItemStamps | None = None
+
+    def on_free(self, indices: torch.Tensor) -> None:
+        """Slots ``indices`` were freed by the buffer without being served (e.g. items too stale)."""
 
     def on_write(self, indices: torch.Tensor, priorities: torch.Tensor | None = None) -> None:
         """Slots ``indices`` (distinct, in insertion order) now hold new items.
@@ -259,6 +287,10 @@ class FifoSampler(Sampler):
         self.pending[indices] = True
         self.next_order += indices.numel()
 
+    def on_free(self, indices):
+        if indices.numel():
+            self.pending[indices] = False
+
     def pending_count(self) -> int:
         return int(self.pending.sum())
 
@@ -290,3 +322,19 @@ class FifoSampler(Sampler):
         self.order = state["order"].to(torch.int64).clone()
         self.pending = state["pending"].to(torch.bool).clone()
         self.next_order = int(state["next_order"])
+
+
+class QueueSampler(FifoSampler):
+    """The on-policy queue (Reverb's ``Queue``, ``max_times_sampled=1``): oldest unserved item first, each
+    item served once, and a full queue holds its producers back instead of overwriting unserved items.
+
+    Sampling is :class:`FifoSampler`'s. The rest is the buffer rank's
+    (:mod:`gflowdist.runtime.loops.buffer`): it drops items whose policy lag
+    exceeds ``replay.max_staleness`` before serving (ledger: dropped, reason
+    ``stale``) and parks a batch that does not fit until sampling makes room;
+    unroll actors pace themselves to the learners' consumption
+    (:class:`gflowdist.rl.UnrollActor`).
+    """
+
+    name = "queue"
+    backpressure = True

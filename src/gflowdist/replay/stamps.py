@@ -5,13 +5,17 @@
 caller passed (an int for the whole batch, or a tensor with one value per
 item). The insertion step, the last column, is filled by the buffer at
 admission.
+
+:class:`ItemStamps` is a sampler's read-only view of these columns (``sampler.items``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["STAMPS", "stamp_rows"]
+__all__ = ["ItemStamps", "STAMPS", "stamp_rows"]
 
 #: int64 metadata, one column each of ReplayBuffer.stamps; the score is kept apart (float32).
 STAMPS = ("producer", "seq", "policy_version", "insert_step")
@@ -46,3 +50,39 @@ def stamp_rows(
     _fill(rows[:, 1], seq, "seq", consecutive=True)
     _fill(rows[:, 2], policy_version, "policy_version")
     return rows
+
+
+class ItemStamps:
+    """A sampler's read-only view of the stored items' stamps (``sampler.items``, set by the buffer).
+
+    Every method returns copies, indexed by slot: what the sampler reads
+    cannot change the buffer. A staleness-aware sampler compares
+    :meth:`policy_version` with the ``step`` it is asked at (the learner
+    step, i.e. policy version, that will use the batch)::
+
+        slots = self.items.live()
+        lag = step - self.items.policy_version(slots)
+    """
+
+    def __init__(self, stamps: Callable[[], torch.Tensor], live: Callable[[], torch.Tensor]):
+        self._stamps, self._live = stamps, live
+
+    def live(self) -> torch.Tensor:
+        """The slots that hold an item (int64, ascending)."""
+        return torch.nonzero(self._live()).flatten()
+
+    def _column(self, name: str, slots: torch.Tensor | None) -> torch.Tensor:
+        column = self._stamps()[:, STAMPS.index(name)]
+        return column.clone() if slots is None else column[torch.as_tensor(slots, dtype=torch.int64)]
+
+    def policy_version(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The policy version each item's producer stamped on it."""
+        return self._column("policy_version", slots)
+
+    def producer(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The rank that produced each item."""
+        return self._column("producer", slots)
+
+    def admission(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Each item's admission order (how many items the buffer admitted before it)."""
+        return self._column("insert_step", slots)

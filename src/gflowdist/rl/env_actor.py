@@ -1,4 +1,5 @@
-"""An :class:`~gflowdist.runtime.roles.Actor` that steps a gymnasium vector environment.
+"""An :class:`~gflowdist.runtime.roles.Actor` that steps a gymnasium vector environment and emits
+n-step transitions (discrete actions only; the stepping core is :mod:`gflowdist.rl.env_core`).
 
 Subclass it, build ``self.model`` in :meth:`setup` (after ``super().setup()``)
 and write :meth:`act`; gflowdist runs it as any actor (weights from its
@@ -44,68 +45,28 @@ it, actors run flat out as in Ape-X.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 import torch
 
 from gflowdist.errors import ConfigError
-from gflowdist.layout import Role as LayoutRole
+from gflowdist.rl.env_core import VectorEnvActor, make_vector_env
 from gflowdist.rl.exploration import apex_epsilons
 from gflowdist.rl.transitions import NStepTransitions
-from gflowdist.runtime.roles import Actor
 
 __all__ = ["EnvironmentActor", "make_vector_env"]
 
 
-def make_vector_env(env_id: str, num_envs: int, wrapper: Callable[[Any], Any] | None = None) -> Any:
-    """``num_envs`` copies of ``env_id`` stepped in this process, one after another; ends reset in the
-    same step (the final observation is in ``info["final_obs"]``); ``wrapper`` wraps each copy."""
-    try:
-        import gymnasium
-    except ImportError as err:
-        raise ImportError("environment actors need gymnasium: pip install 'gflowdist[rl]'") from err
-    return gymnasium.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP},
-        wrappers=[wrapper] if wrapper is not None else None,
-    )
-
-
-class EnvironmentActor(Actor):
+class EnvironmentActor(VectorEnvActor):
     """Steps a vector of environments; emits n-step transitions (see the module docstring)."""
 
     def act(self, obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
         """Actions (int64 ``[E]``) for observations ``[E, *obs_shape]`` at exploration ``epsilon``."""
         raise NotImplementedError(f"{type(self).__name__} must implement act(obs, epsilon)")
 
-    def make_env(self, num_envs: int) -> Any:
-        """The vector environment (default: :func:`make_vector_env` of ``params.env_id``, each copy
-        slowed by ``params.env_latency_s`` / ``params.env_cpu_s`` when set: :mod:`gflowdist.rl.slow_env`)."""
-        if "env_id" not in self.params:
-            raise ConfigError("is required by an environment actor (e.g. CartPole-v1)", key="params.env_id")
-        from gflowdist.rl.slow_env import slow_env_wrapper  # imports gymnasium (the rl extra)
-
-        return make_vector_env(str(self.params["env_id"]), num_envs, slow_env_wrapper(self.params))
-
-    def actor_slot(self) -> tuple[int, int]:
-        """``(my index among the actors, number of actors)``; ``(0, 1)`` outside a job."""
-        layout = getattr(self.context, "layout", None)
-        if layout is None:
-            return 0, 1
-        actors = layout.ranks_of(LayoutRole.ACTOR)
-        return (actors.index(self.rank), len(actors)) if self.rank in actors else (0, 1)
-
     def setup(self) -> None:
         params = self.params
-        self.num_envs = int(params.get("envs_per_actor", 1))
         self.rollout_steps = int(params.get("rollout_steps", 16))
-        self.env = self.make_env(self.num_envs)
-        self.obs_shape = tuple(self.env.single_observation_space.shape)
-        self.num_actions = int(self.env.single_action_space.n)
+        self.setup_environments(int(params.get("envs_per_actor", 1)))
         index, actors = self.actor_slot()
         self.epsilon = apex_epsilons(
             index * self.num_envs,
@@ -117,12 +78,6 @@ class EnvironmentActor(Actor):
         self.transitions = NStepTransitions(
             self.num_envs, int(params.get("n_step", 1)), float(params.get("gamma", 0.99)), self.obs_shape
         )
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
-        self.obs, _ = self.env.reset(seed=seed)
-        self.episode_return = np.zeros(self.num_envs)
-        self.finished_returns: list[float] = []
-        self.env_steps = 0
-        self.episodes = 0
         self.pace = self._pace(params, actors)
 
     def _pace(self, params, actors: int) -> tuple[float, float] | None:
@@ -153,28 +108,6 @@ class EnvironmentActor(Actor):
 
     def step_environments(self) -> None:
         """One step of every environment with :meth:`act`'s actions."""
-        obs = self.obs
-        actions = self.act(torch.from_numpy(np.asarray(obs, dtype=np.float32)), self.epsilon).numpy()
-        self.obs, reward, terminated, truncated, info = self.env.step(actions)
-        done = np.logical_or(terminated, truncated)
-        next_obs = self.obs
-        if done.any():
-            next_obs = self.obs.copy()
-            for env in np.flatnonzero(done):
-                next_obs[env] = info["final_obs"][env]
-        self.transitions.push(obs, actions, reward, next_obs, terminated, truncated)
-        self.episode_return += reward
-        self.env_steps += self.num_envs
-        for env in np.flatnonzero(done):
-            self.finished_returns.append(float(self.episode_return[env]))
-            self.episode_return[env] = 0.0
-            self.episodes += 1
-
-    def metrics(self) -> dict[str, float]:
-        """``env_steps``, ``episodes`` so far (ints: the progress line adds them up over the actors);
-        ``episode_return``: mean over episodes ended since the last call (absent when none ended)."""
-        out: dict[str, float] = {"env_steps": int(self.env_steps), "episodes": int(self.episodes)}
-        if self.finished_returns:
-            out["episode_return"] = float(np.mean(self.finished_returns))
-            self.finished_returns = []
-        return out
+        actions = self.act(self.obs_tensor(), self.epsilon).numpy()
+        step = self.step_with(actions)
+        self.transitions.push(step.obs, actions, step.reward, step.next_obs, step.terminated, step.truncated)

@@ -6,9 +6,12 @@ Each rank counts, per trajectory (not per message):
   (consumed without a buffer), ``in_flight`` (sent but not yet known to be
   delivered; zero after the shutdown drain);
 - buffers: ``received`` (per producer), ``admitted`` and ``dropped`` by
-  reason (``duplicate``, ``low_score``, ``staleness``,
-  ``rate_limit``, ``bad_batch``); ``evicted`` (admitted items later overwritten for capacity:
-  delivered, then dropped; reported, not part of the balance);
+  reason (``duplicate``, ``low_score``, ``stale``, ``rate_limit``, ``bad_batch``,
+  ``queue_full``); ``evicted`` (admitted items later overwritten for capacity:
+  delivered, then dropped; reported, not part of the balance); ``expired``
+  (admitted items a queue later dropped as too stale to serve: counted in
+  ``dropped["stale"]`` too, and taken out of the balance, which counts each
+  item's fate on receipt once);
   ``malformed`` messages per sender (rejected before anything in them could be
   counted as a trajectory; reported, not part of the balance); and
   ``refused`` batches per sender (well-formed messages whose batch the
@@ -21,7 +24,7 @@ Each rank counts, per trajectory (not per message):
 At shutdown the collector checks, for the whole job::
 
     produced == used_locally + received_by_buffers + in_flight + dropped_before_delivery
-    received_by_buffers == admitted + sum(dropped after receipt)
+    received_by_buffers == admitted + sum(dropped after receipt) - expired
 
 where ``dropped_before_delivery`` is a producer's ``dropped["lost_rank"]``.
 
@@ -62,6 +65,7 @@ class Ledger:
     received: int = 0
     admitted: int = 0
     evicted: int = 0
+    expired: int = 0  # of dropped["stale"]: admitted first, dropped by a queue before being served
     dropped: Counter = field(default_factory=Counter)
     received_from: Counter = field(default_factory=Counter)
     malformed: Counter = field(default_factory=Counter)  # sender rank -> malformed messages
@@ -80,6 +84,7 @@ class Ledger:
             "received": self.received,
             "admitted": self.admitted,
             "evicted": self.evicted,
+            "expired": self.expired,
             "dropped": dict(self.dropped),
             "received_from": {str(k): v for k, v in self.received_from.items()},
             "malformed": {str(k): v for k, v in self.malformed.items()},
@@ -96,6 +101,7 @@ class Ledger:
             received=data.get("received", 0),
             admitted=data.get("admitted", 0),
             evicted=data.get("evicted", 0),
+            expired=data.get("expired", 0),
             dropped=Counter(data.get("dropped", {})),
             received_from=Counter({int(k): v for k, v in data.get("received_from", {}).items()}),
             malformed=Counter({int(k): v for k, v in data.get("malformed", {}).items()}),
@@ -118,7 +124,7 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
                 f"locally, {delivered} reached a buffer, {ledger.in_flight} are in flight"
                 + (f" and {lost} were lost with it" if lost else "")
             )
-        dropped = sum(ledger.dropped.values()) - lost
+        dropped = sum(ledger.dropped.values()) - lost - ledger.expired
         if ledger.received != ledger.admitted + dropped:
             problems.append(
                 f"buffer rank {rank} received {ledger.received} but admitted {ledger.admitted} and dropped {dropped}"
@@ -131,6 +137,7 @@ def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
         "dropped": sum(sum(item.dropped.values()) for item in ledgers.values()),
         "in_flight": sum(item.in_flight for item in ledgers.values()),
         "evicted": sum(item.evicted for item in ledgers.values()),
+        "expired": sum(item.expired for item in ledgers.values()),
         "malformed_messages": sum(sum(item.malformed.values()) for item in ledgers.values()),
         "refused_batches": sum(sum(item.refused.values()) for item in ledgers.values()),
     }

@@ -242,16 +242,7 @@ class BufferManager(BaseRole):
         """The replay buffer (default: :meth:`ReplayBuffer.from_config` of the replay section)."""
         from gflowdist.replay import ReplayBuffer
 
-        cfg = self.config.replay
-        return ReplayBuffer.from_config(
-            cfg,
-            generator=self.generator,
-            dedup_key=cfg.dedup_key,
-            alpha=cfg.priority_alpha,
-            beta=cfg.priority_beta,
-            beta_final=cfg.priority_beta_final,
-            beta_steps=cfg.priority_beta_steps,
-        )
+        return ReplayBuffer.from_config(self.config.replay, generator=self.generator)
 
     def score(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """Per-trajectory scores (priority / keep-highest); default: ``log_rewards`` if present."""

@@ -7,10 +7,20 @@
 
 A buffer's steps are the messages it took (``taken``): the point at which its
 tape records which client's message came next, and when a summary went out.
+
+A queue (``replay.sampler: queue``) never overwrites an unserved item: a batch
+that does not fit is parked, in arrival order, and admitted as sampling makes
+room (its producers pace themselves so that this stays rare, see
+:class:`gflowdist.rl.UnrollActor`); what is still parked when every client is
+done is dropped, reason ``queue_full``. Before serving a sample, a queue drops
+the items whose policy lag at the requesting learner's version exceeds
+``replay.max_staleness`` (the ledger: dropped, reason ``stale``, and
+``expired``: admitted first).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -52,6 +62,7 @@ class BufferLoop:
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
         self.idle_end = 0.0  # when its last pause ended (the trace's idle event ends there)
         self.taken = 0  # messages taken (malformed ones too): where this loop is
+        self.parked: collections.deque[Message] = collections.deque()  # a full queue's batches, in arrival order
 
     @property
     def finished_clients(self) -> set[int]:
@@ -76,6 +87,7 @@ class BufferLoop:
             self.busy()
             self.handle(msg)
             self.save_complete_cuts()
+        self.drop_parked()
         self.w.data.drain()
         self.w.report(protocol.summary(self.manager.summary()))
 
@@ -126,9 +138,17 @@ class BufferLoop:
         ledger, n = self.w.ledger, int(msg.body["n"])
         ledger.received += n
         ledger.received_from[msg.sender] += n
+        self.offer(msg)
+
+    def offer(self, msg: Message, unparked: bool = False) -> None:
+        """Admit a received batch (or park it, behind those parked before, while a queue has no room)."""
+        ledger, n = self.w.ledger, int(msg.body["n"])
         version, max_staleness = int(msg.body["version"]), self.w.config.replay.max_staleness
         if max_staleness is not None and self.state.latest_version - version > max_staleness:
-            ledger.drop("staleness", n)
+            ledger.drop("stale", n)
+            return
+        if self.replay.sampler.backpressure and ((self.parked and not unparked) or not self.replay.has_room(n)):
+            self.parked.append(msg)
             return
         batch = msg.body["batch"]
         try:
@@ -177,8 +197,35 @@ class BufferLoop:
     def serve_sample(self, msg: Message) -> None:
         """Answer a sample request: a batch and its policy versions (prioritized: weights and keys, beta at
         the learner step that will use it), or nothing while too little is stored."""
-        reply = sample_reply_for(self.replay, int(msg.body["n"]), int(msg.body.get("step", msg.body["version"])))
+        step = int(msg.body.get("step", msg.body["version"]))
+        max_staleness = self.w.config.replay.max_staleness
+        if self.replay.sampler.backpressure and max_staleness is not None:
+            expired = self.replay.drop_stale(step, max_staleness)
+            self.w.ledger.drop("stale", expired)
+            self.w.ledger.expired += expired
+        reply = sample_reply_for(self.replay, int(msg.body["n"]), step)
         self.w.data.isend(*reply, msg.sender)
+        self.admit_parked()
+
+    def admit_parked(self) -> None:
+        """Admit parked batches, oldest first, while the queue has room for them."""
+        while self.parked and self.replay.has_room(int(self.parked[0].body["n"])):
+            msg = self.parked.popleft()
+            with self.w.timer.phase("insert"):
+                self.offer(msg, unparked=True)
+
+    def drop_parked(self) -> None:
+        """At the end: what a full queue still holds back is dropped, reason ``queue_full`` (never silently)."""
+        self.admit_parked()
+        for msg in self.parked:
+            self.w.ledger.drop("queue_full", int(msg.body["n"]))
+        if self.parked:
+            log.warning(
+                "buffer rank %d: %d batches parked for room in the queue were dropped at the end (queue_full)",
+                self.w.rank,
+                len(self.parked),
+            )
+        self.parked.clear()
 
     def save_complete_cuts(self) -> None:
         """Save every checkpoint whose markers came from all clients still running; acknowledge it to them."""

@@ -1,0 +1,133 @@
+"""An actor that sends fixed-length unrolls with its behaviour policy's log-probabilities (IMPALA, APPO).
+
+Subclass it, build ``self.model`` in :meth:`setup` (after ``super().setup()``)
+and write :meth:`act`, which returns the actions and their log-probabilities
+(:func:`~gflowdist.rl.unrolls.categorical_actions` and
+:func:`~gflowdist.rl.unrolls.gaussian_actions` do both)::
+
+    class MyActor(UnrollActor):
+        def setup(self):
+            super().setup()                      # environments, unroll state, queue pacing
+            self.model = Policy(self.obs_shape[0], self.num_actions)
+        def act(self, obs):                      # obs [E, *obs_shape]
+            with torch.no_grad():
+                return categorical_actions(self.model(obs), self.generator)
+
+Each :meth:`rollout` steps all ``E = params.envs_per_actor`` environments
+``T = params.unroll_length`` times and returns ``E`` unrolls, one per
+environment copy (fields in :mod:`gflowdist.rl.unrolls`); episodes run on
+across unrolls, the last observation of one unroll (its ``bootstrap_obs``)
+is the first of the next. ``Discrete`` and ``Box`` action spaces are taken
+(``self.discrete`` says which); :meth:`metrics` reports the returns of the
+episodes that ended since its last call (:class:`~gflowdist.rl.env_core.VectorEnvActor`).
+
+Back-pressure on a queue (``replay.sampler: queue``): the learners consume
+``replay.learner_batch`` unrolls per step, so actor ``a`` of the ``N``
+actors feeding its buffer holds its next unroll (:meth:`rollout` returns None,
+the loop keeps receiving weights and asks again) while the unrolls it sent
+are at or above::
+
+    ceil(replay.capacity / N) + (v + sync.weights_to_actors_every) * replay.learner_batch * L / N
+
+where ``L`` is the number of trainers sampling from that buffer and ``v`` the
+newest policy version it holds. So the actors together never get more than
+a queue's worth ahead of the learners. An actor that has waited this way for
+``faults.peer_timeout_s`` seconds without its policy version moving raises
+:class:`~gflowdist.errors.DeadlineError` (its learner stopped consuming).
+
+``params`` read here (with defaults): ``env_id`` (required),
+``envs_per_actor`` (1), ``unroll_length`` (20), ``record_logits`` (false),
+``record_values`` (false).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from gflowdist.errors import ConfigError, DeadlineError
+from gflowdist.layout import Role as LayoutRole
+from gflowdist.rl.env_core import VectorEnvActor
+from gflowdist.rl.unrolls import UnrollRecorder
+
+__all__ = ["UnrollActor"]
+
+
+class UnrollActor(VectorEnvActor):
+    """Steps ``E`` environments ``T`` times per rollout; sends ``E`` unrolls (module docstring)."""
+
+    continuous_actions = True
+
+    def act(self, obs: torch.Tensor) -> Mapping[str, torch.Tensor]:
+        """For observations ``[E, *obs_shape]``: ``{"action": [E] int64 or [E, *action_shape] float32,
+        "log_prob": [E]}``, and ``"logits"`` ``[E, A]`` / ``"value"`` ``[E]`` when recorded."""
+        raise NotImplementedError(f"{type(self).__name__} must implement act(obs)")
+
+    def setup(self) -> None:
+        params = self.params
+        length = params.get("unroll_length", 20)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ConfigError(f"must be an int >= 1, got {length!r}", key="params.unroll_length")
+        self.unroll_length = length
+        self.setup_environments(int(params.get("envs_per_actor", 1)))
+        self.recorder = UnrollRecorder(
+            self.num_envs,
+            length,
+            self.obs_shape,
+            self.action_shape,
+            discrete=self.discrete,
+            num_actions=self.num_actions if params.get("record_logits", False) else None,
+            values=bool(params.get("record_values", False)),
+        )
+        self.unrolls_sent = 0
+        self.pace = self._queue_pace()
+        self._held_since: tuple[float, int] | None = None  # (when, version) the current wait began
+
+    def _queue_pace(self) -> tuple[float, float] | None:
+        """``(unrolls allowed before learning, unrolls per policy version)`` when my buffer is a queue."""
+        replay, sync = getattr(self.config, "replay", None), getattr(self.config, "sync", None)
+        if replay is None or replay.sampler_name != "queue" or not replay.learner_batch:
+            return None
+        layout, placement = getattr(self.context, "layout", None), getattr(self.context, "placement", None)
+        if layout is None or placement is None or placement.buffer is None:
+            actors, learners = 1, 1
+        else:
+            clients = layout.clients_of.get(placement.buffer, ())
+            actors = max(1, sum(layout.role_of(r) is LayoutRole.ACTOR for r in clients))
+            learners = max(1, sum(layout.role_of(r) is LayoutRole.TRAINER for r in clients))
+        lead = sync.weights_to_actors_every if sync is not None else 1
+        per_version = replay.learner_batch * learners / actors
+        return math.ceil(replay.capacity / actors) + lead * per_version, per_version
+
+    def held(self, policy_version: int) -> bool:
+        """Whether my next unroll would overfill my queue (module docstring); raises at the deadline."""
+        if self.pace is None or self.unrolls_sent + self.num_envs <= self.pace[0] + self.pace[1] * policy_version:
+            self._held_since = None
+            return False
+        now = time.monotonic()
+        if self._held_since is None or self._held_since[1] != policy_version:
+            self._held_since = (now, policy_version)
+        deadline = float(self.config.faults.peer_timeout_s)
+        if now - self._held_since[0] > deadline:
+            raise DeadlineError(
+                f"actor rank {self.rank} waited {deadline:g} s (faults.peer_timeout_s) for room in its queue "
+                f"with policy version {policy_version}: {self.unrolls_sent} unrolls sent, the learners have "
+                f"taken about {self.pace[1] * policy_version:.0f}; they stopped consuming"
+            )
+        return True
+
+    def rollout(self, policy_version: int) -> dict[str, torch.Tensor] | None:
+        """``E`` unrolls of ``T`` steps, or None while my queue is full (:meth:`held`)."""
+        if self.held(policy_version):
+            return None
+        for t in range(self.unroll_length):
+            out = self.act(self.obs_tensor())
+            action = out["action"].detach().cpu()
+            step = self.step_with(action.numpy())
+            self.recorder.record(t, step, out)
+        self.unrolls_sent += self.num_envs
+        return self.recorder.take(np.asarray(self.obs), policy_version)
