@@ -1,0 +1,103 @@
+"""A buffer rank's queue (one process, the loop's own methods): stale unrolls dropped and counted, a full
+queue parking batches instead of overwriting, and an unroll whose length changed refused naming the sender."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from gflowdist.config import Config
+from gflowdist.replay import ReplayBuffer
+from gflowdist.rl import UnrollActor, categorical_actions
+from gflowdist.runtime import protocol
+from gflowdist.runtime.ledger import Ledger, check_ledgers
+from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.transport import Message, MessageType
+
+
+class RandomUnrolls(UnrollActor):
+    def act(self, obs):
+        return categorical_actions(torch.zeros(obs.shape[0], self.num_actions), self.generator)
+
+
+def unroll_maker(length: int) -> RandomUnrolls:
+    config = Config.from_dict({"params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "unroll_length": length}})
+    actor = RandomUnrolls(rank=1, config=config, generator=torch.Generator().manual_seed(length))
+    actor.setup()
+    return actor
+
+
+def buffer_loop(capacity: int, max_staleness: int | None):
+    sent, told = [], []
+    roles = {1: "actor", 2: "actor", 0: "trainer", 3: "buffer"}
+    w = SimpleNamespace(
+        rank=3,
+        ledger=Ledger(),
+        context=SimpleNamespace(
+            placement=SimpleNamespace(clients=(0, 1, 2)), describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"
+        ),
+        lost={},
+        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=max_staleness)),
+        data=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
+        control=SimpleNamespace(isend=lambda kind, body, to: told.append((kind, body, to))),
+        timer=SimpleNamespace(phase=lambda name: contextlib.nullcontext()),
+        note=lambda event, category, **args: None,
+    )
+    manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
+    loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), ReplayBuffer.queue(capacity))
+    return loop, w, sent, told
+
+
+def send(loop, sender: int, seq: int, batch: dict, version: int) -> None:
+    kind, body = protocol.trajectories(batch, seq=seq, version=version, n=2)
+    loop.handle(Message(kind, sender, seq, body))
+
+
+def ask(loop, n: int, version: int) -> None:
+    kind, body = protocol.sample_request(n, version)
+    loop.handle(Message(kind, 0, 0, body))
+
+
+def test_a_queue_drops_stale_unrolls_parks_what_does_not_fit_and_its_ledger_balances():
+    loop, w, sent, _ = buffer_loop(capacity=4, max_staleness=2)
+    actor = unroll_maker(8)
+    for seq, version in ((0, 0), (2, 0), (4, 3)):  # 6 unrolls for a queue of 4: the third batch is parked
+        send(loop, 1, seq, actor.rollout(version), version)
+    assert len(loop.replay) == 4 and len(loop.parked) == 1 and w.ledger.evicted == 0
+    ask(loop, 2, version=3)  # lag 3 > 2: all four version-0 unrolls are dropped unserved, none served
+    assert w.ledger.dropped == {"stale": 4} and w.ledger.expired == 4
+    (kind, body, to) = sent[-1]
+    assert kind is MessageType.SAMPLE_REPLY and body.get("batch") is None and to == 0
+    assert len(loop.replay) == 2 and not loop.parked  # room again: the parked batch (version 3) is admitted
+    ask(loop, 2, version=4)
+    (_, body, _) = sent[-1]
+    assert body["batch"]["obs"].shape == (2, 8, 4) and body["versions"].tolist() == [3, 3]
+    send(loop, 2, 0, actor.rollout(0), 0)  # lag 4 at admission (version 4 heard): dropped on arrival
+    loop.drop_parked()
+    assert w.ledger.dropped == {"stale": 6} and w.ledger.admitted == 6 and w.ledger.received == 8
+    totals = check_ledgers({1: Ledger(produced=6, sent=6), 2: Ledger(produced=2, sent=2), 3: w.ledger})
+    assert totals["expired"] == 4 and totals["dropped"] == 6
+
+
+def test_what_a_full_queue_still_parks_at_the_end_is_dropped_as_queue_full():
+    loop, w, _, _ = buffer_loop(capacity=2, max_staleness=None)
+    actor = unroll_maker(4)
+    send(loop, 1, 0, actor.rollout(0), 0)
+    send(loop, 1, 2, actor.rollout(0), 0)
+    loop.drop_parked()
+    assert w.ledger.admitted == 2 and w.ledger.dropped == {"queue_full": 2}
+    check_ledgers({1: Ledger(produced=4, sent=4), 3: w.ledger})
+
+
+def test_an_unroll_whose_length_changed_is_refused_naming_sender_field_expected_and_got():
+    loop, w, _, told = buffer_loop(capacity=8, max_staleness=None)
+    send(loop, 1, 0, unroll_maker(8).rollout(0), 0)
+    send(loop, 2, 0, unroll_maker(6).rollout(0), 0)
+    assert w.ledger.admitted == 2 and w.ledger.dropped == {"bad_batch": 2} and w.ledger.refused == {2: 1}
+    [(_, body, to)] = told
+    assert to == 2 and body["text"] == (
+        "buffer rank 3 (buffer on vm) refused a batch of 2 trajectories (seq 0-1) from rank 2 (actor on vm): "
+        "field 'obs': got per-item shape [6, 4] torch.float32, the storage holds [8, 4] torch.float32"
+    )
