@@ -83,7 +83,11 @@ def add_parser(subparsers) -> None:
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N", help="number of ranks (default: launch.nprocs)")
-    parser.add_argument("--engine", choices=["auto", "mpi", "torch"], help="override launch.engine")
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "mpi", "torch", "local"],
+        help="override launch.engine (local: every rank a thread of this process, for debuggers)",
+    )
     parser.add_argument(
         "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest intact checkpoint"
     )
@@ -156,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
 
         nprocs = resumed_rank_count(args.resume, config, nprocs_option=args.nprocs, overrides=overrides)
     launcher = _check_before_launch(config, nprocs, from_option=args.nprocs is not None)
+    if config.launch.engine == "local":
+        from gflowdist.launch.in_process import run_in_process
+
+        return run_in_process(config, nprocs, resume_dir=args.resume)
     argv = ["-m", "gflowdist", "run", config_path, *overrides]
     if args.resume:
         argv += ["--resume", args.resume]
@@ -230,7 +238,7 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
     preflight.check_extras(config)
     preflight.check_roles_named(config, layout)
     resolved = preflight.resolve_roles(config)
-    uses_mpiexec = nprocs > 1 and config.launch.engine != "torch"
+    uses_mpiexec = nprocs > 1 and config.launch.engine not in ("torch", "local")
     launcher = preflight.check_launcher(config, find_mpiexec) if uses_mpiexec else None
     judge_devices = preflight.devices_judged_here(config, nprocs)
     gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=judge_devices)

@@ -139,6 +139,9 @@ class Communicator(ABC):
 
     #: "local", "mpi" or "torch"
     engine: str = ""
+    #: True when the ranks are threads of one process (:mod:`gflowdist.comm.threads`): signals, logs and the
+    #: end of the process belong to the launcher's thread, not to each rank
+    ranks_are_threads: bool = False
     rank: int
     size: int
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -282,6 +285,11 @@ class Communicator(ABC):
     def abort(self, code: int = 1) -> None:
         """End the whole job now (every rank), with exit status ``code``."""
         raise SystemExit(code)
+
+    def first_to_fail(self) -> bool:
+        """Whether this rank is the one that reports the job's failure: True, except for ranks of one process
+        (:mod:`gflowdist.comm.threads`), where only the first failing rank speaks and the others end silently."""
+        return True
 
     # -- helpers for subclasses -------------------------------------------------
     def _check_peer(self, peer: int | None, name: str, *, allow_none: bool = False) -> None:

@@ -151,8 +151,9 @@ class LaunchConfig(_Section):
 
     engine: str = setting(
         "auto",
-        ChoiceCheck("auto", "mpi", "torch"),
-        "Communication engine: mpi4py, torch.distributed, or auto (the job's own launcher decides).",
+        ChoiceCheck("auto", "mpi", "torch", "local"),
+        "Communication engine: mpi4py, torch.distributed, local (every rank a thread of one process, "
+        "for debugging), or auto (the job's own launcher decides).",
     )
     nprocs: int = setting(4, IntCheck(low=1), "Number of ranks to start when gflowdist launches the job itself.")
     mpiexec: str | None = setting(

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,17 +90,20 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     # group whose trainers each have a GPU of their own averages on an nccl group of its own (DistributedContext)
     world = comm if comm is not None else world_comm(config.launch.engine, cuda=False)
     check_engine_allows(config, world.engine)
-    _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
     stop = StopFlag()
-    stop.install_signal_handlers()
-    on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
+    if world.ranks_are_threads:  # only the launcher's thread catches signals; it sets every rank's flag
+        world.world.stop_flags.append(stop)  # type: ignore[attr-defined]  # a ThreadComm's ThreadWorld
+    else:
+        _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
+        stop.install_signal_handlers()
+        on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
     watch = SetupWatch.gather(ctx)  # every rank's pid and machine, while every rank surely lives
     run_dir = agree_run_dir(world, config, resume_dir)
     if world.rank == collector_rank(ctx.layout):
         run_dir.mkdir(parents=True, exist_ok=True)
     world.barrier(timeout=60)
-    _setup_logging(run_dir, world.rank)
+    _setup_logging(run_dir, world.rank, threads=world.ranks_are_threads)
     log.info(
         "rank %d role %s host %s pid %d device %s (%s)",
         world.rank,
@@ -158,9 +162,27 @@ def _ignore_peer_death_signal(note_it: bool = False) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def _setup_logging(run_dir: Path, rank: int) -> None:
-    """``logs/rank-N.log`` for the ``gflowdist`` loggers, ``logs/rank-N.stacks`` for stack dumps."""
+def _setup_logging(run_dir: Path, rank: int, *, threads: bool = False) -> None:
+    """``logs/rank-N.log`` for the ``gflowdist`` loggers, ``logs/rank-N.stacks`` for stack dumps.
+
+    With ranks as threads (``threads``), each rank's log takes the records of its own thread
+    (:func:`thread_rank`), replacing the handler an earlier job of this process gave that rank, and stack
+    dumps are the launcher's.
+    """
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if threads:
+        handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+        handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(lambda record: thread_rank() == rank)
+        handler.gflowdist_rank = rank  # type: ignore[attr-defined]
+        root = logging.getLogger("gflowdist")
+        for old in [h for h in root.handlers if getattr(h, "gflowdist_rank", None) == rank]:
+            root.removeHandler(old)
+            old.close()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        root.propagate = False
+        return
     # `kill -USR2 <pid>` appends every thread's Python stack to logs/rank-N.stacks (debugging hangs).
     stacks = open(run_dir / "logs" / f"rank-{rank}.stacks", "a")
     _STACK_FILES.append(stacks)
@@ -181,6 +203,8 @@ def fail_job(world: Communicator, message: str, *, code: int) -> NoReturn:
     lets the launcher print the message even when MPI's abort kills the ranks
     before their stderr is forwarded.
     """
+    if not world.first_to_fail():  # ranks as threads: another rank ends the job and says why
+        raise SystemExit(code)
     # The failure file first: if mpiexec is already gone, writing to stderr may fail.
     failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
     if failure_file:
@@ -201,9 +225,14 @@ def fail_job(world: Communicator, message: str, *, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def thread_rank() -> int | None:
+    """The rank the calling thread works for when ranks are threads (``threading.Thread.gflowdist_rank``)."""
+    return getattr(threading.current_thread(), "gflowdist_rank", None)
+
+
 def end_of_process_bounded(world: Communicator) -> None:
     """Before the communicators are freed: :func:`end_within` 2 s after a loss was heard of, else 60 s."""
-    if world.size > 1:
+    if world.size > 1 and not world.ranks_are_threads:
         end_within(END_AFTER_LOSS_S if LOST_IN_THIS_PROCESS or DEATH_HEARD.is_set() else END_S)
 
 
