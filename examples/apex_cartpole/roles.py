@@ -46,6 +46,8 @@ class ApexLearner(Trainer):
 
     def setup(self):
         self.core = DQNLearner(self.params, *env_spaces(str(self.params["env_id"])))
+        self.core.model.to(self.device)  # in place: the optimizer keeps the same parameters
+        self.core.target.to(self.device)
         self.model, self.optimizer = self.core.model, self.core.optimizer
         self.td = None
         self.last_loss = float("nan")

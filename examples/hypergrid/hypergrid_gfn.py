@@ -138,19 +138,19 @@ class HyperGrid:
         return unravel(torch.arange(self.n_states), self)
 
 
-def _strides(env: HyperGrid) -> torch.Tensor:
+def _strides(env: HyperGrid, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[H**(D-1), ..., H, 1]``: how far the flat index moves per unit of each coordinate."""
-    return env.height ** torch.arange(env.ndim - 1, -1, -1)
+    return env.height ** torch.arange(env.ndim - 1, -1, -1, device=device)
 
 
 def state_index(x: torch.Tensor, env: HyperGrid) -> torch.Tensor:
     """Flat index ``sum_d x_d * H**(D-1-d)`` (int64, shape ``x.shape[:-1]``)."""
-    return (x * _strides(env)).sum(-1)
+    return (x * _strides(env, x.device)).sum(-1)
 
 
 def unravel(flat: torch.Tensor, env: HyperGrid) -> torch.Tensor:
     """Inverse of ``state_index``: int64 ``[..., D]``."""
-    return torch.div(flat.unsqueeze(-1), _strides(env), rounding_mode="floor") % env.height
+    return torch.div(flat.unsqueeze(-1), _strides(env, flat.device), rounding_mode="floor") % env.height
 
 
 def _mlp(n_in: int, hidden: int, n_layers: int, n_out: int) -> nn.Sequential:
@@ -204,7 +204,9 @@ def sample_trajectories(
     """Roll out ``n`` trajectories from the origin; returns the batch dict (module doc).
 
     Each step draws from ``(1 - epsilon) * P_F(.|s) + epsilon * Uniform(allowed actions)``.
-    The loop runs over time steps (at most ``T``), never over trajectories.
+    The loop runs over time steps (at most ``T``), never over trajectories. The batch is made
+    on the model's device; a ``generator`` on another device (a CPU generator for a model on a
+    GPU) draws the uniforms of an inverse-CDF sample there.
     """
     _check_same_env(model, env)
     if n < 1:
@@ -212,18 +214,19 @@ def sample_trajectories(
     if not 0.0 <= epsilon <= 1.0:
         raise ConfigError(f"must be in [0, 1], got {epsilon}", key="epsilon")
     T, D = env.max_actions, env.ndim
-    states = torch.empty((n, T + 1, D), dtype=torch.long)
-    actions = torch.empty((n, T), dtype=torch.long)
-    lengths = torch.zeros(n, dtype=torch.long)
-    x = torch.zeros(n, D, dtype=torch.long)
-    active = torch.ones(n, dtype=torch.bool)
+    device = model.log_z.device
+    states = torch.empty((n, T + 1, D), dtype=torch.long, device=device)
+    actions = torch.empty((n, T), dtype=torch.long, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    x = torch.zeros(n, D, dtype=torch.long, device=device)
+    active = torch.ones(n, dtype=torch.bool, device=device)
     for t in range(T):
         states[:, t] = x
         probs = torch.softmax(model.forward_logits(x), dim=-1)
         if epsilon > 0:
             mask = env.forward_mask(x)
             probs = (1 - epsilon) * probs + epsilon * mask / mask.sum(-1, keepdim=True)
-        a = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        a = _draw(probs, generator)
         a = torch.where(active, a, D)  # finished rows "stop" again, which never moves
         actions[:, t] = a
         x = x + F.one_hot(a, D + 1)[:, :D]
@@ -231,7 +234,7 @@ def sample_trajectories(
         active &= a < D
         if not active.any():
             break
-    after = torch.arange(T + 1) >= lengths.unsqueeze(1)  # the sink s_f and the padding
+    after = torch.arange(T + 1, device=device) >= lengths.unsqueeze(1)  # the sink s_f and the padding
     states[after] = -1
     actions[after[:, :T]] = -1
     return {
@@ -241,6 +244,16 @@ def sample_trajectories(
         "log_rewards": env.log_reward(x).float(),
         "terminal": x,
     }
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One action per row of ``probs``: ``multinomial``, or with a generator on another device the first
+    index whose cumulative probability passes a uniform drawn by it."""
+    if generator is None or generator.device == probs.device:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=generator.device).to(probs.device)
+    cdf = probs.cumsum(-1)
+    return (cdf < u * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def batch_spec(env: HyperGrid, n: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -287,7 +300,7 @@ def trajectory_log_probs(
     check_batch(batch, env)
     states, actions, lengths = batch["states"], batch["actions"], batch["lengths"]
     T = env.max_actions
-    t = torch.arange(T)
+    t = torch.arange(T, device=lengths.device)
     forward_steps = t < lengths.unsqueeze(1)  # [n, T]: every action, stop included
     backward_steps = t < (lengths - 1).unsqueeze(1)  # [n, T]: increments only
     parents = states[:, :T].clamp(min=0)  # padding (-1) is scored, then masked out

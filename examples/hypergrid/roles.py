@@ -58,19 +58,19 @@ def sample_scored(model, env, n, generator, epsilon, oracle: RewardOracle) -> di
 class RecentTerminals:
     """A ring of the last ``window`` sampled terminal states; :meth:`l1` against R/Z."""
 
-    def __init__(self, env: HyperGrid, window: int):
+    def __init__(self, env: HyperGrid, window: int, device: torch.device | str = "cpu"):
         self.env = env
-        self.states = torch.full((window,), -1, dtype=torch.int64)
+        self.states = torch.full((window,), -1, dtype=torch.int64, device=device)  # where the batches are made
         self.cursor = 0
 
     def add(self, terminal: torch.Tensor) -> None:
-        slots = (self.cursor + torch.arange(terminal.shape[0])) % self.states.numel()
-        self.states[slots] = state_index(terminal, self.env)
+        slots = (self.cursor + torch.arange(terminal.shape[0], device=self.states.device)) % self.states.numel()
+        self.states[slots] = state_index(terminal, self.env).to(self.states.device)
         self.cursor += terminal.shape[0]
 
     def l1(self) -> float:
         seen = self.states[self.states >= 0]
-        return float(l1_distance(torch.bincount(seen, minlength=self.env.n_states).double(), self.env))
+        return float(l1_distance(torch.bincount(seen, minlength=self.env.n_states).double().cpu(), self.env))
 
 
 class HyperGridTrainer(Trainer):
@@ -78,6 +78,7 @@ class HyperGridTrainer(Trainer):
         p = self.params
         self.env = make_env(p)
         self.model = HyperGridPolicy(self.env, hidden=int(p.get("hidden", 64)), n_layers=int(p.get("layers", 2)))
+        self.model.to(self.device)  # the trainer samples and learns on its device; before the optimizer is made
         others = [w for name, w in self.model.named_parameters() if name != "log_z"]
         self.optimizer = torch.optim.Adam(
             [
@@ -89,7 +90,7 @@ class HyperGridTrainer(Trainer):
         self.epsilon = float(p.get("epsilon", 0.0))
         self.oracle = RewardOracle.from_params(self.env.log_reward, p)
         self.samples = bool(p.get("trainer_samples", True))
-        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)))
+        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)), self.device)
 
     def rollout(self, policy_version):
         if not self.samples:
@@ -124,7 +125,7 @@ class HyperGridActor(Actor):
         self.n = int(p.get("trajectories_per_step", 16))
         self.epsilon = float(p.get("epsilon", 0.0))
         self.oracle = RewardOracle.from_params(self.env.log_reward, p)
-        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)))
+        self.recent = RecentTerminals(self.env, int(p.get("l1_window", 2000)), self.device)
 
     def rollout(self, policy_version):
         batch = sample_scored(self.model, self.env, self.n, self.generator, self.epsilon, self.oracle)

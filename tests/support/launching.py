@@ -107,9 +107,14 @@ def pytest_summaries(output: str) -> list[str]:
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    """This environment for a job of its own: never an outer job's identity, one thread per rank."""
+    """This environment for a job of its own: never an outer job's identity, one thread per rank, no GPU.
+
+    The tests' roles build their models on the CPU; on a machine with a GPU, ``launch.devices: auto``
+    would put their trainers on it and the first step would refuse the CPU model. A GPU test gives
+    ``CUDA_VISIBLE_DEVICES`` in ``extra``.
+    """
     env = without_launcher(dict(os.environ))
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     env.update(extra)
     return env
 
