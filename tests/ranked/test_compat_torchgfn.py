@@ -347,3 +347,35 @@ def test_initialize_distributed_compute(comm):
     ctx.cleanup()
     assert dist.is_initialized() is not owned  # destroyed only if this call created it
     comm.barrier()
+
+
+def test_initialize_mpi4py_takes_rank_layouts_as_given(comm):
+    """torchgfn's newest ``layout=``: a RankLayout (gflowdist's or torchgfn's own) is used as it is."""
+    if comm.engine != "mpi" or comm.size < 2:
+        pytest.skip("initialize_distributed_compute_mpi4py with a layout needs 2+ MPI ranks")
+    from tests.support.originals import load_file, torchgfn_newest_distributed
+
+    original = load_file(torchgfn_newest_distributed(), "torchgfn_distributed_newest").RankLayout
+    planned = tg.initialize_distributed_compute_mpi4py(1)
+    fields = ("assigned_buffer", "assigned_training_ranks", "agent_group_id", "buffer_rank_set", "num_training_ranks")
+    for cls in (tg.RankLayout, original):
+        ctx = tg.initialize_distributed_compute_mpi4py(1, layout=cls.build(comm.size, 1, 1, 1, 0))
+        assert [getattr(ctx, f) for f in fields] == [getattr(planned, f) for f in fields]
+        if ctx.is_training_rank():
+            assert ctx.train_global_group.Get_size() == comm.size - 1
+            ctx.train_global_group.Barrier()
+        ctx.cleanup()
+    planned.cleanup()
+    # a layout no planner would make (the buffer first) is honoured, as torchgfn honours it
+    others = list(range(1, comm.size))
+    ctx = tg.initialize_distributed_compute_mpi4py(1, layout=tg.RankLayout(others, [0], [others], 1))
+    assert ctx.is_buffer_rank() == (comm.rank == 0)
+    assert ctx.assigned_training_ranks == (others if comm.rank == 0 else None)
+    assert ctx.assigned_buffer == (None if comm.rank == 0 else 0)
+    if comm.rank == 0:
+        tg.send({"hello": 1}, 1)
+    elif comm.rank == 1:
+        assert tg.recv(0, timeout=30) == (0, {"hello": 1})
+    ctx.cleanup()
+    with pytest.raises(LayoutError, match="differs from the arguments"):
+        tg.initialize_distributed_compute_mpi4py(0, layout=tg.RankLayout.build(comm.size, 1, 1, 1, 0))

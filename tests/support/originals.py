@@ -8,8 +8,9 @@
   own. Neither library's heavy dependencies are needed: the file imports only
   numpy, torch and mpi4py.
 - torchgfn's newest ``gfn/utils/distributed.py`` (with ``RankLayout``) is not
-  released on PyPI: ``GFLOWDIST_TORCHGFN_SRC`` may name a checkout of
-  torchgfn (or the file itself).
+  released on PyPI: it is kept verbatim in ``tests/originals/torchgfn``
+  (Apache 2.0); ``GFLOWDIST_TORCHGFN_SRC`` may name another checkout of
+  torchgfn (or the file itself) to compare against.
 
 Each function returns a path, or calls ``pytest.skip`` with the reason the
 original could not be obtained: a differential test never passes without
@@ -18,17 +19,25 @@ its original.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from tests.support.launching import REPO
 
-__all__ = ["ORIGINALS", "omnisafe_distributed", "torchgfn_distributed", "torchgfn_newest_distributed"]
+__all__ = [
+    "ORIGINALS",
+    "load_file",
+    "omnisafe_distributed",
+    "torchgfn_distributed",
+    "torchgfn_newest_distributed",
+]
 
 #: the folder holding the verbatim Spinning Up package (put it on ``sys.path``)
 ORIGINALS = REPO / "tests" / "originals"
@@ -81,16 +90,23 @@ def torchgfn_distributed() -> Path:
 
 
 def torchgfn_newest_distributed() -> Path:
-    """torchgfn's unreleased ``gfn/utils/distributed.py`` (``RankLayout``), from ``GFLOWDIST_TORCHGFN_SRC``."""
+    """torchgfn's unreleased ``gfn/utils/distributed.py`` (``RankLayout``): kept here, or ``GFLOWDIST_TORCHGFN_SRC``."""
     given = os.environ.get("GFLOWDIST_TORCHGFN_SRC")
-    if not given:
-        pytest.skip(
-            "torchgfn's newest gfn/utils/distributed.py (RankLayout) is not released on PyPI: "
-            "set GFLOWDIST_TORCHGFN_SRC to a torchgfn checkout to compare against it"
-        )
-    path = Path(given)
+    path = Path(given) if given else ORIGINALS / "torchgfn" / "distributed.py"
     if path.is_dir():
         path = path / "src" / "gfn" / "utils" / "distributed.py"
     if not path.is_file() or "class RankLayout" not in path.read_text():
-        pytest.skip(f"GFLOWDIST_TORCHGFN_SRC={given}: no gfn/utils/distributed.py with RankLayout there")
+        pytest.skip(f"{path}: no torchgfn gfn/utils/distributed.py with RankLayout there")
     return path
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` as a module of its own named ``name`` (not left in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module

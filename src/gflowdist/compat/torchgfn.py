@@ -5,7 +5,8 @@
 
 Every public name of the original, with the same parameters:
 :class:`DistributedContext`, :class:`DistributedContextMPI4Py`,
-:class:`AsyncSendHandle`, :func:`initialize_distributed_compute`,
+:class:`AsyncSendHandle`, :class:`RankLayout` (torchgfn's releases after
+2.4.1), :func:`initialize_distributed_compute`,
 :func:`initialize_distributed_compute_mpi4py`, :func:`send`, :func:`isend`,
 :func:`recv`, :func:`barrier`, :func:`get_rank`, :func:`get_world_size`,
 :func:`all_reduce`, :func:`all_gather`, :func:`broadcast`,
@@ -58,6 +59,7 @@ from gflowdist.compat.torchgfn_context import (
     initialize_distributed_compute_mpi4py,
 )
 from gflowdist.compat.torchgfn_groups import _WORLDS, engine_of, resolve_group, world_for
+from gflowdist.compat.torchgfn_layout import RankLayout
 from gflowdist.timing import report_load_imbalance, report_time_info
 from gflowdist.transport import EncodeError, MessageType, decode, encode
 
@@ -67,6 +69,7 @@ __all__ = [
     "DistributedContextMPI4Py",
     "DistributedContextmpi4py",
     "Group",
+    "RankLayout",
     "all_gather",
     "all_reduce",
     "average_gradients",

@@ -32,6 +32,7 @@ the groups are None, which every function reads as the world of one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -42,6 +43,7 @@ from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_
 from gflowdist.comm.rendezvous import reachable_address
 from gflowdist.comm.select import reset_world_comm
 from gflowdist.compat.torchgfn_groups import engine_of, forget_world, native_handle, torch_initialized, world_for
+from gflowdist.compat.torchgfn_layout import as_layout
 from gflowdist.context import DistributedContext as CoreContext
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
 from gflowdist.layout import Layout, Role
@@ -120,12 +122,35 @@ def _create_core(
     return core
 
 
-def _layout_facts(layout: Layout) -> dict[str, Any]:
-    """What torchgfn's contexts expose of a layout (host names and notes left out)."""
-    facts = layout.to_dict()
-    for key in ("hosts", "note", "placement"):
-        facts.pop(key)
-    return facts
+def _check_arguments(layout: Layout, num_remote_buffers: int, num_agent_groups: int, num_coordinators: int) -> None:
+    """A layout passed in must have what the arguments ask for (torchgfn used it without a look)."""
+    have = (len(layout.buffers), len(layout.agent_groups), 0 if layout.coordinator is None else 1)
+    want = (num_remote_buffers, num_agent_groups, num_coordinators)
+    if have != want:
+        raise LayoutError(
+            "initialize_distributed_compute_mpi4py: the layout passed in differs from the arguments: "
+            f"it has {have[0]} buffer(s), {have[1]} agent group(s) and {have[2]} coordinator(s), the call asks "
+            f"for {want[0]}, {want[1]} and {want[2]}"
+        )
+
+
+def _core_from_layout(world: Communicator, layout: Layout) -> CoreContext:
+    """A gflowdist context over ``layout`` as given (no host names gathered, no planning).
+
+    Collective: every rank checks that all were given the same layout, then
+    splits the groups in :meth:`CoreContext.create`'s order.
+    """
+    mine = json.dumps(layout.to_dict(), sort_keys=True)
+    statements = [s.decode() for s in world.all_gather_bytes(mine.encode())]
+    if len(set(statements)) > 1:
+        differing = [rank for rank, other in enumerate(statements) if other != statements[0]]
+        raise LayoutError(f"the layout passed in differs between ranks (ranks {differing} differ from rank 0)")
+    comms: dict[str, Communicator | None] = {"world": world}
+    comms["trainers"] = world.split([list(layout.trainers)])
+    comms["DP"] = world.split([list(group) for group in layout.agent_groups])
+    comms["POP"] = world.split([list(layout.pop_ranks)])
+    comms["buffers"] = world.split([list(layout.buffers)]) if layout.buffers else None
+    return CoreContext(world, layout, comms)
 
 
 def _context_fields(core: CoreContext, engine: str | None = None) -> dict[str, Any]:
@@ -282,26 +307,29 @@ def initialize_distributed_compute_mpi4py(
     num_remote_buffers: int,
     num_agent_groups: int = 1,
     num_coordinators: int = 0,
-    layout: Layout | None = None,
+    layout: Any = None,
 ) -> DistributedContextMPI4Py:
     """torchgfn's MPI context over the MPI world; needs nothing else (no torch.distributed).
 
     Collective over the MPI world: gathers host names, plans the layout
     (module docstring), checks every rank planned the same, then splits the
-    groups. ``layout``, when given (a :class:`gflowdist.layout.Layout`), must be
-    the layout this job plans; a different one raises :class:`LayoutError`.
+    groups. ``layout``, when given, is used as it is, as torchgfn does (no
+    host names gathered, no planning): a torchgfn ``RankLayout`` (gflowdist's
+    :class:`~gflowdist.compat.torchgfn.RankLayout` or torchgfn's own) or a
+    :class:`gflowdist.layout.Layout`. Unlike torchgfn, it must hold what the
+    arguments ask for (buffers, agent groups, coordinator) and be the same on
+    every rank, else :class:`LayoutError`.
     In a plain process this is a world of one (torchgfn's single-process mode).
     A torch.distributed job that no MPI launcher started raises.
     """
     torchgfn_layout_config(num_remote_buffers, num_agent_groups, num_coordinators)  # validates
     world = world_for("mpi")
-    core = _create_core(world, num_remote_buffers, num_agent_groups, num_coordinators)
-    if layout is not None and world.size > 1 and _layout_facts(layout) != _layout_facts(core.layout):
-        core.cleanup()
-        raise LayoutError(
-            "initialize_distributed_compute_mpi4py: the layout passed in differs from "
-            f"the one this job plans ({core.layout.summary()})"
-        )
+    if layout is None or world.size == 1:
+        core = _create_core(world, num_remote_buffers, num_agent_groups, num_coordinators)
+    else:
+        given = as_layout(layout, world.size)
+        _check_arguments(given, num_remote_buffers, num_agent_groups, num_coordinators)
+        core = _core_from_layout(world, given)
     return DistributedContextMPI4Py(**_context_fields(core))
 
 
