@@ -231,7 +231,7 @@ def avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
 
     One flat reduction per bucket, except on gloo with 3 or more ranks, where
     each gradient is reduced on its own as OmniSafe does (see
-    :func:`_per_tensor`), so the bits are the original's everywhere.
+    ``_per_tensor``), so the bits are the original's everywhere.
     """
     comm = group_or_world(group)
     if not _per_tensor(comm):
