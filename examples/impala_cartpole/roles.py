@@ -75,6 +75,8 @@ class ImpalaCoordinator(Coordinator):
         self.started: float | None = None
         self.curve: list[dict[str, float]] = []
         self.env_steps: dict[int, float] = {}
+        #: environment steps in one learner batch: learner_batch unrolls of unroll_length steps
+        self.steps_per_update = int(self.config.replay.learner_batch) * int(self.params.get("unroll_length", 20))
 
     def on_metrics(self, rank, step, metrics):
         if "env_steps" in metrics:  # an actor's row
@@ -88,7 +90,8 @@ class ImpalaCoordinator(Coordinator):
             {
                 "seconds": round(time.monotonic() - started, 2),
                 "learner_steps": version,
-                "env_steps": sum(self.env_steps.values()),
+                "env_steps": version * self.steps_per_update,  # learned from: exact, as the single process counts
+                "env_steps_reported": sum(self.env_steps.values()),  # the actors' last reports (more: queued, stale)
                 "eval_return": score,
             }
         )

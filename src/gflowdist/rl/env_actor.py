@@ -16,7 +16,7 @@ learner, stamped versions, the ledger counts transitions)::
 Each :meth:`rollout` steps all ``E = params.envs_per_actor`` environments
 ``params.rollout_steps`` times and returns the n-step transitions that
 became complete (fields in :mod:`gflowdist.rl.transitions`). Episodes run
-on across rollouts; :meth:`metrics` reports the returns of the episodes
+on across rollouts; :meth:`~gflowdist.rl.env_core.VectorEnvActor.metrics` reports the returns of the episodes
 that ended since its last call.
 
 Exploration: environment ``j`` of actor ``a`` (of ``N`` actors with ``E``

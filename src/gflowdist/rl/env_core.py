@@ -3,7 +3,7 @@
 It owns ``E = params.envs_per_actor`` copies of ``params.env_id`` in one
 gymnasium vector environment (extra ``rl``: ``pip install 'gflowdist[rl]'``),
 keeps episodes running across rollouts, counts environment steps and
-episodes and reports episode returns as :meth:`metrics`. What an actor makes
+episodes and reports episode returns as :meth:`VectorEnvActor.metrics`. What an actor makes
 of the steps is its subclass's business:
 
 - :class:`~gflowdist.rl.env_actor.EnvironmentActor`: n-step transitions (Ape-X, DQN);
@@ -16,7 +16,7 @@ observations: the final one where an episode ended).
 
 Action spaces: ``Discrete`` for every actor; ``Box`` (continuous) only for an
 actor class with ``continuous_actions = True``. Any other space, or a ``Box``
-given to a discrete-only actor, is refused in :meth:`setup` naming the class,
+given to a discrete-only actor, is refused in :meth:`VectorEnvActor.setup_environments` naming the class,
 the environment and its action space.
 """
 
@@ -71,7 +71,7 @@ class VectorStep:
 class VectorEnvActor(Actor):
     """Steps ``E`` environment copies; episode returns as metrics (see the module docstring).
 
-    After :meth:`setup`: ``env``, ``num_envs``, ``obs`` (the current observations,
+    After :meth:`setup_environments`: ``env``, ``num_envs``, ``obs`` (the current observations,
     ``[E, *obs_shape]``), ``obs_shape``, ``discrete`` and either ``num_actions``
     (``Discrete``) or ``action_shape``, ``action_low``, ``action_high`` (``Box``).
     """

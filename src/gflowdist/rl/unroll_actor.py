@@ -18,7 +18,7 @@ Each :meth:`rollout` steps all ``E = params.envs_per_actor`` environments
 environment copy (fields in :mod:`gflowdist.rl.unrolls`); episodes run on
 across unrolls, the last observation of one unroll (its ``bootstrap_obs``)
 is the first of the next. ``Discrete`` and ``Box`` action spaces are taken
-(``self.discrete`` says which); :meth:`metrics` reports the returns of the
+(``self.discrete`` says which); :meth:`~gflowdist.rl.env_core.VectorEnvActor.metrics` reports the returns of the
 episodes that ended since its last call (:class:`~gflowdist.rl.env_core.VectorEnvActor`).
 
 Back-pressure on a queue (``replay.sampler: queue``): the learners consume
@@ -37,7 +37,8 @@ a queue's worth ahead of the learners. An actor that has waited this way for
 
 ``params`` read here (with defaults): ``env_id`` (required),
 ``envs_per_actor`` (1), ``unroll_length`` (20), ``record_logits`` (false),
-``record_values`` (false).
+``record_values`` (false), ``env_latency_s`` and ``env_cpu_s`` (0: a simulated
+slow simulator, :mod:`gflowdist.rl.slow_env`).
 """
 
 from __future__ import annotations
