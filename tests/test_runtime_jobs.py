@@ -141,7 +141,7 @@ def test_torch_engine_runs_the_same_job(job_factory):
     assert ledger["balanced"] and ledger["totals"]["produced"] == 480
     # the console shows what it shows under mpiexec: the collector (the last rank here) prints it
     assert "gflowdist: run directory " in job.output, job.output
-    assert "gflowdist run report" in job.output and "gflowdist: done: 480 trajectories produced" in job.output
+    assert "gflowdist: ledger: balanced" in job.output and "gflowdist: done: 480 trajectories produced" in job.output
     assert job.no_process_left()
 
 

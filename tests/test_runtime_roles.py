@@ -69,8 +69,8 @@ def test_the_progress_line_adds_up_counts_and_averages_the_rest():
 
     from gflowdist.runtime.collector import Collector
 
-    layout = SimpleNamespace(trainers=[0], actors=[1, 2])
-    config = SimpleNamespace(faults=SimpleNamespace(on_actor_loss="fail"), run=SimpleNamespace(steps=10))
+    layout = SimpleNamespace(trainers=[0], actors=[1, 2], buffers=[])
+    config = Config.from_dict({"run": {"steps": 10}, "layout": {"trainers": 1, "actors": 2, "buffers": 0}})
     w = SimpleNamespace(
         context=SimpleNamespace(layout=layout),
         comm=SimpleNamespace(size=4),
@@ -78,6 +78,7 @@ def test_the_progress_line_adds_up_counts_and_averages_the_rest():
         generation=0,
         config=config,
         lost={},
+        ledger=SimpleNamespace(produced=0),
     )
     out = io.StringIO()
     collector = Collector(w, metrics_file=None, out=out)

@@ -106,7 +106,9 @@ class ApexCoordinator(Coordinator):
     def should_stop(self):
         if self.started is None:  # called on every pass of the coordinator's loop, the first right after setup
             self.started = time.monotonic()
-        return bool(self.curve) and self.curve[-1]["eval_return"] >= self.target
+        if self.curve and self.curve[-1]["eval_return"] >= self.target:
+            return f"eval_return {self.curve[-1]['eval_return']:g} >= {self.target:g}"  # the run's last line says it
+        return False
 
     def summary(self):
         solved = [point for point in self.curve if point["eval_return"] >= self.target]

@@ -28,6 +28,7 @@ __all__ = [
     "RESTART_VARIABLE",
     "LAUNCH_CONFIG_VARIABLE",
     "LIFELINE_VARIABLE",
+    "CONSOLE_VARIABLE",
     "in_mpi_job",
     "in_torch_job",
     "launcher_world_size",
@@ -65,6 +66,9 @@ RESTART_VARIABLE = "GFLOWDIST_RESTART"
 LAUNCH_CONFIG_VARIABLE = "GFLOWDIST_LAUNCH_CONFIG"
 #: The launcher's lifeline, a pipe its ranks inherit (:mod:`gflowdist.lifeline`).
 LIFELINE_VARIABLE = "GFLOWDIST_LIFELINE"
+#: The launcher's console, for the ranks' progress line: ``tty:COLUMNS`` when its stdout is a terminal,
+#: else ``pipe`` (under mpiexec a rank's own stdout is always a pipe).
+CONSOLE_VARIABLE = "GFLOWDIST_CONSOLE"
 LAUNCHER_NAMES = (
     *TORCH_JOB_VARIABLES,
     "LOCAL_RANK",
@@ -74,6 +78,7 @@ LAUNCHER_NAMES = (
     RESTART_VARIABLE,
     LAUNCH_CONFIG_VARIABLE,
     LIFELINE_VARIABLE,
+    CONSOLE_VARIABLE,
 )
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"

@@ -27,6 +27,7 @@ from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_co
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.jobenv import (
+    CONSOLE_VARIABLE,
     FAILURE_FILE_VARIABLE,
     IN_MPI_VARIABLE,
     LAUNCH_CONFIG_VARIABLE,
@@ -179,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     handed = write_launch_config(run_dir, config)
     lifeline = Lifeline()  # whatever ends this process, the job ends within faults.peer_timeout_s
 
+    attempts: list[tuple[Ended, float]] = []
+
     def launch(argv: list[str], extra: dict) -> Ended:
         env = dict(_child_env(), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
         began = time.time()
@@ -187,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
             ended = _spawn_torch(nprocs, argv, env, report_grace_s=grace, fds=lifeline.fds)
         else:
             ended = _launch_mpi(nprocs, argv, env, config, launcher, fds=lifeline.fds)
+        attempts.append((ended, began))
         return ended.judged_by(Path(run_dir), since=began)
 
     code = 1
@@ -200,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir=Path(run_dir),
             relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}),
         )
+        _say_how_to_resume(Path(run_dir), *attempts[-1])
         return code
     finally:
         handed.unlink(missing_ok=True)
@@ -219,6 +224,21 @@ def _watch_launcher(config, resume: str | None) -> None:
     rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or "?"
     run_dir = resume or os.environ.get(RUN_DIR_VARIABLE)
     watch(run_dir, who=f"rank {rank} (pid {os.getpid()})", bound_s=config.faults.peer_timeout_s)
+
+
+def _say_how_to_resume(run_dir: Path, ended: Ended, began: float) -> None:
+    """After Ctrl-C or SIGTERM: the command that resumes the run, as the last line, unless the collector
+    wrote the run's end (and said it) or there is no checkpoint to resume from."""
+    if not ended.interrupted:
+        return
+    try:
+        concluded = (run_dir / "ledger.json").stat().st_mtime >= began
+    except OSError:
+        concluded = False
+    if concluded or not any((run_dir / "checkpoints").glob("*/MANIFEST.json")):
+        return
+    sys.stdout.flush()
+    print(f"gflowdist: interrupted; resume with: gflowdist run --resume {run_dir}", flush=True)
 
 
 def _remove_if_empty(run_dir: str) -> None:
@@ -272,10 +292,22 @@ def _finalize_mpi() -> None:
 def _child_env() -> dict:
     env = dict(os.environ)
     env[FAILURE_FILE_VARIABLE] = _failure_file()
+    env[CONSOLE_VARIABLE] = _console()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _console() -> str:
+    """What the ranks' progress line is printed on: ``tty:COLUMNS`` (this stdout is a terminal) or ``pipe``."""
+    import shutil
+
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return f"tty:{shutil.get_terminal_size().columns}" if tty else "pipe"
 
 
 _FAILURE_FILES: list[str] = []

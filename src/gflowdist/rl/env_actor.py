@@ -59,6 +59,9 @@ __all__ = ["EnvironmentActor", "make_vector_env"]
 class EnvironmentActor(VectorEnvActor):
     """Steps a vector of environments; emits n-step transitions (see the module docstring)."""
 
+    unit = "transitions"
+    pace_setting = "params.env_steps_per_update"
+
     def act(self, obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
         """Actions (int64 ``[E]``) for observations ``[E, *obs_shape]`` at exploration ``epsilon``."""
         raise NotImplementedError(f"{type(self).__name__} must implement act(obs, epsilon)")

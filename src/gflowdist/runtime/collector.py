@@ -32,11 +32,12 @@ from typing import TextIO
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
 from gflowdist.runtime.generations import Reach
+from gflowdist.runtime.history import GenerationFacts
 from gflowdist.runtime.lost_actors import LostActors
+from gflowdist.runtime.progress import progress_line
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
-from gflowdist.timing import Throughput, eta_seconds, format_duration
 
 __all__ = ["Collector", "LOG_FIRST_REFUSALS", "LOG_EVERY_REFUSAL"]
 
@@ -75,6 +76,7 @@ class Collector:
         extra_fields: Callable[[], dict] | None = None,
         on_weights: Callable | None = None,
         out: TextIO = sys.stdout,
+        start_step: int = 0,
     ):
         self.w = w
         self.layout = w.context.layout
@@ -89,10 +91,6 @@ class Collector:
         self.on_weights = on_weights
         self.extra_fields = extra_fields or (lambda: {})
         self.out = out
-        self.rate = Throughput()
-        self._last_traj = 0
-        self._last_print = 0.0
-        self._tty = out.isatty()
         self.refused: Counter = Counter()  # sender rank -> control messages refused (ProtocolError)
         self.started = time.monotonic()
         self.run_dir = run_dir
@@ -100,6 +98,8 @@ class Collector:
         self.lost_actors = LostActors(w, out)
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
+        self.line = progress_line(w, out, start_step=start_step)
+        self.line.heard(w.rank, w.ledger.produced)  # my own count when this generation began
 
     # -- one poll ---------------------------------------------------------------
     def poll(self, budget: int = 64, *, point: int = FREE) -> bool:
@@ -168,6 +168,7 @@ class Collector:
             self.w.finished.add(msg.sender)
         elif msg.type is MessageType.HEARTBEAT:
             self.lost_actors.heard(msg.sender, body)
+            self.line.heard(msg.sender, int(body.get("produced", 0)))
             if self.layout.role_of(msg.sender) is Role.TRAINER and isinstance(body.get("step"), int):
                 self.reach.note(msg.sender, body["step"])
         elif command_of(msg) is Command.SAVED:
@@ -237,53 +238,30 @@ class Collector:
 
     # -- progress -----------------------------------------------------------------
     def progress(self, force: bool = False) -> None:
-        now = time.monotonic()
-        interval = 0.5 if self._tty else 5.0
-        if not force and now - self._last_print < interval:
+        """The progress line (:mod:`gflowdist.runtime.progress`), when it is due or ``force``."""
+        if not self.line.due(force) or not self.latest:
             return
-        self._last_print = now
-        if not self.latest:
-            return
-        trainers = set(self.layout.trainers)  # an actor's "step" is the version it acts with
-        steps = [m.get("step", 0) + 1 for rank, m in self.latest.items() if rank in trainers] or [0]
-        traj = sum(m.get("trajectories", 0) for m in self.latest.values())
-        self.rate.update(traj - self._last_traj)
-        self._last_traj = traj
-        total = self.w.config.run.steps
-        step = min(steps)
-        elapsed = now - self.started
-        per_step = elapsed / max(step, 1)
-        fields = {
-            **({"gen": str(self.w.generation)} if self.w.generation else {}),
-            "step": f"{step}/{total}",
-            "traj/s": f"{traj / max(elapsed, 1e-9):.0f}",
-        }
-        values: dict[str, list[int | float]] = {}
-        for m in self.latest.values():
-            for key, value in m.items():
-                if (
-                    key not in ("step", "trajectories")
-                    and isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                ):
-                    values.setdefault(key, []).append(value)
-        for key, vs in values.items():  # ints are counts: summed over ranks; floats averaged
-            total = all(type(v) is int for v in vs)
-            fields[key] = f"{sum(vs)}" if total else f"{sum(vs) / len(vs):.4g}"
-        fields.update(self.lost_actors.progress_field())
-        fields.update(self.extra_fields())
-        fields["eta"] = format_duration(eta_seconds(total - step, 1.0 / per_step if per_step > 0 else 0.0))
-        line = "  ".join(f"{k} {v}" for k, v in fields.items())
-        if self._tty:
-            self.out.write("\r" + line[:200].ljust(100))
-        else:
-            self.out.write(line + "\n")
-        self.out.flush()
+        extra = {**self.lost_actors.progress_field(), **self.extra_fields()}
+        self.line.write(self.line.fields(self.latest, extra))
 
     def finish_line(self) -> None:
-        if self._tty:
-            self.out.write("\n")
-            self.out.flush()
+        self.line.finish()
+
+    def facts(self) -> GenerationFacts:
+        """What the run's end needs to know of this generation (:mod:`gflowdist.runtime.history`)."""
+        flood = self.flood_note()
+        return GenerationFacts(
+            generation=self.w.generation,
+            from_step=self.line.start_step,
+            seconds=time.monotonic() - self.started,
+            produced_before=sum(self.line.baseline.values()),
+            unit=self.line.unit,
+            warnings=(flood,) if flood else (),
+        )
+
+    def flood_note(self) -> str | None:
+        """The report's note when the actors flooded the learners (as the last progress line judged)."""
+        return None if self.line.last_flood is None else self.line.last_flood.note()
 
     # -- the end ------------------------------------------------------------------
     def wait_finals(self, poll_sleep: float = 0.005) -> dict[int, dict]:

@@ -6,9 +6,14 @@
     [trace.json]                        every rank's timeline (run.trace; timing.trace_file)
     [tensorboard/]                      event files of the metrics and timings (run.tensorboard)
     ledger.json                         the ledger check: balanced, totals, per rank, the final line
+    generations.json                    this generation's entry appended (runtime.history)
 
-then the report and the final line on the console. A ledger that does not
-balance raises :class:`~gflowdist.errors.LedgerError` after ledger.json says why.
+An earlier generation's report and trace are kept under ``report.gen<G>.*`` first
+(:func:`gflowdist.runtime.history.keep_earlier`). Then the console gets the
+headline figures (:func:`gflowdist.timing.headline.headline`: one screen, the
+whole report stays in report.txt) and the final line; a run stopped by a signal
+ends with the command that resumes it. A ledger that does not balance raises
+:class:`~gflowdist.errors.LedgerError` after ledger.json says why.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, TextIO
 
 from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
+from gflowdist.runtime.history import GenerationFacts, keep_earlier, record_generation
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 
 __all__ = ["JobResult", "conclude", "curves_by_step"]
@@ -45,12 +51,15 @@ def conclude(
     tensorboard: bool,
     out: TextIO,
     notes: Sequence[str] = (),
+    facts: GenerationFacts | None = None,
 ) -> JobResult:
     """Write the run's end (see the module docstring) from every rank's final report; returns the result.
 
     ``notes``: lines for the report's notes (the generation and why the one before ended); ranks lost and
     gone on without (their finals carry ``lost``) are noted too, and named in ledger.json and the final line.
+    ``facts``: what the collector knows of this generation (its rate, unit, warnings, the curves to draw).
     """
+    facts = facts if facts is not None else GenerationFacts(generation=generation)
     lost = {r: f["lost"] for r, f in sorted(finals.items()) if f.get("lost")}
     checkpoints.write_manifest(
         run_dir,
@@ -64,19 +73,31 @@ def conclude(
         },
         files={r: f["checkpoint_file"] for r, f in finals.items()},
     )
+    keep_earlier(run_dir)  # an earlier generation's report and trace, under report.gen<G>.*
     traces = {r: f.pop("trace") for r, f in finals.items() if "trace" in f}
     if traces:
         _write_trace(run_dir, traces, finals)
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
-    notes = [*notes, *(f"went on without rank {r}: {why}" for r, why in lost.items())]
-    report = _report(run_dir, finals, ledgers, notes)
+    notes = [*notes, *facts.warnings, *(f"went on without rank {r}: {why}" for r, why in lost.items())]
+    made = sum(item.produced for item in ledgers.values()) - facts.produced_before
+    history = record_generation(
+        run_dir,
+        {
+            "generation": generation,
+            "steps": [facts.from_step, max((f.get("step", 0) for f in finals.values()), default=0)],
+            "seconds": None if facts.seconds is None else round(facts.seconds, 3),
+            "made": made,
+            "unit": facts.unit,
+            "ended": stop_reason or "done",
+            "report": "report.txt",
+        },
+    )
+    report = _report(run_dir, finals, ledgers, notes, facts, history)
     if tensorboard:
         _write_tensorboard(run_dir, out)
-    totals = _check_ledgers(run_dir, ledgers, stop_reason, lost)
-    out.write(report.to_text() + "\n")
-    out.write(totals["final_line"] + "\n")
-    out.flush()
+    totals = _check_ledgers(run_dir, ledgers, stop_reason, lost, facts.unit)
+    _say_end(out, report, run_dir, totals["final_line"], facts, made, stop_reason)
     return JobResult(
         run_dir=str(run_dir),
         totals=totals["totals"],
@@ -86,7 +107,39 @@ def conclude(
     )
 
 
-def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], notes: Sequence[str]):
+def _say_end(out: TextIO, report, run_dir: Path, final_line: str, facts: GenerationFacts, made: int, stop: str) -> None:
+    """One screen: the headline figures, the final line, and after a signal the command that resumes."""
+    from gflowdist.cli.report_cmd import ledger_verdict
+    from gflowdist.timing.headline import headline
+
+    verdict = ledger_verdict(json.loads((run_dir / "ledger.json").read_text()))
+    lines = headline(
+        report,
+        verdict=verdict,
+        run_dir=run_dir,
+        seconds=facts.seconds,
+        made=made,
+        unit=facts.unit,
+        warnings=facts.warnings,
+    )
+    for line in lines:
+        out.write(f"gflowdist: {line}\n")
+    out.write(final_line + "\n")
+    if stop.startswith("signal"):
+        out.write(
+            f"gflowdist: stopped by {stop.removeprefix('signal ')}; resume with: gflowdist run --resume {run_dir}\n"
+        )
+    out.flush()
+
+
+def _report(
+    run_dir: Path,
+    finals: dict[int, dict],
+    ledgers: dict[int, Ledger],
+    notes: Sequence[str],
+    facts: GenerationFacts | None = None,
+    history: Sequence[dict] = (),
+):
     """The load-imbalance report of the run, saved in ``run_dir``."""
     from gflowdist.timing import build_report
 
@@ -115,6 +168,14 @@ def _report(run_dir: Path, finals: dict[int, dict], ledgers: dict[int, Ledger], 
     )
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
+    if facts is not None:
+        report = dataclasses.replace(
+            report,
+            generation=facts.generation,
+            generations=tuple(history),
+            unit=facts.unit,
+            shown_curves=facts.curves,
+        )
     report.save(run_dir)
     return report
 
@@ -146,7 +207,7 @@ def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
 
 
 def _check_ledgers(
-    run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str, lost: Mapping[int, str]
+    run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str, lost: Mapping[int, str], unit: str = "trajectories"
 ) -> dict[str, Any]:
     """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises."""
     per_rank = {str(r): item.to_dict() for r, item in ledgers.items()}
@@ -162,7 +223,7 @@ def _check_ledgers(
     malformed = totals["malformed_messages"]
     line = (
         f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
-        f"{totals['produced']} trajectories produced, {totals['admitted']} admitted, "
+        f"{totals['produced']} {unit} produced, {totals['admitted']} admitted, "
         f"{totals['dropped']} dropped, ledger balanced"
         f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
         f"{_refused(ledgers)}"

@@ -123,6 +123,7 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     if config.run.trace:
         w.clock_offset = measure_clock_offset(world, process.context, w.collector, config.faults.peer_timeout_s)
     w.reset_liveness()
+    w.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
     w.heartbeat_while_waiting()
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
     try:
@@ -224,6 +225,7 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
         on_summary=coordinator.on_summary if coordinator else None,
         extra_fields=coordinator.progress_fields if coordinator else None,
         on_weights=coordinator.on_weights if coordinator else None,
+        start_step=rank.resumed_step if rank.resumed_from is not None and rank.resumed_step is not None else 0,
     )
     if coordinator is not None:
         coordinator.metrics_sink = lambda step, metrics: collector.record_metrics(
@@ -304,4 +306,5 @@ def _conclude(
         tensorboard=config.run.tensorboard,
         out=out,
         notes=[*([collector.generation_note] if collector.generation_note else []), *device_notes(process.context)],
+        facts=collector.facts(),
     )

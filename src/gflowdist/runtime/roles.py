@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -128,6 +128,11 @@ class Actor(BaseRole):
     """Samples trajectories with ``self.model`` (see the module docstring)."""
 
     model: torch.nn.Module | None = None
+    #: What one item of a batch is, in the progress line's rate and the final line: ``trajectories``,
+    #: ``transitions`` (:class:`~gflowdist.rl.EnvironmentActor`), ``unrolls``... (the producing class's).
+    unit: ClassVar[str] = "trajectories"
+    #: The setting that paces actors of this class, named when they flood the learners.
+    pace_setting: ClassVar[str] = "replay.samples_per_insert (the rate limiter), or rollout() returning None"
 
     @abc.abstractmethod
     def rollout(self, policy_version: int) -> dict[str, torch.Tensor] | None:
@@ -282,6 +287,9 @@ class Coordinator(BaseRole):
         """The first trainer's weights at ``version``, every ``sync.weights_to_coordinator_every``
         steps (e.g. to evaluate the greedy policy)."""
 
-    def should_stop(self) -> bool:
-        """End the run now (default: never; the run ends when every trainer finished)."""
+    def should_stop(self) -> bool | str:
+        """End the run now (default: never; the run ends when every trainer finished ``run.steps``).
+
+        Return a string to say why: the run's last line shows it (``done (eval_return 500 >= 475)``);
+        ``True`` stops it with the reason ``<Class>.should_stop()``."""
         return False

@@ -43,6 +43,7 @@ from gflowdist.timing.summaries import (
 )
 from gflowdist.timing.text_table import rank_list, table_lines
 from gflowdist.timing.timers import StepTimer, parse_rank
+from gflowdist.timing.whole_run import generation_lines
 
 __all__ = ["Report", "SavedReport", "build_report", "REPORT_FORMAT", "UNKNOWN_ROLE", "MATRIX_MAX_RANKS"]
 
@@ -100,6 +101,11 @@ class Report:
         curves: ``{metric: {"x": [...], "y": [...]}}`` (``None`` for non-finite y).
         metrics: first/last/best of each metric.
         notes: caveats found while building (missing timings, uneven iterations...).
+        generation: the run's generation this report is of (0: its first).
+        generations: the whole run's generations, ``generations.json``'s entries
+            (:mod:`gflowdist.runtime.history`), shown when there is more than one.
+        unit: what the ledger counts (trajectories, transitions...).
+        shown_curves: the curves the figure draws, in order (``report.curves``; empty: its own choice).
     """
 
     ranks: tuple[int, ...]
@@ -113,6 +119,10 @@ class Report:
     metrics: tuple[MetricSummary, ...]
     notes: tuple[str, ...]
     collectives: tuple[CollectiveWaits, ...] = ()
+    generation: int = 0
+    generations: tuple[Mapping[str, Any], ...] = ()
+    unit: str = "trajectories"
+    shown_curves: tuple[str, ...] = ()
 
     # --- plain data -----------------------------------------------------------------
 
@@ -131,6 +141,10 @@ class Report:
             "metrics": [m.to_dict() for m in self.metrics],
             "notes": list(self.notes),
             "collectives": [c.to_dict() for c in self.collectives],
+            "generation": self.generation,
+            "generations": [dict(g) for g in self.generations],
+            "unit": self.unit,
+            "shown_curves": list(self.shown_curves),
         }
 
     @classmethod
@@ -161,6 +175,10 @@ class Report:
             metrics=tuple(MetricSummary.from_dict(m) for m in data["metrics"]),
             notes=tuple(str(n) for n in data["notes"]),
             collectives=tuple(CollectiveWaits.from_dict(c) for c in data.get("collectives", ())),
+            generation=int(data.get("generation", 0)),
+            generations=tuple(dict(g) for g in data.get("generations", ())),
+            unit=str(data.get("unit", "trajectories")),
+            shown_curves=tuple(str(c) for c in data.get("shown_curves", ())),
         )
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -178,8 +196,11 @@ class Report:
 
     def to_text(self) -> str:
         """The human-readable report (sections described in ``docs/report.md``)."""
-        lines = ["gflowdist run report", "===================="]
+        title = "gflowdist run report" + (f" -- generation {self.generation}" if self.generation else "")
+        lines = [title, "=" * len(title)]
         lines += self._layout_lines()
+        if len(self.generations) > 1:
+            lines += ["", *generation_lines(self.generations)]
         lines += ["", *self._imbalance_lines()]
         lines += ["", *self._straggler_lines()]
         lines += ["", *self._wait_lines()]
@@ -299,7 +320,7 @@ class Report:
         return lines + table_lines(["consumer", "samples", "mean", "p50", "p95", "max"], rows, indent="  ")
 
     def _ledger_lines(self) -> list[str]:
-        lines = ["Ledger (trajectories)"]
+        lines = [f"Ledger ({self.unit})"]
         if self.ledger is None:
             return [*lines, "  (no ledger given)"]
         reasons = self.ledger.reasons

@@ -33,8 +33,10 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
     while not collector.all_reported():
         started = time.perf_counter()
         got = collector.poll()
-        if not stop_sent and (w.stop or coordinator.should_stop()):
-            w.stop.set("the coordinator decided to stop")  # a signal's reason, if one came first, stays
+        decided = False if stop_sent or w.stop else coordinator.should_stop()
+        if not stop_sent and (w.stop or decided):
+            # a signal's reason, if one came first, stays; should_stop() may say why (a str)
+            w.stop.set(decided if isinstance(decided, str) else f"{type(coordinator).__name__}.should_stop()")
             reason = w.stop.reason
             for rank in layout.trainers + layout.actors:
                 if w.may_send_to(rank):  # an actor not told here hears stop from its trainer

@@ -1,0 +1,175 @@
+"""The run's end on one screen, and a resumed run keeping every generation's report and trace."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from gflowdist.runtime.history import keep_earlier, read_history, record_generation
+from gflowdist.timing import build_report
+from gflowdist.timing.headline import headline, idle_phase, rank_times
+from tests.support.jobs import read_json
+
+
+def _timer(phases: dict[str, list[float]], waits: dict[str, dict[str, float]] | None = None) -> dict:
+    return {"format": 1, "phases": phases, "waits": waits or {}, "wait_counts": {}}
+
+
+def _report(**kw):
+    return build_report(
+        {
+            0: _timer({"rollout": [1.0, 1.0], "loss": [2.0, 2.0]}, {"1": {"sample": 1.0}}),
+            1: _timer({"idle": [5.0], "insert": [0.5], "sample": [0.5]}),
+            2: _timer({"idle": [6.0], "collect": [0.1]}),
+        },
+        roles={0: "trainer", 1: "buffer", 2: "coordinator"},
+        metrics=[{"step": 0, "loss": 4.0, "trajectories": 8}, {"step": 9, "loss": 0.5, "trajectories": 80}],
+        **kw,
+    )
+
+
+def test_idle_phases_are_idle_and_blocked_seconds_are_not_busy():
+    assert idle_phase("idle") and idle_phase("wait_replay") and not idle_phase("sync")
+    busy, idle = rank_times(_report())[0]
+    assert abs(sum(busy.values()) - 5.0) < 1e-9 and abs(idle - 1.0) < 1e-9  # 6 s of phases, 1 s blocked on rank 1
+
+
+def test_the_headline_names_rate_busiest_and_most_waiting_rank_verdict_metrics_and_files(tmp_path):
+    for name in ("report.txt", "report.png", "trace.json"):
+        (tmp_path / name).write_text("x")
+    lines = headline(_report(), verdict="ledger: balanced -- ...", run_dir=tmp_path, seconds=10.0, made=800)
+    text = "\n".join(lines)
+    assert lines[0] == "10.0 s, 80 trajectories/s"
+    assert "busiest: rank 0 trainer, busy 83% of its time (loss 3.3 s, rollout 1.7 s)" in text
+    assert "most waiting: rank 0 trainer, blocked 1.0 s (1.0 s on rank 1 buffer)" in text
+    assert "ledger: balanced -- ..." in lines
+    assert "loss 4 -> 0.5" in text and "trajectories" not in text.split("report")[0].split("/s")[1]
+    assert f"report {tmp_path / 'report.txt'}" in text and f"gflowdist report {tmp_path}" in text
+    assert f"figure {tmp_path / 'report.png'}" in text and f"trace  {tmp_path / 'trace.json'}" in text
+    assert len(lines) <= 10
+
+
+def test_files_that_were_not_written_are_not_named(tmp_path):
+    (tmp_path / "report.txt").write_text("x")
+    text = "\n".join(headline(_report(), verdict="ledger: ok", run_dir=tmp_path))
+    assert "report.png" not in text and "trace.json" not in text and "report.txt" in text
+
+
+def test_an_earlier_generations_files_are_kept_under_its_number(tmp_path):
+    for name in ("report.txt", "report.png", "trace.json"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "report.json").write_text(json.dumps({"generation": 0}))
+    record_generation(tmp_path, {"generation": 0, "report": "report.txt"})
+    assert keep_earlier(tmp_path) == {
+        "report.txt": "report.gen0.txt",
+        "report.json": "report.gen0.json",
+        "report.png": "report.gen0.png",
+        "trace.json": "trace.gen0.json",
+    }
+    assert (tmp_path / "trace.gen0.json").read_text() == "trace.json" and not (tmp_path / "report.txt").exists()
+    assert read_history(tmp_path)[0]["report"] == "report.gen0.txt"
+    # a second attempt at the same generation (the first failed) is kept beside the first
+    (tmp_path / "report.txt").write_text("again")
+    (tmp_path / "report.json").write_text(json.dumps({"generation": 0}))
+    assert keep_earlier(tmp_path)["report.txt"] == "report.gen0-1.txt"
+    assert keep_earlier(tmp_path) == {}
+
+
+def test_the_report_of_a_resumed_run_shows_every_generation():
+    import dataclasses
+
+    from gflowdist.timing import Report
+
+    entries = (
+        {
+            "generation": 0,
+            "steps": [0, 15],
+            "seconds": 2.0,
+            "made": 240,
+            "unit": "trajectories",
+            "ended": "signal SIGINT",
+            "report": "report.gen0.txt",
+        },
+        {
+            "generation": 1,
+            "steps": [15, 30],
+            "seconds": 3.0,
+            "made": 240,
+            "unit": "trajectories",
+            "ended": "done",
+            "report": "report.txt",
+        },
+    )
+    report = dataclasses.replace(_report(), generation=1, generations=entries)
+    text = Report.from_json(report.to_json()).to_text()
+    assert text.startswith("gflowdist run report -- generation 1")
+    table = text.split("Generations (the whole run)")[1].split("\n\n")[0]
+    assert "15-30" in table and "80 trajectories/s" in table and "signal SIGINT" in table
+    assert "report.gen0.txt" in table
+
+
+def _end(output: str) -> list[str]:
+    """The lines after the progress line's last one."""
+    lines = output.splitlines()
+    last_progress = max(i for i, line in enumerate(lines) if line.startswith("step "))
+    return lines[last_progress + 1 :]
+
+
+def test_a_run_ends_on_one_screen_and_keeps_the_whole_report_in_its_file(job_factory):
+    job = job_factory()
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    end = _end(job.output)
+    assert len(end) <= 12, job.output
+    assert "Load imbalance" not in job.output and "Load imbalance" in (run / "report.txt").read_text()
+    text = "\n".join(end)
+    for needed in (
+        "trajectories/s",
+        "busiest: rank",
+        "most waiting: rank",
+        "gflowdist: ledger: balanced",
+        "loss ",
+        str(run / "report.txt"),
+        str(run / "report.png"),
+        str(run / "trace.json"),
+    ):
+        assert needed in text, (needed, job.output)
+    assert end[-1].startswith("gflowdist: done: 480 trajectories produced")
+    assert len(job.output.splitlines()) <= 24, job.output  # the whole console: one screen
+    assert job.no_process_left()
+
+
+def test_ctrl_c_ends_with_the_resume_command_and_the_resumed_run_keeps_both_generations(job_factory):
+    first = job_factory("run.steps=100000", "params.delay_s=0.01")
+    run = first.wait_for_metrics(6)
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(60) == 130, first.output
+    assert first.output.strip().splitlines()[-1] == (
+        f"gflowdist: stopped by SIGINT; resume with: gflowdist run --resume {run}"
+    ), first.output
+    produced_before = read_json(run / "ledger.json")["totals"]["produced"]
+    reached = max(read_json(run / "checkpoints" / "gen-0000-final" / "MANIFEST.json")["steps"].values())
+    second = job_factory(f"run.steps={reached + 10}", "params.delay_s=0", "--resume", str(run))
+    second.out_dir = run.parent
+    assert second.wait(120) == 0, second.output
+    for kept in ("report.gen0.txt", "report.gen0.json", "report.gen0.png", "trace.gen0.json"):
+        assert (run / kept).exists(), kept
+    assert "stopped by SIGINT" not in (run / "report.txt").read_text()
+    history = read_history(run)
+    assert [e["generation"] for e in history] == [0, 1]
+    assert history[0]["ended"] == "signal SIGINT" and history[0]["report"] == "report.gen0.txt"
+    # the rate of the resumed generation counts what it made, not everything since the run began
+    produced = read_json(run / "ledger.json")["totals"]["produced"]
+    assert history[1]["made"] == produced - produced_before == 10 * 8 * 2
+    assert history[1]["steps"] == [reached, reached + 10]
+    text = (run / "report.txt").read_text()
+    assert "Generations (the whole run)" in text and "report.gen0.txt" in text
+    assert "gen 1" in second.output
+    assert second.no_process_left()
+
+
+def test_generations_json_survives_an_unwritable_history(tmp_path: Path, caplog):
+    (tmp_path / "generations.json").mkdir()  # a folder where the file should be: the write fails, logged
+    entries = record_generation(tmp_path, {"generation": 0})
+    assert entries == [{"generation": 0}] and "cannot write" in caplog.text
