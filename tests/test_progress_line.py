@@ -181,3 +181,14 @@ def test_flood_is_judged_only_after_a_few_steps_and_at_the_factor():
     assert flood(10_000, 2, 1.0, unit="t", setting="s") is None  # the first steps wait for min_size_to_sample
     assert flood(FLOOD_FACTOR * 64 * 10 - 1, 10, 64, unit="t", setting="s") is None
     assert flood(FLOOD_FACTOR * 64 * 10, 10, 64, unit="t", setting="s") is not None
+
+
+def test_actors_without_metrics_rows_count_through_their_heartbeats():
+    """An actor whose metrics() is empty sends no rows; its heartbeats carry its count (the rate read 336, not 833)."""
+    clock = Clock()
+    line = _line(clock, trainers=[0], actors=[1])
+    line.heard(1, 0)
+    clock.now += 10.0
+    line.heard(1, 6000)  # a heartbeat
+    fields = line.fields({0: {"step": 99, "trajectories": 1600}}, {})
+    assert fields["trajectories/s"] == "760"

@@ -29,6 +29,7 @@ from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
 from gflowdist.runtime.history import GenerationFacts, keep_earlier, record_generation
 from gflowdist.runtime.ledger import Ledger, check_ledgers
+from gflowdist.timing.curves import chosen_curves, curve_order, curves_by_step
 
 __all__ = ["JobResult", "conclude", "curves_by_step"]
 
@@ -147,6 +148,7 @@ def _report(
     rows = []
     if metrics_path.exists():
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    roles = {r: str(f["role"]) for r, f in finals.items()}
     report = build_report(
         {r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},  # a lost rank sent none
         roles={r: f["role"] for r, f in finals.items()},
@@ -164,7 +166,21 @@ def _report(
             for r, item in ledgers.items()
         },
         staleness={r: f["staleness"] for r, f in finals.items() if f.get("staleness")},
-        metrics=curves_by_step(rows),
+        metrics=curves_by_step(rows, roles),
+    )
+    order = curve_order(rows, roles)
+    shown, unknown = chosen_curves(order, facts.curves if facts is not None else ())
+    if unknown:
+        notes = [
+            *notes,
+            f"report.curves names {', '.join(map(repr, unknown))}, which no rank reported; "
+            f"the metrics are: {', '.join(order) or 'none'}",
+        ]
+    report = dataclasses.replace(
+        report,
+        curves={k: report.curves[k] for k in sorted(report.curves, key=_position(order))},
+        metrics=tuple(sorted(report.metrics, key=lambda m: _position(order)(m.name))),
+        shown_curves=tuple(shown),
     )
     if notes:
         report = dataclasses.replace(report, notes=(*notes, *report.notes))
@@ -174,7 +190,6 @@ def _report(
             generation=facts.generation,
             generations=tuple(history),
             unit=facts.unit,
-            shown_curves=facts.curves,
         )
     report.save(run_dir)
     return report
@@ -254,14 +269,7 @@ def _ranks(lost: Mapping[int, str]) -> str:
     return ", ".join(str(r) for r in sorted(lost))
 
 
-def curves_by_step(rows: list[dict]) -> list[dict]:
-    """One row per step: each metric averaged over the trainers that reported it (rank/time dropped)."""
-    by_step: dict[int, dict[str, list[float]]] = {}
-    for row in rows:
-        values = by_step.setdefault(int(row.get("step", 0)), {})
-        for key, value in row.items():
-            if key not in ("rank", "time", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                values.setdefault(key, []).append(float(value))
-    return [
-        {"step": step, **{k: sum(v) / len(v) for k, v in values.items()}} for step, values in sorted(by_step.items())
-    ]
+def _position(order: Sequence[str]):
+    """Sort key: a curve's place in ``order`` (the others after, as they were)."""
+    index = {name: i for i, name in enumerate(order)}
+    return lambda name: index.get(name, len(index))

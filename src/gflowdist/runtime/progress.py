@@ -141,14 +141,23 @@ class ProgressLine:
         self.tty, self.columns = console_of(out) if console is None else console
         self.interval = TTY_INTERVAL_S if self.tty else PIPE_INTERVAL_S
         self.baseline: dict[int, int] = {}  # rank -> its count when this generation began
+        self.counts: dict[int, int] = {}  # rank -> its newest count (heartbeats and metrics rows)
         self.last_flood: Flood | None = None
         self._last_print = float("-inf")
         self._open = False  # a line in place is on the console, not yet ended
 
     def heard(self, rank: int, produced: int) -> None:
-        """The first count heard from ``rank`` in a resumed generation is its baseline (generation 0: 0)."""
+        """``rank`` has produced ``produced`` items in all (its heartbeat or metrics row says so).
+
+        The first count heard from a rank in a resumed generation is its baseline (generation 0: 0).
+        """
         if rank not in self.baseline:
             self.baseline[rank] = produced if self.generation else 0
+        self.counts[rank] = max(self.counts.get(rank, 0), produced)
+
+    def made(self) -> dict[int, int]:
+        """``{rank: items made in this generation}``."""
+        return {rank: max(0, count - self.baseline[rank]) for rank, count in self.counts.items()}
 
     def fields(self, latest: Mapping[int, Mapping], extra: Mapping[str, str]) -> dict[str, str]:
         """The line's fields, from each rank's newest metrics ``latest`` and the extra fields."""
@@ -156,7 +165,10 @@ class ProgressLine:
         elapsed = max(now - self.started, 1e-9)
         steps = [m.get("step", 0) + 1 for rank, m in latest.items() if rank in self.trainers] or [self.start_step]
         step = min(steps)
-        made = {rank: self._made(rank, m) for rank, m in latest.items()}
+        for rank, m in latest.items():
+            if isinstance(m.get("trajectories"), int):
+                self.heard(rank, m["trajectories"])
+        made = self.made()
         fields = {
             **({"gen": str(self.generation)} if self.generation else {}),
             "step": f"{step}/{self.total_steps}",
@@ -183,20 +195,13 @@ class ProgressLine:
         fields["eta"] = format_duration(eta_seconds(self.total_steps - step, rate))
         return fields
 
-    def _made(self, rank: int, metrics: Mapping) -> int:
-        count = metrics.get("trajectories", 0)
-        if not isinstance(count, int):
-            return 0
-        self.heard(rank, count)
-        return max(0, count - self.baseline[rank])
-
     def _flood(self, latest: Mapping[int, Mapping], made: Mapping[int, int], done: int) -> Flood | None:
         if not self.actors or done <= 0:
             return None
         actor_items = sum(n for rank, n in made.items() if rank in self.actors) - self.unused_items
         replayed = 0.0
         for rank in self.trainers:
-            fresh = made.get(rank, 0) / done if rank in latest else 0.0
+            fresh = made.get(rank, 0) / done
             replayed += self.replayed_per_step(fresh or None)
         return flood(actor_items, done, replayed, unit=self.unit, setting=self.pace_setting)
 
