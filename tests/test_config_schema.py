@@ -206,6 +206,7 @@ MALFORMED = [
     ("layout: {bufers: 2}", "layout.bufers", ["unknown key 'bufers' (did you mean 'buffers'?)"]),
     ("layuot: {buffers: 2}", "layuot", ["unknown section 'layuot' (did you mean 'layout'?)"]),
     ("run: {stepz: 3}", "run.stepz", ["unknown key 'stepz' (did you mean 'steps'?)"]),
+    ("report: {curves: eval_return}", "report.curves", ["expected a list of strings", "write a list"]),
     ("run: {steps: 0}", "run.steps", ["expected an integer >= 1", "found int 0"]),
     ("run: {steps: true}", "run.steps", ["expected an integer >= 1", "found bool True"]),
     ("run: {steps: 2.5}", "run.steps", ["expected an integer", "float 2.5"]),

@@ -43,7 +43,7 @@ OVERRIDES_HELP = (
     "(the value is YAML; options may come in between)"
 )
 
-_SECTIONS = ("run", "launch", "layout", "roles", "replay", "sync", "faults", "params")
+_SECTIONS = ("run", "launch", "layout", "roles", "replay", "sync", "faults", "report", "params")
 
 
 class HelpFormatter(argparse.HelpFormatter):

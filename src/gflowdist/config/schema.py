@@ -42,6 +42,7 @@ from gflowdist.config.sections import (
     ACTOR_LOSS_ON_TORCH,
     SECTIONS,
     FaultsConfig,
+    ReportConfig,
     LaunchConfig,
     LayoutConfig,
     LearnerConfig,
@@ -83,6 +84,7 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     params: Mapping[str, Any] = field(default_factory=FrozenMapping)
     file: str | None = field(default=None, compare=False, repr=False)
 

@@ -40,6 +40,7 @@ __all__ = [
     "SyncConfig",
     "LearnerConfig",
     "FaultsConfig",
+    "ReportConfig",
     "SECTIONS",
     "REST",
     "MIB",
@@ -515,6 +516,19 @@ class FaultsConfig(_Section):
             )
 
 
+@dataclass(frozen=True)
+class ReportConfig(_Section):
+    """What the run's report shows."""
+
+    section: ClassVar[str] = "report"
+    curves: tuple[str, ...] = setting(
+        (),
+        StrListCheck(),
+        "Metrics report.png draws, in this order (up to 4; a metric several roles report gets a line per role); "
+        "empty = the coordinator's first, then the trainers', actors', buffers', counts last.",
+    )
+
+
 SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "launch": LaunchConfig,
@@ -524,5 +538,6 @@ SECTIONS: dict[str, type] = {
     "sync": SyncConfig,
     "learner": LearnerConfig,
     "faults": FaultsConfig,
+    "report": ReportConfig,
 }
 """Section name -> dataclass, in file order. ``params`` is the one free-form section."""

@@ -257,6 +257,7 @@ class Collector:
             produced_before=sum(self.line.baseline.values()),
             unit=self.line.unit,
             warnings=(flood,) if flood else (),
+            curves=tuple(self.w.config.report.curves),
         )
 
     def flood_note(self) -> str | None:

@@ -10,7 +10,8 @@ together they drew a sawtooth of the learner's 0 and the actors' counts.
 Curves come in the order the figure draws them by default
 (:func:`curve_order`): the coordinator's first (what it records is what the
 user evaluates: ``eval_return``), then the trainers', actors', buffers', and
-counts (``trajectories``) last. ``report.curves`` chooses instead
+counts last (``trajectories``, and every metric whose values are all ints:
+``env_steps``, ``episodes``). ``report.curves`` chooses instead
 (:func:`chosen_curves`).
 """
 
@@ -72,9 +73,17 @@ def base_name(curve: str) -> str:
     return head if sep and tail.endswith(")") else curve
 
 
+def _counts(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Metrics that count things: ``trajectories``, and those whose every value is an int (``env_steps``)."""
+    floats = {k for row in rows for k, v in row.items() if isinstance(v, float)}
+    ints = {k for row in rows for k, v in row.items() if _number(v) and not isinstance(v, float)}
+    return (ints - floats) | set(COUNTS)
+
+
 def curve_order(rows: Sequence[Mapping[str, Any]], roles: Mapping[int, str]) -> list[str]:
     """The curves' names (as :func:`curves_by_step` names them) in the default order (module docstring)."""
     reporters = _reporters(rows, roles)
+    counts = _counts(rows)
     names = []
     for key, who in reporters.items():
         if len(who) > 1:
@@ -84,7 +93,7 @@ def curve_order(rows: Sequence[Mapping[str, Any]], roles: Mapping[int, str]) -> 
 
     def rank(item: tuple[str, str, str]) -> tuple[int, int]:
         _, role, key = item
-        return (key in COUNTS, ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER))
+        return (key in counts, ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER))
 
     return [name for name, _, _ in sorted(names, key=rank)]  # sorted() keeps first-seen order within a rank
 
