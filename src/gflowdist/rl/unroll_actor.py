@@ -62,6 +62,8 @@ class UnrollActor(VectorEnvActor):
     """Steps ``E`` environments ``T`` times per rollout; sends ``E`` unrolls (module docstring)."""
 
     continuous_actions = True
+    unit = "unrolls"
+    pace_setting = "replay.sampler: queue (its capacity paces the actors)"
 
     def act(self, obs: torch.Tensor) -> Mapping[str, torch.Tensor]:
         """For observations ``[E, *obs_shape]``: ``{"action": [E] int64 or [E, *action_shape] float32,
