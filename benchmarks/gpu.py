@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py                  # needs CUDA: without it, one line and exit 2
     python benchmarks/gpu.py --device cpu     # the same code paths with the CPU in the GPU's place
-    python benchmarks/gpu.py --quick          # scaled down (CI runs --device cpu --quick)
+    python benchmarks/gpu.py --quick          # scaled down, the runs side by side (CI: --device cpu --quick)
 
 Rows, each measured in this run:
 
@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -205,13 +206,29 @@ def print_table(rows: list[tuple[str, ...]], header: str) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + str(row[-1]))
 
 
+def run_all(jobs: dict[tuple[str, str], tuple], out: Path, timeout: float, parallel: bool) -> dict:
+    """Every job's numbers, by ``(setup, learner device)``; in parallel (``--quick``: their start-ups overlap,
+    the rates are a smoke test's) or one after the other (the rates compared in the table)."""
+    if not parallel:
+        return {key: run(device, steps, out, timeout) for key, (run, device, steps) in jobs.items()}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {key: pool.submit(run, device, steps, out, timeout) for key, (run, device, steps) in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 def measure(args: argparse.Namespace, out: Path, rows: list[tuple[str, ...]], record: dict) -> None:
     quick = int(args.quick)
     device = args.device
     baseline = device != "cpu"  # with --device cpu the learner is its own baseline: no second run
+    jobs: dict[tuple[str, str], tuple] = {}
     for name, run, steps in (("HyperGrid", hypergrid, HYPERGRID_STEPS), ("Ape-X", apex, APEX_STEPS)):
-        mine = run(device, steps[quick], out, args.timeout)
-        cpu = run("cpu", steps[quick], out, args.timeout) if baseline else None
+        jobs[(name, device)] = (run, device, steps[quick])
+        if baseline:
+            jobs[(name, "cpu")] = (run, "cpu", steps[quick])
+    jobs[("shared", device)] = (sharing, device, HYPERGRID_STEPS[quick])
+    results = run_all(jobs, out, args.timeout, parallel=args.quick)
+    for name in ("HyperGrid", "Ape-X"):
+        mine, cpu = results[(name, device)], results.get((name, "cpu")) if baseline else None
         record[name] = {"learner": mine, "cpu": cpu}
         for where, result, base in ((device, mine, cpu), ("cpu", cpu, None)):
             if result is None:
@@ -222,7 +239,7 @@ def measure(args: argparse.Namespace, out: Path, rows: list[tuple[str, ...]], re
                     f"{name} learner steps/s",
                     where,
                     fmt(result["steps_per_s"], ".1f"),
-                    vs if base or baseline else "(is the baseline)",
+                    vs if baseline else "(is the baseline)",
                     fmt(100 * result["data_share"], ".1f", " %"),
                     fmt(result["publish_ms"], ".2f"),
                     "stage + publish of the learner's timed phases",
@@ -237,7 +254,7 @@ def measure(args: argparse.Namespace, out: Path, rows: list[tuple[str, ...]], re
         if value is None:
             vs, note = "-", "pinned memory needs CUDA: not measured with --device cpu"
         rows.append((label, device, fmt(value, ".0f"), vs, "-", "-", note))
-    shared = sharing(device, HYPERGRID_STEPS[quick], out, args.timeout)
+    shared = results[("shared", device)]
     record["shared"] = shared
     one = record["HyperGrid"]["learner"]["steps_per_s"]
     rows.append(

@@ -67,13 +67,15 @@ def test_a_failed_row_prints_the_table_so_far_and_exits_1(monkeypatch, capsys):
     def broken(*_args, **_kwargs):
         raise gpu.BenchmarkError("gflowdist run ... failed (1): boom")
 
+    made = {"steps_per_s": 10.0, "data_share": 0.25, "publish_ms": 1.5, "averaging": [], "devices": {}}
     monkeypatch.setattr(gpu, "apex", broken)
-    monkeypatch.setattr(gpu, "hypergrid", lambda *a, **k: {"steps_per_s": 10.0, "data_share": 0.25, "publish_ms": 1.5})
+    monkeypatch.setattr(gpu, "hypergrid", lambda *a, **k: made)
+    monkeypatch.setattr(gpu, "sharing", lambda *a, **k: made)
     assert gpu.main(["--device", "cpu", "--quick"]) == 1
     captured = capsys.readouterr()
     assert "FAILED: gflowdist run ... failed (1): boom" in captured.err
-    row = next(cells(line) for line in captured.out.splitlines() if line.startswith("HyperGrid"))
-    assert row[2:6] == ["10.0", "(is the baseline)", "25.0 %", "1.50"]
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("benchmarks/gpu.py: GPU none (--device cpu)") and cells(lines[1])[0] == "setup"
 
 
 def test_a_run_directory_is_read_into_rates_shares_and_the_averaging(tmp_path):
