@@ -14,6 +14,7 @@ from gflowdist.rl import UnrollActor, categorical_actions
 from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.timing.summaries import LEDGER_KEYS, ledger_summary
 from gflowdist.transport import Message, MessageType
 
 
@@ -77,8 +78,14 @@ def test_a_queue_drops_stale_unrolls_parks_what_does_not_fit_and_its_ledger_bala
     send(loop, 2, 0, actor.rollout(0), 0)  # lag 4 at admission (version 4 heard): dropped on arrival
     loop.drop_parked()
     assert w.ledger.dropped == {"stale": 6} and w.ledger.admitted == 6 and w.ledger.received == 8
-    totals = check_ledgers({1: Ledger(produced=6, sent=6), 2: Ledger(produced=2, sent=2), 3: w.ledger})
+    ledgers = {1: Ledger(produced=6, sent=6), 2: Ledger(produced=2, sent=2), 3: w.ledger}
+    totals = check_ledgers(ledgers)
     assert totals["expired"] == 4 and totals["dropped"] == 6
+    # the report's balance counts an expired unroll once: produced 8 = admitted 6 + dropped 6 - expired 4
+    summary = ledger_summary(
+        {r: {k: v for k, v in item.to_dict().items() if k in LEDGER_KEYS} for r, item in ledgers.items()}
+    )
+    assert summary.balanced and "dropped 6 - expired 4 (admitted, then dropped as stale)" in summary.balance_line()
 
 
 def test_what_a_full_queue_still_parks_at_the_end_is_dropped_as_queue_full():

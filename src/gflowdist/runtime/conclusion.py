@@ -162,6 +162,7 @@ def _report(
                 "admitted": item.admitted,
                 "dropped": dict(item.dropped),
                 "in_flight": item.in_flight,
+                "expired": item.expired,
             }
             for r, item in ledgers.items()
         },
@@ -239,7 +240,7 @@ def _check_ledgers(
     line = (
         f"gflowdist: done{' (' + stop_reason + ')' if stop_reason else ''}: "
         f"{totals['produced']} {unit} produced, {totals['admitted']} admitted, "
-        f"{totals['dropped']} dropped, ledger balanced"
+        f"{totals['dropped']} dropped{_expired(totals)}, ledger balanced"
         f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
         f"{_refused(ledgers)}"
         f"{f'; went on without rank {_ranks(lost)}' if lost else ''}; run directory {run_dir}"
@@ -251,6 +252,11 @@ def _check_ledgers(
         )
     )
     return {"totals": totals, "final_line": line}
+
+
+def _expired(totals: Mapping[str, int]) -> str:
+    """`` (4 of them stale after admission)``: the queue's drops of admitted items; "" if none."""
+    return f" ({totals['expired']} of them stale after admission)" if totals.get("expired") else ""
 
 
 def _refused(ledgers: Mapping[int, Ledger]) -> str:

@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: Keys of a per-rank ledger dict.
-LEDGER_KEYS = ("produced", "sent", "used_locally", "received", "admitted", "dropped", "in_flight")
+LEDGER_KEYS = ("produced", "sent", "used_locally", "received", "admitted", "dropped", "in_flight", "expired")
 #: Name fragments that make a metric "lower is better" by default.
 LOWER_IS_BETTER = ("loss", "err", "dist", "kl", "l1", "l2", "time", "stale", "regret")
 #: Row keys used as the x axis of training curves, in order of preference.
@@ -153,6 +153,8 @@ class LedgerRow:
     in_flight: int = 0
     #: consumed by the rank that produced them (a trainer without a buffer)
     used_locally: int = 0
+    #: of ``dropped["stale"]``: admitted first, then dropped by a queue before being served (counted once)
+    expired: int = 0
 
     @property
     def dropped_total(self) -> int:
@@ -167,6 +169,7 @@ class LedgerRow:
             "admitted": self.admitted,
             "dropped": dict(self.dropped),
             "in_flight": self.in_flight,
+            "expired": self.expired,
         }
 
     @classmethod
@@ -187,7 +190,7 @@ class LedgerRow:
         return cls(
             **{
                 k: _count(data.get(k, 0), f"ledger of rank {rank}: {k!r}")
-                for k in ("produced", "sent", "used_locally", "received", "admitted", "in_flight")
+                for k in ("produced", "sent", "used_locally", "received", "admitted", "in_flight", "expired")
             },
             dropped={
                 str(reason): _count(n, f"ledger of rank {rank}: dropped[{reason!r}]") for reason, n in dropped.items()
@@ -220,13 +223,15 @@ class LedgerSummary:
             dropped=dropped,
             in_flight=sum(r.in_flight for r in self.rows.values()),
             used_locally=sum(r.used_locally for r in self.rows.values()),
+            expired=sum(r.expired for r in self.rows.values()),
         )
 
     @property
     def unaccounted(self) -> int:
-        """``produced - (used_locally + admitted + dropped + in_flight)`` summed over ranks."""
+        """``produced - (used_locally + admitted + dropped - expired + in_flight)`` summed over ranks
+        (an expired item was admitted, then dropped: counted once)."""
         t = self.total
-        return t.produced - (t.used_locally + t.admitted + t.dropped_total + t.in_flight)
+        return t.produced - (t.used_locally + t.admitted + t.dropped_total - t.expired + t.in_flight)
 
     @property
     def balanced(self) -> bool:
@@ -236,9 +241,10 @@ class LedgerSummary:
         t = self.total
         verdict = "balanced" if self.balanced else (f"UNBALANCED: {self.unaccounted:+d} trajectories unaccounted for")
         used = f"used here {t.used_locally} + " if t.used_locally else ""
+        expired = f" - expired {t.expired} (admitted, then dropped as stale)" if t.expired else ""
         return (
             f"balance: produced {t.produced} = {used}admitted {t.admitted} + dropped "
-            f"{t.dropped_total} + in flight {t.in_flight} -> {verdict}; "
+            f"{t.dropped_total}{expired} + in flight {t.in_flight} -> {verdict}; "
             f"sent {t.sent} - received {t.received} = {t.sent - t.received}"
         )
 
