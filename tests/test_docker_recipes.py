@@ -29,7 +29,14 @@ DOCKERFILE = DOCKER / "Dockerfile"
 COMPOSE = DOCKER / "compose.yaml"
 SBATCH = DOCKER / "slurm" / "hypergrid.sbatch"
 HOSTFILE = DOCKER / "hostfile"
-SCRIPTS = [DOCKER / "node-entrypoint.sh", DOCKER / "make-cluster-key.sh", DOCKER / "run-hypergrid.sh", SBATCH]
+PREEMPTIBLE = DOCKER / "slurm" / "preemptible.sbatch"
+SCRIPTS = [
+    DOCKER / "node-entrypoint.sh",
+    DOCKER / "make-cluster-key.sh",
+    DOCKER / "run-hypergrid.sh",
+    SBATCH,
+    PREEMPTIBLE,
+]
 EXAMPLE_CONFIG = REPO / "examples" / "hypergrid" / "config.yaml"
 
 

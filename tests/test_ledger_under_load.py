@@ -45,6 +45,7 @@ ARGS = [
     "replay.replay_fraction=0.5",
     # liveness is not under test here: generous limits for a deliberately loaded machine
     "faults.peer_timeout_s=30",
+    "faults.preempt_grace_s=40",
     "faults.heartbeat_s=0.5",
 ]
 

@@ -33,6 +33,7 @@ RUN = [
     "run.log_every=1",
     "faults.checkpoint_every=4",
     "faults.peer_timeout_s=30",
+    "faults.preempt_grace_s=40",
 ]  # under load two jobs share two cores: a slow rank is not a lost one
 LR = "  lr: 0.001\n"  # examples/hypergrid/config.yaml's params.lr, as the run directory's config.yaml has it
 
@@ -152,6 +153,7 @@ def test_a_recorded_run_with_actors_replays_to_the_bit(job_factory) -> None:
         "run.steps=40",
         "run.log_every=5",
         "faults.peer_timeout_s=30",
+        "faults.preempt_grace_s=40",
     ]
     recorded = job_factory(*actors, "--record", config=HYPERGRID)
     assert recorded.wait(240) == 0, recorded.output

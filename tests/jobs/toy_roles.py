@@ -6,7 +6,8 @@ Behaviour switches come from ``params`` (fail_after, delay_s, ``slow_s``
 ``slow_s``, a window for a test to kill a rank in); faults:
 ``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
 policy version on: batches its buffer refuses), ``setup_rank``/``setup_s`` (that
-rank's setup() sleeps: a window to kill it in), ``nan_rank``/``nan_at``
+rank's setup() sleeps: a window to kill it in), ``final_summary_s`` (the coordinator's
+final summary sleeps: a stop that cannot finish soon), ``nan_rank``/``nan_at``
 [/``nan_until``] (that trainer's loss is NaN at those steps).
 """
 
@@ -130,4 +131,5 @@ class ToyCoordinator(Coordinator):
         self.summaries += 1
 
     def summary(self):
+        time.sleep(float(self.params.get("final_summary_s", 0)))  # called once, for the final report
         return {"summaries_seen": self.summaries, "device": str(self.device)}

@@ -50,6 +50,7 @@ class Ended:
     code: int
     failure: str | None = None
     interrupted: bool = False
+    overran: bool = False  # stopped by a signal, but not within faults.preempt_grace_s: killed
 
     @property
     def reason(self) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ from pathlib import Path
 
 from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, restart_count, split_late_options
 from gflowdist.cli.restarts import Ended, keep_going
-from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
+from gflowdist.cli.stderr_relay import StderrRelay
+from gflowdist.cli.supervise import failure_file, say, supervise
 from gflowdist.jobenv import (
     CONSOLE_VARIABLE,
     FAILURE_FILE_VARIABLE,
@@ -39,7 +39,7 @@ from gflowdist.jobenv import (
     in_torch_job,
 )
 from gflowdist.lifeline import Lifeline
-from gflowdist.process_tree import DescendantTracker, become_subreaper, kill_group
+from gflowdist.process_tree import become_subreaper
 
 __all__ = ["add_parser"]
 
@@ -187,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
         began = time.time()
         if config.launch.engine == "torch":
             grace = 2 * config.faults.peer_timeout_s + 10.0
-            ended = _spawn_torch(nprocs, argv, env, report_grace_s=grace, fds=lifeline.fds)
+            ended = _spawn_torch(
+                nprocs, argv, env, report_grace_s=grace, stop_grace_s=config.faults.preempt_grace_s, fds=lifeline.fds
+            )
         else:
             ended = _launch_mpi(nprocs, argv, env, config, launcher, fds=lifeline.fds)
         attempts.append((ended, began))
@@ -204,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             run_dir=Path(run_dir),
             relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}),
         )
-        _say_how_to_resume(Path(run_dir), *attempts[-1])
+        _say_how_to_resume(Path(run_dir), *attempts[-1], nprocs, config.faults.preempt_grace_s)
         return code
     finally:
         handed.unlink(missing_ok=True)
@@ -226,19 +228,33 @@ def _watch_launcher(config, resume: str | None) -> None:
     watch(run_dir, who=f"rank {rank} (pid {os.getpid()})", bound_s=config.faults.peer_timeout_s)
 
 
-def _say_how_to_resume(run_dir: Path, ended: Ended, began: float) -> None:
-    """After Ctrl-C or SIGTERM: the command that resumes the run, as the last line, unless the collector
-    wrote the run's end (and said it) or there is no checkpoint to resume from."""
+def _say_how_to_resume(run_dir: Path, ended: Ended, began: float, nprocs: int, grace_s: float) -> None:
+    """After Ctrl-C or SIGTERM (a preemption): whether the stop fit faults.preempt_grace_s, and the command that
+    resumes the run as the last line, unless the collector wrote the run's end (and said it) or there is no
+    intact checkpoint to resume from (then why)."""
+    from gflowdist.errors import CheckpointError
+    from gflowdist.rundir import newest_intact
+
     if not ended.interrupted:
         return
+    if ended.overran:
+        say(
+            f"gflowdist: the job did not stop within faults.preempt_grace_s = {grace_s:g} s and was killed: "
+            "the checkpoint it was writing is incomplete, and --resume uses the newest intact one"
+        )
     try:
         concluded = (run_dir / "ledger.json").stat().st_mtime >= began
     except OSError:
         concluded = False
-    if concluded or not any((run_dir / "checkpoints").glob("*/MANIFEST.json")):
+    if concluded and not ended.overran:
+        return
+    try:
+        name, _ = newest_intact(run_dir, nprocs)
+    except CheckpointError as err:
+        say(f"gflowdist: stopped, not resumable: {err}")
         return
     sys.stdout.flush()
-    print(f"gflowdist: interrupted; resume with: gflowdist run --resume {run_dir}", flush=True)
+    print(f"gflowdist: interrupted; resume with: gflowdist run --resume {run_dir} (from checkpoint {name})", flush=True)
 
 
 def _remove_if_empty(run_dir: str) -> None:
@@ -291,7 +307,7 @@ def _finalize_mpi() -> None:
 
 def _child_env() -> dict:
     env = dict(os.environ)
-    env[FAILURE_FILE_VARIABLE] = _failure_file()
+    env[FAILURE_FILE_VARIABLE] = failure_file()
     env[CONSOLE_VARIABLE] = _console()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
@@ -310,92 +326,6 @@ def _console() -> str:
     return f"tty:{shutil.get_terminal_size().columns}" if tty else "pipe"
 
 
-_FAILURE_FILES: list[str] = []
-
-
-def _failure_file() -> str:
-    if not _FAILURE_FILES:
-        import tempfile
-
-        fd, path = tempfile.mkstemp(prefix="gflowdist-failure-", suffix=".txt")
-        os.close(fd)
-        _FAILURE_FILES.append(path)
-    return _FAILURE_FILES[0]
-
-
-def _failure_messages() -> list[str]:
-    """The complete entries of the failure file so far (each ends with a NUL), in the order written."""
-    messages = []
-    for path in _FAILURE_FILES:
-        try:
-            with open(path) as f:
-                entries = f.read().split("\0")[:-1]  # the last piece is unfinished or empty
-        except FileNotFoundError:
-            continue
-        messages += [m.strip() for m in entries if m.strip()]
-    return messages
-
-
-def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
-    """Print the rank failure to believe (MPI's abort may have eaten the rank's own stderr).
-
-    With a stderr relay, that is the first entry whose first line came through
-    mpiexec (a rank on the launcher's side of any partition); else the first.
-    """
-    message = choose_failure(_failure_messages(), relay)
-    for path in _FAILURE_FILES:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    _FAILURE_FILES.clear()
-    if code != 0 and message:
-        sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
-        sys.stderr.flush()
-    return message if code != 0 else None
-
-
-def _failure_reported(relay: StderrRelay | None) -> bool:
-    """A rank has written a failure we will believe (see :func:`_report_failure`)."""
-    messages = _failure_messages()
-    if relay is None:
-        return bool(messages)
-    return any(relay.seen(m.splitlines()[0]) for m in messages)
-
-
-def _wait_for_orphans(grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None) -> None:
-    """Let ranks that outlived their launcher report, reaping them as they exit.
-
-    Ends after ``grace_s``, when none of the job's processes runs any more, or
-    as soon as a failure has been reported (ranks cut off by a partition never
-    report, and the rest of the job is killed anyway).
-    """
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and not _failure_reported(relay):
-        _reap_children()
-        if not tracker.running():
-            return
-        time.sleep(0.1)
-
-
-def _reap_children() -> None:
-    """Reap adopted orphans that have exited."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
-
-
-def _reap_leftovers(tracker: DescendantTracker) -> None:
-    """Kill and reap every process of the job still alive (orphaned ranks were re-parented to us)."""
-    for pid in tracker.kill():
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # not our direct child (its own parent reaps it)
-            pass
-
-
 def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher, fds: tuple[int, ...] = ()) -> Ended:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
@@ -406,10 +336,19 @@ def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher, fds: 
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
     relay = StderrRelay(proc.stderr)
-    return _supervise([proc], report_grace_s=2 * config.faults.peer_timeout_s + 10.0, relay=relay)
+    report_grace_s = 2 * config.faults.peer_timeout_s + 10.0
+    return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=config.faults.preempt_grace_s)
 
 
-def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: float, fds: tuple[int, ...] = ()) -> Ended:
+def _spawn_torch(
+    nprocs: int,
+    argv: list[str],
+    env: dict,
+    *,
+    report_grace_s: float,
+    stop_grace_s: float = 60.0,
+    fds: tuple[int, ...] = (),
+) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
@@ -419,103 +358,4 @@ def _spawn_torch(nprocs: int, argv: list[str], env: dict, *, report_grace_s: flo
         # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
         # rank) prints the run's lines, and a rank that prints nothing costs nothing
         procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True, pass_fds=fds))
-    return _supervise(procs, report_grace_s=report_grace_s)
-
-
-#: The signal (SIGINT or SIGTERM, counted together) that forces an exit: the first one stops the job cleanly and
-#: the second is only counted (a Ctrl-C and a supervisor's SIGTERM; an impatient second Ctrl-C).
-FORCE_AFTER_SIGNALS = 3
-#: Signals within this many seconds of the last counted one are one signal: one ``kill -INT`` to a process group
-#: under GNU ``timeout`` reaches the launcher up to three times (directly, then from ``timeout`` to its child and
-#: to its group) within microseconds.
-SIGNAL_BURST_S = 1.0
-
-
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, the handler ran inside one
-        pass
-
-
-def _supervise(
-    procs: list[subprocess.Popen], *, report_grace_s: float = 15.0, relay: StderrRelay | None = None
-) -> Ended:
-    """Wait for the job; forward the first SIGINT/SIGTERM (the third forces an exit); if one process fails, stop
-    the rest.
-
-    Whatever happens, no process of the job outlives this call: the launcher is a
-    child subreaper and kills its whole process tree at the end (hydra moves
-    every rank into a session of its own, out of reach of a process-group kill).
-
-    When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
-    and exits at once; the surviving ranks, now re-parented to us, get
-    ``report_grace_s`` to notice the loss and say which rank it was (less, once
-    a failure is reported: see :func:`_wait_for_orphans`). ``relay`` reads
-    mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
-    """
-    interrupted: list[int] = []
-    tracker = DescendantTracker(os.getpid())
-
-    last = [-1e9]  # when the last counted signal came
-
-    def forward(signum, _frame):
-        now = time.monotonic()
-        if now - last[0] < SIGNAL_BURST_S:  # the same signal again, by another route (a process group's)
-            return
-        last[0] = now
-        interrupted.append(signum)
-        if len(interrupted) == 1:  # once: a second signal makes hydra kill every rank at once (exit 255)
-            for p in procs:
-                if p.poll() is None:
-                    kill_group(p.pid, signum)
-        elif len(interrupted) < FORCE_AFTER_SIGNALS:
-            _say(
-                f"gflowdist: {signal.Signals(signum).name} again: still stopping cleanly (checkpoint, report, "
-                f"ledger); signal {FORCE_AFTER_SIGNALS} times to force an exit"
-            )
-        elif len(interrupted) == FORCE_AFTER_SIGNALS:
-            _say("gflowdist: forced exit: every process of the job is killed now; nothing more is saved")
-            for p in procs:
-                kill_group(p.pid)
-            tracker.kill()
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        grace_until = None
-        next_scan = 0.0
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() >= next_scan:  # remember the ranks before their parents go
-                tracker.scan()
-                next_scan = time.monotonic() + 0.5
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if (failed or _failure_reported(relay)) and grace_until is None:
-                # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do
-                grace_until = time.monotonic() + report_grace_s
-            if interrupted and grace_until is None:
-                grace_until = time.monotonic() + 60.0
-            if grace_until is not None and time.monotonic() > grace_until:
-                break
-            time.sleep(0.05)
-        if not interrupted and any(p.returncode not in (None, 0) for p in procs):
-            _wait_for_orphans(report_grace_s, tracker, relay)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_group(p.pid)
-            p.wait()
-        _reap_leftovers(tracker)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    codes = [p.returncode for p in procs]
-    failed = next((c for c in codes if c != 0), 0)
-    forced = len(interrupted) >= FORCE_AFTER_SIGNALS  # killed on purpose: the status is the signal's, as a stop's
-    if interrupted and (forced or failed in (0, -signal.SIGINT, -signal.SIGTERM)):
-        failed = 130 if interrupted[0] == signal.SIGINT else 143
-    elif failed < 0:
-        failed = 128 - failed
-    if relay is not None:
-        relay.join(0.5)  # the last lines mpiexec wrote
-    message = _report_failure(failed, relay)
-    return Ended(failed, message, interrupted=bool(interrupted))
+    return supervise(procs, report_grace_s=report_grace_s, stop_grace_s=stop_grace_s)

@@ -488,6 +488,13 @@ class FaultsConfig(_Section):
         "link, a new exception); 0 = never.",
     )
     restart_delay_s: float = setting(1.0, FloatCheck(0.0), "Seconds `gflowdist run` waits before a restart.")
+    preempt_grace_s: float = setting(
+        25.0,
+        FloatCheck(0.0, low_open=True),
+        "After SIGINT/SIGTERM (a preemption: Slurm kills 30 s after its SIGTERM), the seconds `gflowdist run` "
+        "gives the job to stop and write its final checkpoint before it kills it (the previous intact "
+        "checkpoint then stays the one --resume uses); must exceed peer_timeout_s.",
+    )
     on_nonfinite_loss: str = setting(
         "fail",
         ChoiceCheck("fail", "skip"),
@@ -513,6 +520,14 @@ class FaultsConfig(_Section):
             raise self.fail(
                 "peer_timeout_s",
                 f"must be greater than faults.heartbeat_s ({self.heartbeat_s}), found {self.peer_timeout_s}",
+            )
+        if self.preempt_grace_s <= self.peer_timeout_s:
+            raise self.fail(
+                "preempt_grace_s",
+                f"must be greater than faults.peer_timeout_s ({self.peer_timeout_s:g}), found "
+                f"{self.preempt_grace_s:g}: a rank lost while the job stops is named only after "
+                "faults.peer_timeout_s, so a shorter grace can neither name it nor finish the checkpoint "
+                "(lower faults.peer_timeout_s or raise faults.preempt_grace_s)",
             )
 
 

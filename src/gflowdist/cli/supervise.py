@@ -1,0 +1,213 @@
+"""Supervising a launched job: the failure file, signals, orphans, the end of every process (``gflowdist run``).
+
+:func:`supervise` waits for the processes ``gflowdist run`` started (mpiexec,
+or the gloo ranks), forwards the first SIGINT/SIGTERM to them, forces an exit
+on the third, gives a stop ``faults.preempt_grace_s`` and a failing job the
+time to name its failure, and leaves no process of the job behind. The
+failure file (``$GFLOWDIST_FAILURE_FILE``) is where a failing rank writes its
+message for the launcher to print.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from gflowdist.cli.restarts import Ended
+from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
+from gflowdist.process_tree import DescendantTracker, kill_group
+
+__all__ = ["supervise", "failure_file", "say", "FORCE_AFTER_SIGNALS", "SIGNAL_BURST_S"]
+
+_FAILURE_FILES: list[str] = []
+
+
+def failure_file() -> str:
+    if not _FAILURE_FILES:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="gflowdist-failure-", suffix=".txt")
+        os.close(fd)
+        _FAILURE_FILES.append(path)
+    return _FAILURE_FILES[0]
+
+
+def _failure_messages() -> list[str]:
+    """The complete entries of the failure file so far (each ends with a NUL), in the order written."""
+    messages = []
+    for path in _FAILURE_FILES:
+        try:
+            with open(path) as f:
+                entries = f.read().split("\0")[:-1]  # the last piece is unfinished or empty
+        except FileNotFoundError:
+            continue
+        messages += [m.strip() for m in entries if m.strip()]
+    return messages
+
+
+def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
+    """Print the rank failure to believe (MPI's abort may have eaten the rank's own stderr).
+
+    With a stderr relay, that is the first entry whose first line came through
+    mpiexec (a rank on the launcher's side of any partition); else the first.
+    """
+    message = choose_failure(_failure_messages(), relay)
+    for path in _FAILURE_FILES:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    _FAILURE_FILES.clear()
+    if code != 0 and message:
+        sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
+        sys.stderr.flush()
+    return message if code != 0 else None
+
+
+def _failure_reported(relay: StderrRelay | None) -> bool:
+    """A rank has written a failure we will believe (see :func:`_report_failure`)."""
+    messages = _failure_messages()
+    if relay is None:
+        return bool(messages)
+    return any(relay.seen(m.splitlines()[0]) for m in messages)
+
+
+def _wait_for_orphans(grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None) -> None:
+    """Let ranks that outlived their launcher report, reaping them as they exit.
+
+    Ends after ``grace_s``, when none of the job's processes runs any more, or
+    as soon as a failure has been reported (ranks cut off by a partition never
+    report, and the rest of the job is killed anyway).
+    """
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not _failure_reported(relay):
+        _reap_children()
+        if not tracker.running():
+            return
+        time.sleep(0.1)
+
+
+def _reap_children() -> None:
+    """Reap adopted orphans that have exited."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _reap_leftovers(tracker: DescendantTracker) -> None:
+    """Kill and reap every process of the job still alive (orphaned ranks were re-parented to us)."""
+    for pid in tracker.kill():
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # not our direct child (its own parent reaps it)
+            pass
+
+
+#: The signal (SIGINT or SIGTERM, counted together) that forces an exit: the first one stops the job cleanly and
+#: the second is only counted (a Ctrl-C and a supervisor's SIGTERM; an impatient second Ctrl-C).
+FORCE_AFTER_SIGNALS = 3
+#: Signals within this many seconds of the last counted one are one signal: one ``kill -INT`` to a process group
+#: under GNU ``timeout`` reaches the launcher up to three times (directly, then from ``timeout`` to its child and
+#: to its group) within microseconds.
+SIGNAL_BURST_S = 1.0
+
+
+def say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write, the handler ran inside one
+        pass
+
+
+def supervise(
+    procs: list[subprocess.Popen],
+    *,
+    report_grace_s: float = 15.0,
+    relay: StderrRelay | None = None,
+    stop_grace_s: float = 60.0,
+) -> Ended:
+    """Wait for the job; forward the first SIGINT/SIGTERM (the third forces an exit); if one process fails, stop
+    the rest.
+
+    Whatever happens, no process of the job outlives this call: the launcher is a
+    child subreaper and kills its whole process tree at the end (hydra moves
+    every rank into a session of its own, out of reach of a process-group kill).
+
+    When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
+    and exits at once; the surviving ranks, now re-parented to us, get
+    ``report_grace_s`` to notice the loss and say which rank it was (less, once
+    a failure is reported: see :func:`_wait_for_orphans`). ``relay`` reads
+    mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
+    """
+    interrupted: list[int] = []
+    tracker = DescendantTracker(os.getpid())
+
+    last = [-1e9]  # when the last counted signal came
+
+    def forward(signum, _frame):
+        now = time.monotonic()
+        if now - last[0] < SIGNAL_BURST_S:  # the same signal again, by another route (a process group's)
+            return
+        last[0] = now
+        interrupted.append(signum)
+        if len(interrupted) == 1:  # once: a second signal makes hydra kill every rank at once (exit 255)
+            for p in procs:
+                if p.poll() is None:
+                    kill_group(p.pid, signum)
+        elif len(interrupted) < FORCE_AFTER_SIGNALS:
+            say(
+                f"gflowdist: {signal.Signals(signum).name} again: still stopping cleanly (checkpoint, report, "
+                f"ledger); signal {FORCE_AFTER_SIGNALS} times to force an exit"
+            )
+        elif len(interrupted) == FORCE_AFTER_SIGNALS:
+            say("gflowdist: forced exit: every process of the job is killed now; nothing more is saved")
+            for p in procs:
+                kill_group(p.pid)
+            tracker.kill()
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        grace_until = None
+        overran = False
+        next_scan = 0.0
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() >= next_scan:  # remember the ranks before their parents go
+                tracker.scan()
+                next_scan = time.monotonic() + 0.5
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if (failed or _failure_reported(relay)) and grace_until is None:
+                # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do
+                grace_until = time.monotonic() + report_grace_s
+            if interrupted and grace_until is None:  # a stop (a preemption): faults.preempt_grace_s
+                grace_until = time.monotonic() + stop_grace_s
+            if grace_until is not None and time.monotonic() > grace_until:
+                overran = bool(interrupted)
+                break
+            time.sleep(0.05)
+        if not interrupted and any(p.returncode not in (None, 0) for p in procs):
+            _wait_for_orphans(report_grace_s, tracker, relay)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p.pid)
+            p.wait()
+        _reap_leftovers(tracker)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    codes = [p.returncode for p in procs]
+    failed = next((c for c in codes if c != 0), 0)
+    forced = len(interrupted) >= FORCE_AFTER_SIGNALS or overran  # killed on purpose: the status is the signal's
+    if interrupted and (forced or failed in (0, -signal.SIGINT, -signal.SIGTERM)):
+        failed = 130 if interrupted[0] == signal.SIGINT else 143
+    elif failed < 0:
+        failed = 128 - failed
+    if relay is not None:
+        relay.join(0.5)  # the last lines mpiexec wrote
+    message = _report_failure(failed, relay)
+    return Ended(failed, message, interrupted=bool(interrupted), overran=overran)
