@@ -25,7 +25,7 @@ from pathlib import Path
 from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, restart_count, split_late_options
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
-from gflowdist.cli.supervise import failure_file, say, supervise
+from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
 from gflowdist.jobenv import (
     CONSOLE_VARIABLE,
     FAILURE_FILE_VARIABLE,
@@ -188,10 +188,18 @@ def run(args: argparse.Namespace) -> int:
         if config.launch.engine == "torch":
             grace = 2 * config.faults.peer_timeout_s + 10.0
             ended = _spawn_torch(
-                nprocs, argv, env, report_grace_s=grace, stop_grace_s=config.faults.preempt_grace_s, fds=lifeline.fds
+                nprocs,
+                argv,
+                env,
+                report_grace_s=grace,
+                stop_grace_s=config.faults.preempt_grace_s,
+                fds=lifeline.fds,
+                saved=lambda: final_saved(run_dir, began),
             )
         else:
-            ended = _launch_mpi(nprocs, argv, env, config, launcher, fds=lifeline.fds)
+            ended = _launch_mpi(
+                nprocs, argv, env, config, launcher, fds=lifeline.fds, saved=lambda: final_saved(run_dir, began)
+            )
         attempts.append((ended, began))
         return ended.judged_by(Path(run_dir), since=began)
 
@@ -326,7 +334,9 @@ def _console() -> str:
     return f"tty:{shutil.get_terminal_size().columns}" if tty else "pipe"
 
 
-def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher, fds: tuple[int, ...] = ()) -> Ended:
+def _launch_mpi(
+    nprocs: int, argv: list[str], env: dict, config, launcher, fds: tuple[int, ...] = (), saved=None
+) -> Ended:
     # Hydra kills every rank the moment one dies, before anyone can say which one
     # it was; gflowdist detects the loss itself (heartbeats), names the rank, role
     # and host, and then aborts the job.
@@ -337,7 +347,8 @@ def _launch_mpi(nprocs: int, argv: list[str], env: dict, config, launcher, fds: 
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
     relay = StderrRelay(proc.stderr)
     report_grace_s = 2 * config.faults.peer_timeout_s + 10.0
-    return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=config.faults.preempt_grace_s)
+    grace_s = config.faults.preempt_grace_s
+    return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)
 
 
 def _spawn_torch(
@@ -348,6 +359,7 @@ def _spawn_torch(
     report_grace_s: float,
     stop_grace_s: float = 60.0,
     fds: tuple[int, ...] = (),
+    saved=None,
 ) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
@@ -358,4 +370,4 @@ def _spawn_torch(
         # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
         # rank) prints the run's lines, and a rank that prints nothing costs nothing
         procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True, pass_fds=fds))
-    return supervise(procs, report_grace_s=report_grace_s, stop_grace_s=stop_grace_s)
+    return supervise(procs, report_grace_s=report_grace_s, stop_grace_s=stop_grace_s, saved=saved)

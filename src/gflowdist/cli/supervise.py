@@ -2,7 +2,9 @@
 
 :func:`supervise` waits for the processes ``gflowdist run`` started (mpiexec,
 or the gloo ranks), forwards the first SIGINT/SIGTERM to them, forces an exit
-on the third, gives a stop ``faults.preempt_grace_s`` and a failing job the
+on the third, gives a stop ``faults.preempt_grace_s`` to write its final
+checkpoint (and :data:`AFTER_CHECKPOINT_S` more for its report once that is
+intact), a failing job the
 time to name its failure, and leaves no process of the job behind. The
 failure file (``$GFLOWDIST_FAILURE_FILE``) is where a failing rank writes its
 message for the launcher to print.
@@ -15,12 +17,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from gflowdist.cli.restarts import Ended
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.process_tree import DescendantTracker, kill_group
 
-__all__ = ["supervise", "failure_file", "say", "FORCE_AFTER_SIGNALS", "SIGNAL_BURST_S"]
+__all__ = ["supervise", "failure_file", "final_saved", "say", "FORCE_AFTER_SIGNALS", "SIGNAL_BURST_S"]
 
 _FAILURE_FILES: list[str] = []
 
@@ -115,6 +119,19 @@ FORCE_AFTER_SIGNALS = 3
 #: under GNU ``timeout`` reaches the launcher up to three times (directly, then from ``timeout`` to its child and
 #: to its group) within microseconds.
 SIGNAL_BURST_S = 1.0
+#: Once a stop's final checkpoint is intact, the seconds the job still gets for its report and ledger.
+AFTER_CHECKPOINT_S = 60.0
+
+
+def final_saved(run_dir: str | os.PathLike[str], since: float) -> bool:
+    """A final checkpoint of ``run_dir`` completed (its manifest written) at or after ``since`` (epoch seconds)."""
+    for manifest in Path(run_dir).glob("checkpoints/gen-*-final/MANIFEST.json"):
+        try:
+            if manifest.stat().st_mtime >= since:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def say(line: str) -> None:
@@ -131,6 +148,7 @@ def supervise(
     report_grace_s: float = 15.0,
     relay: StderrRelay | None = None,
     stop_grace_s: float = 60.0,
+    saved: Callable[[], bool] | None = None,
 ) -> Ended:
     """Wait for the job; forward the first SIGINT/SIGTERM (the third forces an exit); if one process fails, stop
     the rest.
@@ -174,7 +192,8 @@ def supervise(
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         grace_until = None
-        overran = False
+        overran = checkpointed = False
+        next_look = 0.0
         next_scan = 0.0
         while any(p.poll() is None for p in procs):
             if time.monotonic() >= next_scan:  # remember the ranks before their parents go
@@ -186,8 +205,13 @@ def supervise(
                 grace_until = time.monotonic() + report_grace_s
             if interrupted and grace_until is None:  # a stop (a preemption): faults.preempt_grace_s
                 grace_until = time.monotonic() + stop_grace_s
+            if interrupted and not checkpointed and saved is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + 0.2
+                if saved():  # the final checkpoint is intact: what is left (the report) gets its own time
+                    checkpointed = True
+                    grace_until = max(grace_until or 0.0, time.monotonic() + AFTER_CHECKPOINT_S)
             if grace_until is not None and time.monotonic() > grace_until:
-                overran = bool(interrupted)
+                overran = bool(interrupted) and not checkpointed
                 break
             time.sleep(0.05)
         if not interrupted and any(p.returncode not in (None, 0) for p in procs):
