@@ -96,3 +96,10 @@ def test_an_unroll_actor_holds_back_while_its_queue_is_full_and_gives_up_at_the_
     with pytest.raises(DeadlineError, match=r"waited 0.3 s .* for room in its queue with policy version 3"):
         a.rollout(3)
     assert a.rollout(4) is not None  # the learner took more: room again
+    resumed = actor(
+        {"env_id": "CartPole-v1", "envs_per_actor": 4, "unroll_length": 4},
+        replay={"sampler": "queue", "capacity": 32, "learner_batch": 8},
+        sync={"weights_to_actors_every": 2},
+    )
+    resumed.load_state_dict(a.state_dict())  # a checkpoint keeps what was sent: the pacing goes on from there
+    assert resumed.unrolls_sent == 76 and resumed.rollout(4) is not None and resumed.rollout(4) is None  # 80 at v 4

@@ -123,6 +123,14 @@ class UnrollActor(VectorEnvActor):
             )
         return True
 
+    def state_dict(self) -> dict:
+        """The model's, and the unrolls sent so far (the queue pacing goes on from there after a resume)."""
+        return {**super().state_dict(), "unrolls_sent": self.unrolls_sent}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        super().load_state_dict(state)
+        self.unrolls_sent = int(state.get("unrolls_sent", self.unrolls_sent))
+
     def rollout(self, policy_version: int) -> dict[str, torch.Tensor] | None:
         """``E`` unrolls of ``T`` steps, or None while my queue is full (:meth:`held`)."""
         if self.held(policy_version):
