@@ -15,9 +15,10 @@ import os
 import signal
 import sys
 
-__all__ = ["DescendantTracker", "become_subreaper", "descendants", "is_running", "kill_group"]
+__all__ = ["DescendantTracker", "become_subreaper", "descendants", "die_with_parent", "is_running", "kill_group"]
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def become_subreaper() -> bool:
@@ -29,6 +30,16 @@ def become_subreaper() -> bool:
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux ``PR_SET_PDEATHSIG``);
+    a ``preexec_fn`` for a child that must not outlive the process that started it. Elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:

@@ -15,7 +15,8 @@
 
   where the script and args are ``manual_args`` or this program's own
   command line (:func:`~gflowdist.launch.jobs.current_command`), wait, and
-  return True. ``--standalone`` puts the rendezvous on a free port.
+  return True. torchrun dies with this process (``PR_SET_PDEATHSIG``: SIGTERM,
+  on which it ends its workers), however this process ends. ``--standalone`` puts the rendezvous on a free port.
   A failing worker makes ``fork`` raise :class:`GflowdistError` with torchrun's
   exit status (torchrun stops the other workers and prints the failure).
 - ``parallel <= 1``: return False.
@@ -37,6 +38,7 @@ import sys
 from gflowdist.errors import GflowdistError
 from gflowdist.launch.binding import BIND_VARIABLE, bind_from_environment
 from gflowdist.launch.jobs import current_command, existing_job
+from gflowdist.process_tree import die_with_parent
 
 __all__ = ["fork", "torchrun_command", "ensure_process_group"]
 
@@ -96,7 +98,8 @@ def fork(
         env[BIND_VARIABLE] = "hwthread" if use_number_of_threads else "core"
     sys.stdout.flush()
     sys.stderr.flush()
-    status = subprocess.call(torchrun_command(parallel, program), env=env)
+    # torchrun ends its workers on SIGTERM: the kernel sends it one when this process dies, however it dies
+    status = subprocess.call(torchrun_command(parallel, program), env=env, preexec_fn=die_with_parent)
     if status != 0:
         raise GflowdistError(
             f"fork({parallel}): the workers failed (torchrun exited with status {status}); "
