@@ -15,6 +15,7 @@ process. Config errors name the file and the key path.
     ├── CheckpointError    a checkpoint cannot be written or read (the file, what is wrong)
     ├── ReplayDivergence   a replayed run stopped doing what the recorded one did (rank, step, event)
     ├── BadBatchError      a buffer refused a client's batch (sender, field, expected vs got)
+    ├── BatchError         a role returned something that is no batch (role class, method, field)
     └── NonFiniteLossError a trainer's loss is NaN or infinite (rank, step)
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "ReplayDivergence",
     "BadBatchError",
+    "BatchError",
     "NonFiniteLossError",
     "describe_peer",
 ]
@@ -160,6 +162,19 @@ class BadBatchError(GflowdistError):
 
     def __init__(self, message: str, *, step: int | None = None):
         self.step = step
+        super().__init__(message)
+
+
+class BatchError(GflowdistError, TypeError):
+    """What a role's method returned is not a batch gflowdist can ship: a dict of tensors, one row per trajectory.
+
+    Raised where the batch is made, before it is sent or concatenated. ``where``
+    is the role class and method (``"HyperGridTrainer.rollout"``), ``key`` the
+    field concerned (None when the whole value is wrong); the message names both.
+    """
+
+    def __init__(self, message: str, *, where: str, key: str | None = None):
+        self.where, self.key = where, key
         super().__init__(message)
 
 

@@ -508,6 +508,12 @@ class FaultsConfig(_Section):
         "what the buffer stores): the sender's run fails with the buffer's "
         "reason, or the batch is dropped (counted) and the sender goes on.",
     )
+    on_nonfinite_batch: str = setting(
+        "allow",
+        ChoiceCheck("allow", "fail"),
+        "NaN or infinite values in a float field of a batch a rollout returns: "
+        "ship them, or fail the run naming the role class, method, field and rows.",
+    )
     on_actor_loss: str = setting(
         "fail",
         ChoiceCheck("fail", "continue"),

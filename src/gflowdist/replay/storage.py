@@ -25,13 +25,31 @@ import torch
 
 from gflowdist.errors import ConfigError, GflowdistError
 
-__all__ = ["Batch", "ItemSchemaError", "TensorStorage", "batch_size"]
+__all__ = ["Batch", "ItemSchemaError", "TensorStorage", "batch_size", "schema_difference"]
 
 Batch = dict[str, torch.Tensor]
 
 
 class ItemSchemaError(GflowdistError, ValueError):
     """A batch does not match the fields, per-item shapes or dtypes the storage was built for."""
+
+
+def schema_difference(batch: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``batch`` cannot be stored beside ``stored`` (tensors with the stored fields' per-item shapes and
+    dtypes), in the words a buffer's refusal uses; None when it can. A trainer checks its fresh batch against
+    a replayed one with it before it concatenates the two."""
+    if set(batch) != set(stored):
+        missing = sorted(set(stored) - set(batch))
+        extra = sorted(set(batch) - set(stored))
+        return f"batch fields differ from the stored schema: missing {missing}, unexpected {extra}"
+    for name, value in batch.items():
+        held = stored[name]
+        if value.shape[1:] != held.shape[1:] or value.dtype != held.dtype:
+            return (
+                f"field {name!r}: got per-item shape {list(value.shape[1:])} "
+                f"{value.dtype}, the storage holds {list(held.shape[1:])} {held.dtype}"
+            )
+    return None
 
 
 def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
@@ -101,17 +119,9 @@ class TensorStorage:
         size = batch_size(batch)
         if not self.fields:
             return size
-        if set(batch) != set(self.fields):
-            missing = sorted(set(self.fields) - set(batch))
-            extra = sorted(set(batch) - set(self.fields))
-            raise ItemSchemaError(f"batch fields differ from the stored schema: missing {missing}, unexpected {extra}")
-        for name, value in batch.items():
-            stored = self.fields[name]
-            if value.shape[1:] != stored.shape[1:] or value.dtype != stored.dtype:
-                raise ItemSchemaError(
-                    f"field {name!r}: got per-item shape {list(value.shape[1:])} "
-                    f"{value.dtype}, the storage holds {list(stored.shape[1:])} {stored.dtype}"
-                )
+        difference = schema_difference(batch, self.fields)
+        if difference is not None:
+            raise ItemSchemaError(difference)
         return size
 
     # -- data -----------------------------------------------------------------

@@ -55,14 +55,16 @@ def refusal_text(buffer: str, sender: str, n: int, seq: int, reason: str) -> str
     return f"{buffer} refused a batch of {n} trajectories (seq {seq}-{seq + n - 1}) from {sender}: {reason}"
 
 
-def on_refused(text: str, *, mode: str, step: int | None = None) -> None:
+def on_refused(text: str, *, mode: str, step: int | None = None, origin: str = "") -> None:
     """The sender's side of a refusal: raise :class:`BadBatchError` (``fail``) or log it (``drop``).
 
-    ``step``: the trainer step that produced the batch (the failure is reported at that step).
+    ``step``: the trainer step that produced the batch (the failure is reported at that step); ``origin``:
+    where the batch was made, appended (``"ToyTrainer.rollout made it at step 5"``).
     """
+    origin = f"; {origin}" if origin else ""
     if mode == "fail":
-        raise BadBatchError(f"{text} (faults.on_bad_batch = fail; 'drop' would count it and go on)", step=step)
-    log.warning("%s: dropped (faults.on_bad_batch = drop)", text)
+        raise BadBatchError(f"{text} (faults.on_bad_batch = fail; 'drop' would count it and go on){origin}", step=step)
+    log.warning("%s: dropped (faults.on_bad_batch = drop)%s", text, origin)
 
 
 def check_engine_allows(config: Config, engine: str) -> None:

@@ -118,6 +118,7 @@ class Wiring:
     #: the trainer step each of my recent batches was made at, by its first trajectory's seq (refusals name it)
     shipped_at: dict[int, int] = field(default_factory=dict)
     refusals_heard: int = 0  # my buffer's refusals of my batches that reached me (hear_refusals)
+    refused_here: set[int] = field(default_factory=set)  # seqs of my batches I refused myself (before a concat)
 
     @classmethod
     def build(
@@ -270,6 +271,9 @@ class Wiring:
     def refused(self, body: Mapping[str, Any]) -> None:
         """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
         self.refusals_heard += 1
+        if body.get("seq") in self.refused_here:  # I refused it myself already (and went on: on_bad_batch drop)
+            self.refused_here.discard(body.get("seq"))
+            return
         self.note("batch refused", "fault", seq=body.get("seq"))
         on_refused(str(body["text"]), mode=self.config.faults.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.runtime import protocol
+from gflowdist.runtime.loops.batches import check_batch, role_method
 from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
 from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
 from gflowdist.runtime.roles import Actor
@@ -56,6 +57,7 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             with w.timer.phase("idle"):
                 idle.pause()
         else:
+            check_batch(batch, role_method(actor, "rollout"), nonfinite=w.config.faults.on_nonfinite_batch)
             idle.reset()
             with w.timer.phase("send"):
                 ship(w, actor, batch, state, buffer)

@@ -17,13 +17,16 @@ Each step is a method of :class:`TrainerLoop`; the user's code runs in
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
+from gflowdist.runtime.faults import on_refused, refusal_text
 from gflowdist.runtime.loops.agent_group import AgentGroup
+from gflowdist.runtime.loops.batches import check_batch, refusal_before_concat, role_method
 from gflowdist.runtime.loops.client import (
     checkpoint_cut,
     concat_batches,
@@ -46,6 +49,8 @@ if TYPE_CHECKING:
     from gflowdist.runtime.collector import Collector
 
 __all__ = ["run_trainer", "TrainerLoop", "ReplayRequests"]
+
+log = logging.getLogger("gflowdist.runtime")
 
 
 def run_trainer(trainer: Trainer, w: Wiring, state: TrainerState, collector: Collector | None = None) -> TrainerState:
@@ -143,7 +148,7 @@ class TrainerLoop:
             fresh = self.rollout()
             self.ship(fresh)
             replayed = self.replayed(fresh)
-            batch = concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
+            batch = self.combine(fresh, replayed)
             if batch is None:
                 self.wait_for_items()
                 self.turn += 1
@@ -162,8 +167,12 @@ class TrainerLoop:
 
     # -- the steps, in order ------------------------------------------------------------------
     def rollout(self) -> dict | None:
+        """The user's batch, checked where it is made (:func:`~gflowdist.runtime.loops.batches.check_batch`)."""
         with self.w.timer.phase("rollout"):
-            return self.trainer.rollout(self.state.version)
+            fresh = self.trainer.rollout(self.state.version)
+        if fresh is not None:
+            check_batch(fresh, role_method(self.trainer, "rollout"), nonfinite=self.config.faults.on_nonfinite_batch)
+        return fresh
 
     def ship(self, fresh: dict | None) -> None:
         """Fresh trajectories to my buffer (or counted as used here, without one)."""
@@ -186,6 +195,26 @@ class TrainerLoop:
             )
         count = None if fresh is None else trajectory_count(fresh)
         return self.requests.take(self.state, count) if self.requests is not None else None
+
+    def combine(self, fresh: dict | None, replayed: dict | None) -> dict | None:
+        """Fresh followed by replayed trajectories. A fresh batch my buffer refuses (its fields, per-item shapes
+        or dtypes differ from the replayed ones) is refused here first, in the buffer's words
+        (``faults.on_bad_batch``): ``fail`` raises, ``drop`` learns from the replayed items alone."""
+        refusal = None if fresh is None else refusal_before_concat(fresh, replayed)
+        if refusal is not None:
+            n = trajectory_count(fresh)
+            seq = self.state.produced - n  # ship() counted it
+            ctx = self.w.context
+            text = refusal_text(
+                f"buffer {ctx.describe_rank(self.buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal
+            )
+            self.w.refused_here.add(seq)  # the buffer's own refusal of it, when it comes, is not a second one
+            self.w.note("batch refused", "fault", seq=seq)
+            made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
+            on_refused(text, mode=self.config.faults.on_bad_batch, step=self.state.step, origin=made)
+            log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
+            fresh = None  # drop: this step learns from what the buffer stores
+        return concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
 
     def wait_for_items(self) -> None:
         """A pure learner whose buffer cannot serve yet: no step; back off, stay alive, ask again."""
