@@ -24,6 +24,8 @@ __all__ = [
     "IN_MPI_VARIABLE",
     "MPIEXEC_VARIABLE",
     "FAILURE_FILE_VARIABLE",
+    "STDERR_RELAY_VARIABLE",
+    "FAILURE_MARK",
     "RUN_DIR_VARIABLE",
     "RESTART_VARIABLE",
     "LAUNCH_CONFIG_VARIABLE",
@@ -85,6 +87,11 @@ MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"
 #: The launcher (``gflowdist run``) names a file here; a failing rank appends its message, so the
 #: launcher can print it even when MPI's abort kills the ranks before their stderr is forwarded.
 FAILURE_FILE_VARIABLE = "GFLOWDIST_FAILURE_FILE"
+#: Set to ``1`` by ``gflowdist run`` when it reads mpiexec's stderr (``cli/stderr_relay.py``): a failing rank
+#: then writes only a marked first line there, and the launcher prints the failure once.
+STDERR_RELAY_VARIABLE = "GFLOWDIST_STDERR_RELAY"
+#: What starts that marked line: the relay remembers the line and does not print it.
+FAILURE_MARK = "\x1egflowdist-failure\x1e"
 
 
 def in_mpi_job() -> bool:

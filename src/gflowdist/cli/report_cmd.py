@@ -29,8 +29,14 @@ to ``PNG`` (:mod:`gflowdist.timing.trace_figure`): ``--window START_MS:END_MS``
 of the trace's time line, by default 150 ms from its middle; a window outside
 the trace's time span is refused (exit 2) with one line naming that span.
 
+A run that failed has a partial report (its post-mortem,
+:mod:`gflowdist.runtime.postmortem`): the failure at the top of the text,
+``ledger: not checked -- the run failed; ...`` as the verdict, and the
+failure line (with the command that resumes it, where a checkpoint was
+complete) as the last line.
+
 Exit status: 0 when the report was printed and the ledger balanced; 1 when the
-ledger did not balance, or the PNG or the event files could not be written
+run failed (a partial report) or the ledger did not balance, or the PNG or the event files could not be written
 (matplotlib or tensorboard missing, the file not writable); 2 when the run directory, ``report.json`` or
 ``ledger.json`` is missing or malformed (one line on stderr naming the file), or with ``--timeline`` when
 ``trace.json`` is malformed or ``--window`` lies outside the trace (one line naming its time span in ms).
@@ -135,7 +141,8 @@ def _read_json(path: Path) -> Any:
     if not path.is_file():
         hint = "" if path.parent.is_dir() else f" ({path.parent} does not exist)"
         raise RunDirError(
-            f"{path}: not found{hint}; a run writes it when it finishes (an unfinished or crashed run has only logs/)"
+            f"{path}: not found{hint}; a run writes it when it ends, also when it fails (a run still going, or "
+            f"one whose collector was lost, has only logs/ and metrics.jsonl)"
         )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -191,6 +198,8 @@ def ledger_verdict(ledger: dict[str, Any]) -> str:
     ``produced = used_locally + received + in_flight`` and
     ``received = admitted + dropped``.
     """
+    if ledger.get("partial"):
+        return "ledger: not checked -- the run failed; this report holds what its ranks held when it ended"
     if not ledger["balanced"]:
         return f"ledger: NOT balanced -- {ledger['error']}"
     t = ledger["totals"]

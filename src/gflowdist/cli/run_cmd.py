@@ -33,6 +33,7 @@ from gflowdist.jobenv import (
     LAUNCH_CONFIG_VARIABLE,
     RESTART_VARIABLE,
     RUN_DIR_VARIABLE,
+    STDERR_RELAY_VARIABLE,
     find_mpiexec,
     free_port,
     in_mpi_job,
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         attempts.append((ended, began))
         return ended.judged_by(Path(run_dir), since=began)
 
-    code = 1
+    code, started = 1, time.time()
     try:
         ended = launch(argv, {} if args.resume else {RUN_DIR_VARIABLE: run_dir})
         resume_argv = ["-m", "gflowdist", "run", config_path, *overrides, "--resume", run_dir]
@@ -215,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
             relaunch=lambda record: launch(resume_argv, {RESTART_VARIABLE: json.dumps(record)}),
         )
         _say_how_to_resume(Path(run_dir), *attempts[-1], nprocs, config.faults.preempt_grace_s)
+        if code != 0:
+            _say_postmortem(Path(run_dir), since=started)
         return code
     finally:
         handed.unlink(missing_ok=True)
@@ -263,6 +266,23 @@ def _say_how_to_resume(run_dir: Path, ended: Ended, began: float, nprocs: int, g
         return
     sys.stdout.flush()
     print(f"gflowdist: interrupted; resume with: gflowdist run --resume {run_dir} (from checkpoint {name})", flush=True)
+
+
+def _say_postmortem(run_dir: Path, *, since: float) -> None:
+    """After a failure: where the post-mortem is (``failure.json`` written by this launch's job) and the command
+    that resumes the run, when a checkpoint was complete (:mod:`gflowdist.runtime.postmortem`)."""
+    path = run_dir / "failure.json"
+    try:
+        if path.stat().st_mtime < since:
+            return
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    trace = f", {run_dir / 'trace.json'}" if (run_dir / "trace.json").is_file() else ""
+    sys.stderr.write(f"gflowdist: partial report: {run_dir / 'report.txt'}{trace} (gflowdist report {run_dir})\n")
+    if written.get("resume"):
+        sys.stderr.write(f"gflowdist: to resume: {written['resume']}\n")
+    sys.stderr.flush()
 
 
 def _remove_if_empty(run_dir: str) -> None:
@@ -342,7 +362,7 @@ def _launch_mpi(
     # and host, and then aborts the job.
     cleanup = ["-disable-auto-cleanup"] if launcher.is_hydra else []
     cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
-    env = dict(env, **{IN_MPI_VARIABLE: "1"})
+    env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
     relay = StderrRelay(proc.stderr)

@@ -2,8 +2,13 @@
 
 ``gflowdist run`` reads mpiexec's stderr through this relay. Every line is
 written on to our own stderr at once; lines that start with ``gflowdist:``
-(the first line of the message a failing rank writes, see
-``gflowdist.runtime.process.fail_job``) are also remembered. A failure line that came
+are also remembered. A failing rank (``gflowdist.runtime.process.fail_job``)
+writes only the first line of its message here, marked with
+:data:`FAILURE_MARK`: the relay remembers it and does not print it, since the
+launcher prints the whole message once, from the failure file. Once a failure
+has been seen, MPICH's own line about the abort that follows
+(``Abort(1) on node 0 (rank 0 in comm 0): application called MPI_Abort(...)``)
+is dropped too: it says nothing the failure did not. A failure line that came
 through mpiexec was written by a rank the launcher can still reach, which
 matters in a network partition: the ranks on *both* sides see the other side
 as lost and all of them append to the failure file (on a shared file
@@ -13,15 +18,20 @@ system), but only the launcher's side is believed. See
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Sequence
 from typing import IO
 
-__all__ = ["StderrRelay", "choose_failure", "FAILURE_PREFIX"]
+from gflowdist.jobenv import FAILURE_MARK
+
+__all__ = ["StderrRelay", "choose_failure", "FAILURE_PREFIX", "FAILURE_MARK", "ABORT_NOISE"]
 
 #: the first line of every failure message a rank writes starts with this
 FAILURE_PREFIX = "gflowdist:"
+#: MPICH's line for each rank that called MPI_Abort
+ABORT_NOISE = re.compile(r"^Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort")
 
 
 class StderrRelay:
@@ -41,6 +51,12 @@ class StderrRelay:
     def _pump(self) -> None:
         for raw in iter(self._source.readline, b""):
             line = raw.decode("utf-8", "replace")
+            if line.startswith(FAILURE_MARK):
+                with self._lock:
+                    self._failure_lines.append(line[len(FAILURE_MARK) :].strip())
+                continue
+            if self._failure_lines and ABORT_NOISE.match(line):
+                continue
             try:
                 self._sink.write(line)
                 self._sink.flush()

@@ -58,7 +58,17 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
     With a stderr relay, that is the first entry whose first line came through
     mpiexec (a rank on the launcher's side of any partition); else the first.
     """
-    message = choose_failure(_failure_messages(), relay)
+    messages = _failure_messages()
+    message = choose_failure(messages, relay)
+    others = [
+        m.splitlines()[0].removeprefix("gflowdist: ")
+        for m in messages
+        if m != message
+        and m.splitlines()[0] != (message or "").splitlines()[0]
+        and (relay is None or relay.seen(m.splitlines()[0]))
+    ]
+    if message and others:  # the same failure on several ranks (every trainer's loss): the first in full
+        message += "".join(f"\n  also: {line}" for line in dict.fromkeys(others[:3]))
     for path in _FAILURE_FILES:
         try:
             os.unlink(path)

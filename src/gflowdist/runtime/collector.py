@@ -31,6 +31,7 @@ from typing import TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
+from gflowdist.runtime.failures import Failure, RankFailed
 from gflowdist.runtime.generations import Reach
 from gflowdist.runtime.history import GenerationFacts
 from gflowdist.runtime.lost_actors import LostActors
@@ -175,6 +176,8 @@ class Collector:
             self.note_saved(body["name"], msg.sender, body["file"])
         elif command_of(msg) is Command.REFUSED:  # I am a trainer too, and my buffer refused my batch
             self.w.refused(body)
+        elif command_of(msg) is Command.FAILED:  # the run ends: its post-mortem (runtime.postmortem)
+            raise RankFailed(Failure.from_dict(body["failure"]), body["state"])
 
     def note_saved(self, name: str, rank: int, file: dict) -> None:
         """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""

@@ -14,6 +14,14 @@ headline figures (:func:`gflowdist.timing.headline.headline`: one screen, the
 whole report stays in report.txt) and the final line; a run stopped by a signal
 ends with the command that resumes it. A ledger that does not balance raises
 :class:`~gflowdist.errors.LedgerError` after ledger.json says why.
+
+A run that failed ends in :func:`conclude_failed` instead (its post-mortem,
+:mod:`gflowdist.runtime.postmortem`), from what the ranks held::
+
+    failure.json                        the failure(s) at the top, each rank's part (answered, lost, silent)
+    report.txt, report.json, report.png the report of what was gathered, marked partial, the failure first
+    [trace.json]                        the timelines gathered, up to the failure (otherData.partial)
+    ledger.json                         not checked ("partial": true, "balanced": false), the failure line
 """
 
 from __future__ import annotations
@@ -27,11 +35,12 @@ from typing import Any, TextIO
 
 from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
+from gflowdist.runtime.failures import Failure
 from gflowdist.runtime.history import GenerationFacts, keep_earlier, record_generation
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.timing.curves import chosen_curves, curve_order, curves_by_step
 
-__all__ = ["JobResult", "conclude", "curves_by_step"]
+__all__ = ["JobResult", "conclude", "conclude_failed", "failure_lines", "curves_by_step"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -133,6 +142,97 @@ def _say_end(out: TextIO, report, run_dir: Path, final_line: str, facts: Generat
     out.flush()
 
 
+def conclude_failed(
+    run_dir: Path,
+    failures: Sequence[Failure],
+    states: dict[int, dict],
+    *,
+    world_size: int,
+    generation: int,
+    missing: Mapping[int, str],
+    resume: str | None,
+    notes: Sequence[str] = (),
+) -> str:
+    """A failed run's post-mortem in ``run_dir`` (see the module docstring) from what each rank held (``states``:
+    rank -> its partial final report, or what the collector last heard of it); returns the failure line."""
+    failure = failures[0]
+    line = f"{failure.headline}; partial report in {run_dir / 'report.txt'}" + (f"; resume: {resume}" if resume else "")
+    parts = {
+        str(r): {
+            "role": f.get("role"),
+            "host": f.get("host"),
+            "step": f.get("step"),
+            "part": "lost" if f.get("lost") else "silent" if f.get("silent") else "held",
+            **({"lost": f["lost"]} if f.get("lost") else {}),
+            **({"why": missing[r]} if r in missing else {}),
+            **({"last_metrics": f["last_metrics"]} if f.get("last_metrics") else {}),
+        }
+        for r, f in sorted(states.items())
+    }
+    (run_dir / "failure.json").write_text(
+        json.dumps(
+            {
+                "partial": True,
+                "generation": generation,
+                "world_size": world_size,
+                "failure_line": line,
+                "resume": resume,
+                "failures": [f.to_dict() for f in failures],
+                "ranks": parts,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    keep_earlier(run_dir)  # an earlier generation's report and trace, under report.gen<G>.*
+    traces = {r: f.pop("trace") for r, f in states.items() if "trace" in f}
+    if traces:
+        _write_trace(run_dir, traces, states, partial=failure.headline)
+    ledgers = {r: Ledger.from_dict(f.get("ledger") or {}) for r, f in states.items()}
+    lost = {r: f["lost"] for r, f in states.items() if f.get("lost")}
+    notes = [
+        *notes,
+        *(f"rank {r} was lost: {why}" for r, why in sorted(lost.items())),
+        *(f"rank {r} sent nothing for the post-mortem ({why}): its last metrics only" for r, why in missing.items()),
+    ]
+    _report(
+        run_dir,
+        states,
+        ledgers,
+        notes,
+        GenerationFacts(generation=generation),
+        failure=failure_lines(failures, resume),
+    )
+    (run_dir / "ledger.json").write_text(
+        json.dumps(
+            {
+                "balanced": False,
+                "partial": True,
+                "error": f"not checked: the run failed ({failure.headline.removeprefix('gflowdist: ')})",
+                "final_line": f"gflowdist: FAILED: {line.removeprefix('gflowdist: ')}",
+                "per_rank": {str(r): item.to_dict() for r, item in ledgers.items()},
+            },
+            indent=1,
+        )
+    )
+    log.info("post-mortem written: %s", line)
+    return line
+
+
+def failure_lines(failures: Sequence[Failure], resume: str | None) -> tuple[str, ...]:
+    """The top of a partial report: the failure, where in the user's code, the others, the resume command."""
+    first, *others = failures
+    lines = [f"failure: {first.headline.removeprefix('gflowdist: ')}"]
+    if first.frame:
+        lines.append(f"  in your code: {first.frame}")
+    log_line = next((line for line in first.text.splitlines() if "the whole traceback:" in line), None)
+    if log_line:
+        lines.append(log_line)
+    lines += [f"also: {f.headline.removeprefix('gflowdist: ')}" for f in others]
+    lines.append(f"resume: {resume}" if resume else "resume: no complete checkpoint (faults.checkpoint_every)")
+    return tuple(lines)
+
+
 def _report(
     run_dir: Path,
     finals: dict[int, dict],
@@ -140,6 +240,8 @@ def _report(
     notes: Sequence[str],
     facts: GenerationFacts | None = None,
     history: Sequence[dict] = (),
+    *,
+    failure: Sequence[str] = (),
 ):
     """The load-imbalance report of the run, saved in ``run_dir``."""
     from gflowdist.timing import build_report
@@ -183,8 +285,8 @@ def _report(
         metrics=tuple(sorted(report.metrics, key=lambda m: _position(order)(m.name))),
         shown_curves=tuple(shown),
     )
-    if notes:
-        report = dataclasses.replace(report, notes=(*notes, *report.notes))
+    if notes or failure:
+        report = dataclasses.replace(report, notes=(*notes, *report.notes), failure=tuple(failure))
     if facts is not None:
         report = dataclasses.replace(
             report,
@@ -196,8 +298,9 @@ def _report(
     return report
 
 
-def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict]) -> None:
-    """trace.json: every rank's timeline on the collector's clock, collectives with their last arrivers."""
+def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict], partial: str | None = None) -> None:
+    """trace.json: every rank's timeline on the collector's clock, collectives with their last arrivers;
+    ``partial``: the failure that ended the run (``otherData.partial``, ``otherData.failure``)."""
     from gflowdist.timing.trace_file import chrome_trace, write_trace
 
     trace = chrome_trace(
@@ -206,6 +309,8 @@ def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict]
         offsets={r: float(f.get("clock_offset", 0.0)) for r, f in finals.items()},
         timings={r: f["timing"] for r, f in finals.items() if f.get("timing") is not None},
     )
+    if partial is not None:
+        trace["otherData"].update(partial=True, failure=partial)
     write_trace(run_dir / "trace.json", trace)
 
 

@@ -20,11 +20,14 @@ torchrun or our gloo spawner). On every rank, in order:
       config.yaml  layout.txt  metrics.jsonl  ledger.json  finals.json
       report.txt  report.json  report.png  [tensorboard/]  logs/rank-N.log  checkpoints/gen-K/
 
-Any exception on any rank ends the whole job: the rank prints its traceback
-(naming rank, role and host) and aborts the job (MPI ``Abort``; on the torch
-engine the process exits and the launcher stops the others). A rank silent
-for longer than ``faults.peer_timeout_s`` is reported by the collector as
-lost, by rank, role and host, and the job aborts.
+Any exception on any rank ends the whole job: the rank says why once, in the
+user's terms (:mod:`gflowdist.runtime.failures`: rank, role, host, step, the
+user's frames, its log), the collector gathers what every rank holds into a
+partial report and trace (:mod:`gflowdist.runtime.postmortem`), and the job
+aborts (MPI ``Abort``; on the torch engine the process exits and the launcher
+stops the others). A rank silent for longer than ``faults.peer_timeout_s`` is
+reported by the collector as lost, by rank, role and host, with the same
+post-mortem.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -43,7 +45,7 @@ import torch
 from gflowdist.comm import Communicator
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
-from gflowdist.errors import GflowdistError, PeerLostError, ReplayDivergence
+from gflowdist.errors import GflowdistError, ReplayDivergence
 from gflowdist.layout import Role
 from gflowdist.replay import ReplayBuffer
 from gflowdist.rundir import write_config
@@ -56,6 +58,7 @@ from gflowdist.runtime.generations import generation_note, restart_record
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_trainer
 from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_trace
+from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
 from gflowdist.runtime.resume import restore
 from gflowdist.runtime.state import RunState, TrainerState, state_for
@@ -81,17 +84,10 @@ def run_job(
     world, ctx = process.world, process.context
     try:
         return _run(process, config, resume_dir, out)
-    except PeerLostError as err:
-        fail_job(world, f"gflowdist: {err}", code=3)
     except ReplayDivergence as err:
         fail_job(world, f"gflowdist: {err}", code=4)
-    except KeyboardInterrupt:
-        fail_job(world, f"gflowdist: rank {world.rank} interrupted", code=130)
-    except BaseException as err:
-        step = getattr(err, "step", None)  # an error that knows its step (a refused batch's) says it
-        step = process.step() if step is None else step
-        where = ctx.describe_rank(world.rank) + (f" failed at step {step}" if step is not None else " failed")
-        fail_job(world, f"gflowdist: {where}: {type(err).__name__}: {err}\n{traceback.format_exc()}", code=1)
+    except BaseException as err:  # the post-mortem, then the end of the job (runtime.postmortem)
+        end_failed(process, process.holding, err)
     finally:
         end_of_process_bounded(world)  # freeing communicators and MPI_Finalize would wait for a lost rank
         ctx.cleanup()
@@ -118,6 +114,7 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     world, w = process.world, rank.w
     if isinstance(rank.state, TrainerState):
         process.step = lambda: rank.state.step
+    process.holding = Holding(w, lambda: _final_extras(rank, {}))
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=config.faults.startup_timeout_s)
     if config.run.trace:
@@ -126,6 +123,10 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     w.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
     w.heartbeat_while_waiting()
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
+    if collector is not None:
+        process.holding.collector = collector
+        if not (w.tape.recording or w.tape.replaying):  # a recorded run takes messages where it recorded them
+            w.on_wait = collector.poll
     try:
         return _run_to_end(process, config, rank, collector, out)
     finally:

@@ -8,7 +8,9 @@ communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM into a
 :class:`~gflowdist.context.DistributedContext` (collective), agree on the run
 directory (``gflowdist.rundir``), start this rank's log and stack-dump
 files, seed Python's ``random``, numpy's global generator and torch (:func:`~gflowdist.ops.seeds.seed_all`).
-:func:`fail_job` is how any rank ends the whole job on an error.
+:func:`fail_job` is how any rank ends the whole job on an error (:func:`announce_failure` once, then
+:func:`abort_job`; a rank whose job fails after it started writes a post-mortem between the two:
+:mod:`gflowdist.runtime.postmortem`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 import torch
 
 from gflowdist.comm import Communicator, world_comm
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
-from gflowdist.jobenv import FAILURE_FILE_VARIABLE
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE, FAILURE_MARK, STDERR_RELAY_VARIABLE
 from gflowdist.lifeline import on_lost
 from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
@@ -44,6 +46,8 @@ __all__ = [
     "prepare_rank",
     "print_whole_lines",
     "fail_job",
+    "announce_failure",
+    "abort_job",
     "end_within",
     "end_of_process_bounded",
     "FORWARD_BEFORE_ABORT_S",
@@ -76,6 +80,7 @@ class RankProcess:
     device: str  # "cpu" or "cuda:N" (launch.devices applied): the roles' self.device
     watch: SetupWatch | None = None  # names a peer that dies during setup (installed by the job runner)
     step: Callable[[], int | None] = lambda: None  # the step a trainer is at (for failure messages)
+    holding: Any = None  # what this rank holds for a post-mortem, once it runs (runtime.postmortem.Holding)
 
     @property
     def world(self) -> Communicator:
@@ -196,29 +201,47 @@ def _setup_logging(run_dir: Path, rank: int, *, threads: bool = False) -> None:
     root.propagate = False
 
 
-def fail_job(world: Communicator, message: str, *, code: int) -> NoReturn:
-    """End the whole job from this rank: ``message`` to the failure file, the log and stderr, then abort.
-
-    The failure file (``$GFLOWDIST_FAILURE_FILE``, named by ``gflowdist run``)
-    lets the launcher print the message even when MPI's abort kills the ranks
-    before their stderr is forwarded.
-    """
+def fail_job(world: Communicator, message: str, *, code: int, detail: str | None = None) -> NoReturn:
+    """End the whole job from this rank: :func:`announce_failure`, then :func:`abort_job`."""
     if not world.first_to_fail():  # ranks as threads: another rank ends the job and says why
         raise SystemExit(code)
+    announce_failure(message, detail=detail)
+    abort_job(world, code)
+
+
+def announce_failure(message: str, *, detail: str | None = None) -> None:
+    """Say once why the job fails: ``message`` to the failure file, the rank's log and the console.
+
+    ``message`` is what the console shows (a :class:`~gflowdist.runtime.failures.Failure`'s text); ``detail``
+    (the whole traceback) goes to the rank's log only. The failure file (``$GFLOWDIST_FAILURE_FILE``, named by
+    ``gflowdist run``) lets the launcher print the message once, even when MPI's abort kills the ranks before
+    their stderr is forwarded: under such a launcher the rank's stderr gets only the marked first line the
+    launcher's relay recognises (:data:`~gflowdist.jobenv.FAILURE_MARK`), or nothing on the torch engine;
+    under any other launcher the whole message.
+    """
     # The failure file first: if mpiexec is already gone, writing to stderr may fail.
     failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
     if failure_file:
         with open(failure_file, "a") as f:
             f.write(message.rstrip() + "\n\0")
-    log.error(message)
+    log.error("%s", message)
+    if detail is not None:
+        log.error("%s", detail)
     try:
-        sys.stderr.write(message.rstrip() + "\n")
+        if os.environ.get(STDERR_RELAY_VARIABLE) == "1":
+            sys.stderr.write(FAILURE_MARK + message.splitlines()[0] + "\n")
+        elif not failure_file:
+            sys.stderr.write(message.rstrip() + "\n")
         sys.stderr.flush()
     except OSError:  # nobody is reading our stderr any more
         pass
+
+
+def abort_job(world: Communicator, code: int) -> NoReturn:
+    """End every rank of the job now with exit status ``code`` (after the failure was announced)."""
     if world.size > 1:
         # MPI's abort makes the launcher kill every rank at once; hydra's proxy may handle the abort
-        # before it has read (and forwarded) the line above, and the launcher believes a failure
+        # before it has read (and forwarded) the failure's line, and the launcher believes a failure
         # line it has seen come through mpiexec (a partition's far side cannot send one).
         time.sleep(FORWARD_BEFORE_ABORT_S)
         world.abort(code)

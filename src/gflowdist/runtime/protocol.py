@@ -31,6 +31,9 @@ who sends it to whom, and where it is sent and handled.
 | :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Wiring.send_final` / :meth:`Collector.poll` |
 | :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Wiring.check_control` |
 | :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Wiring.check_control` |
+| :func:`failed` | CONTROL `failed` | CONTROL | a failing rank -> collector: its failure and what it holds | :func:`postmortem.end_failed` / :meth:`Collector.poll` (and the post-mortem's gathering) |
+| :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Wiring.check_control` |
+| :func:`partial` | CONTROL `partial` | CONTROL | each rank -> collector, the answer to `postmortem`: what it holds | :func:`postmortem.end_failed` / the post-mortem's gathering |
 
 A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;
 :func:`command_of` reads it. A constructor returns ``(MessageType, body)``,
@@ -80,6 +83,9 @@ __all__ = [
     "saved",
     "refused",
     "lost",
+    "failed",
+    "postmortem",
+    "partial",
     "final_report",
     "command_of",
     "is_command",
@@ -116,6 +122,12 @@ class Command(enum.Enum):
     REFUSED = "refused"
     #: collector -> the trainer and buffer of a lost actor (CONTROL): go on without ``rank``
     LOST = "lost"
+    #: a failing rank -> collector (CONTROL): its ``failure`` and the ``state`` it holds (the post-mortem's)
+    FAILED = "failed"
+    #: collector -> every live rank (CONTROL): the run failed; send what you hold and stop
+    POSTMORTEM = "postmortem"
+    #: rank -> collector (CONTROL): the ``state`` I hold, for the post-mortem
+    PARTIAL = "partial"
 
 
 _COMMANDS = {command.value: command for command in Command}
@@ -226,6 +238,22 @@ def refused(text: str, seq: int) -> Outgoing:
 def lost(rank: int, reason: str) -> Outgoing:
     """The collector lost actor ``rank`` (``reason``) and the run goes on without it."""
     return _command(Command.LOST, rank=rank, reason=reason)
+
+
+def failed(failure: Mapping[str, Any], state: Mapping[str, Any]) -> Outgoing:
+    """I failed (``failure``: :meth:`Failure.to_dict <gflowdist.runtime.failures.Failure.to_dict>`); ``state``:
+    what I hold (my final report so far, ``partial``)."""
+    return _command(Command.FAILED, failure=dict(failure), state=dict(state))
+
+
+def postmortem() -> Outgoing:
+    """The run failed: send the collector what you hold (:func:`partial`) and stop."""
+    return _command(Command.POSTMORTEM)
+
+
+def partial(state: Mapping[str, Any]) -> Outgoing:
+    """What I hold when the run failed elsewhere: my final report so far (``partial``)."""
+    return _command(Command.PARTIAL, state=dict(state))
 
 
 def final_report(report: Mapping[str, Any]) -> Outgoing:

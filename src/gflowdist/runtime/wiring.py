@@ -25,6 +25,7 @@ from gflowdist.context import COMM_NAMES, DistributedContext
 from gflowdist.errors import GflowdistError, PeerLostError
 from gflowdist.layout import Layout, Role
 from gflowdist.runtime import protocol
+from gflowdist.runtime.failures import PostMortemCalled
 from gflowdist.runtime.faults import on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.observing import TraceObserver
@@ -119,6 +120,8 @@ class Wiring:
     shipped_at: dict[int, int] = field(default_factory=dict)
     refusals_heard: int = 0  # my buffer's refusals of my batches that reached me (hear_refusals)
     refused_here: set[int] = field(default_factory=set)  # seqs of my batches I refused myself (before a concat)
+    #: on the collector, called while a collective waits (its poll; None while recording or replaying)
+    on_wait: Callable[[], Any] | None = None
 
     @classmethod
     def build(
@@ -267,6 +270,8 @@ class Wiring:
             self.go_on_without(int(msg.body["rank"]), str(msg.body["reason"]))
         elif command is Command.REFUSED:
             self.refused(msg.body)
+        elif command is Command.POSTMORTEM:
+            raise PostMortemCalled()
 
     def refused(self, body: Mapping[str, Any]) -> None:
         """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
@@ -333,10 +338,13 @@ class Wiring:
                 comm.wait_hook = self.keep_alive
 
     def keep_alive(self) -> None:
-        """While waiting: heartbeat, and hear the collector (not on the collector: it polls elsewhere)."""
+        """While waiting: heartbeat, and hear the collector; on the collector, :attr:`on_wait` (its poll, so
+        that a failure elsewhere is heard while a collective waits for the failed rank)."""
         self.heartbeat(-1)
         if self.rank != self.collector:
             self.check_control()
+        elif self.on_wait is not None:
+            self.on_wait()
 
     # -- the choices (recorded with --record, made as recorded by gflowdist replay) -----------------
     def take(
@@ -381,8 +389,9 @@ class Wiring:
         if self.rank != self.collector:
             self.control.isend(*message, self.collector)
 
-    def send_final(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
-        """My final report (role, host, ledger, timers, channel statistics, ``extra``) to the collector; returns it."""
+    def final_dict(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """My final report as it stands (role, host, ledger, timers, clock offset, channel statistics, ``extra``;
+        my trace with ``run.trace``): what :meth:`send_final` sends, and a post-mortem gathers."""
         final = {
             "role": role,
             "host": self.context.host,
@@ -394,6 +403,11 @@ class Wiring:
         }
         if self.timer.trace is not None:  # the collector writes it to trace.json, not to finals.json
             final["trace"] = self.timer.trace.to_dict()
+        return final
+
+    def send_final(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """My final report (:meth:`final_dict`) to the collector; returns it."""
+        final = self.final_dict(role, extra)
         if self.rank != self.collector:
             self.control.send(*protocol.final_report(final), self.collector)
         self.control.drain()

@@ -106,7 +106,11 @@ def draw_figure(report: Report) -> Any:
     width = 12 // max(n_curves, 1)
     for i, (name, curves) in enumerate(panels):
         _draw_curves(fig.add_subplot(grid[1, i * width : (i + 1) * width]), name, curves, report)
-    fig.suptitle("gflowdist run report" + (f" -- generation {report.generation}" if report.generation else ""))
+    fig.suptitle(
+        "gflowdist run report"
+        + (f" -- generation {report.generation}" if report.generation else "")
+        + (f" -- PARTIAL: {report.failure[0]}" if report.failure else "")
+    )
     return fig
 
 

@@ -123,6 +123,8 @@ class Report:
     generations: tuple[Mapping[str, Any], ...] = ()
     unit: str = "trajectories"
     shown_curves: tuple[str, ...] = ()
+    #: a failed run's report is partial: the failure's lines, shown first (empty: the run ended normally)
+    failure: tuple[str, ...] = ()
 
     # --- plain data -----------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class Report:
             "generations": [dict(g) for g in self.generations],
             "unit": self.unit,
             "shown_curves": list(self.shown_curves),
+            **({"partial": True, "failure": list(self.failure)} if self.failure else {}),
         }
 
     @classmethod
@@ -179,6 +182,7 @@ class Report:
             generations=tuple(dict(g) for g in data.get("generations", ())),
             unit=str(data.get("unit", "trajectories")),
             shown_curves=tuple(str(c) for c in data.get("shown_curves", ())),
+            failure=tuple(str(line) for line in data.get("failure", ())),
         )
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -197,7 +201,9 @@ class Report:
     def to_text(self) -> str:
         """The human-readable report (sections described in ``docs/report.md``)."""
         title = "gflowdist run report" + (f" -- generation {self.generation}" if self.generation else "")
-        lines = [title, "=" * len(title)]
+        if self.failure:  # a failed run: what the ranks held when it ended, the failure first
+            title += " -- PARTIAL: the run failed"
+        lines = [title, "=" * len(title), *self.failure, *([""] if self.failure else [])]
         lines += self._layout_lines()
         if len(self.generations) > 1:
             lines += ["", *generation_lines(self.generations)]
