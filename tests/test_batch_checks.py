@@ -106,6 +106,7 @@ def _loop(mode: str, notes: list) -> SimpleNamespace:
         trainer=SimpleNamespace(device="cpu", __class__=HyperGridTrainer),
         state=SimpleNamespace(produced=48, step=5),
         config=SimpleNamespace(faults=SimpleNamespace(on_bad_batch=mode)),
+        device_path=SimpleNamespace(stage=lambda batch: None if batch is None else dict(batch)),
     )
 
 

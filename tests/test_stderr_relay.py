@@ -6,6 +6,7 @@ import io
 import os
 
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
+from gflowdist.jobenv import FAILURE_MARK
 
 
 def relay_of(text: str) -> tuple[StderrRelay, io.StringIO]:
@@ -42,3 +43,18 @@ def test_the_failure_seen_through_the_launcher_wins_over_an_earlier_one():
     relay_nothing, _ = relay_of("unrelated\n")
     assert choose_failure([cut_side, our_side], relay_nothing) == cut_side
     assert choose_failure([], relay) is None
+
+
+def test_a_marked_failure_line_is_remembered_not_printed_and_mpi_abort_lines_after_it_are_dropped():
+    """A failing rank writes its first line marked; the launcher prints the whole message once, from the file."""
+    abort = "Abort(1) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1\n"
+    text = (
+        abort  # before any failure: not ours to hide
+        + FAILURE_MARK
+        + "gflowdist: rank 1 (trainer on vm) failed at step 30: RuntimeError: boom\n"
+        + "a rank's own line\n"
+        + abort
+    )
+    relay, sink = relay_of(text)
+    assert sink.getvalue() == abort + "a rank's own line\n"
+    assert relay.seen("gflowdist: rank 1 (trainer on vm) failed at step 30: RuntimeError: boom")

@@ -8,7 +8,10 @@ Behaviour switches come from ``params`` (fail_after, delay_s, ``slow_s``
 policy version on: batches its buffer refuses), ``setup_rank``/``setup_s`` (that
 rank's setup() sleeps: a window to kill it in), ``final_summary_s`` (the coordinator's
 final summary sleeps: a stop that cannot finish soon), ``nan_rank``/``nan_at``
-[/``nan_until``] (that trainer's loss is NaN at those steps).
+[/``nan_until``] (that trainer's loss is NaN at those steps), ``loss_fail_rank``/``loss_fail_at`` (that
+trainer's ``loss()`` raises from that step on), ``mistake_rank``/``mistake``[/``mistake_at``] (that trainer's
+rollout makes a user's mistake from that policy version on: ``list`` returns a list of tensors, ``rows``
+gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4).
 """
 
 from __future__ import annotations
@@ -57,10 +60,24 @@ class ToyTrainer(Trainer):
         batch = make_batch(self.n, self.generator)
         if self._mine("retype") and policy_version >= int(self.params["retype_at"]):
             batch["y"] = batch["y"].double()  # a batch its buffer cannot store next to the others
+        if self.params.get("mistake_rank") == self.rank and policy_version >= int(self.params.get("mistake_at", 0)):
+            return self._mistake(batch)
         return batch
 
+    def _mistake(self, batch):
+        kind = self.params["mistake"]
+        if kind == "list":
+            return list(batch.values())
+        if kind == "rows":
+            return {**batch, "y": batch["y"][:-1]}
+        if kind == "grow":
+            return {**batch, "x": torch.randn(self.n, 5, generator=self.generator)}
+        raise ValueError(f"params.mistake must be list, rows or grow, not {kind!r}")
+
     def loss(self, batch):
-        loss = ((self.model(batch["x"]).squeeze(-1) - batch["y"]) ** 2).mean()
+        if self._mine("loss_fail") and self.steps_seen >= int(self.params["loss_fail_at"]):
+            raise RuntimeError("toy loss failure on purpose")
+        loss = ((self.model(batch["x"][:, :4]).squeeze(-1) - batch["y"]) ** 2).mean()
         if self._mine("nan") and int(self.params["nan_at"]) <= self.steps_seen < int(
             self.params.get("nan_until", int(self.params["nan_at"]) + 1)
         ):

@@ -132,7 +132,7 @@ def describe_failure(
                 lines.append(f"      {frame.line.strip()}")
         if first > 0:
             lines.append(f"  called by gflowdist: {_short(frames[first - 1])}")
-    elif frames:
+    if frames and _is_gflowdist(frames[-1].filename):  # gflowdist raised it (about the user's batch, a peer...)
         lines.append(f"  raised by gflowdist: {_short(frames[-1])}")
     if log_path is not None:
         lines.append(f"  the whole traceback: {log_path}")
