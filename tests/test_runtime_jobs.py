@@ -72,7 +72,7 @@ def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
     code = job.wait(60)
     assert code != 0
     out = job.output
-    assert "rank 2 (buffer on" in out and out.count("toy buffer failure on purpose") == 1, out
+    assert "rank 2 (buffer on" in out and out.count("ValueError: toy buffer failure on purpose") == 1, out
     # the user's frames, once, and where the whole traceback is (the rank's log)
     assert 'in your code (most recent call last):\n    File "' in out and "in on_admitted" in out, out
     assert "Traceback" not in out and "MPI_Abort" not in out and "logs/rank-2.log" in out, out

@@ -29,6 +29,11 @@ __all__ = ["supervise", "failure_file", "final_saved", "say", "FORCE_AFTER_SIGNA
 _FAILURE_FILES: list[str] = []
 
 
+#: Once a rank reported a failure, the job's collector may take this long to write its post-mortem (it waits
+#: at most min(peer_timeout_s, 10 s) for the ranks' parts, then writes report.png and trace.json).
+POSTMORTEM_GRACE_S = 60.0
+
+
 def failure_file() -> str:
     if not _FAILURE_FILES:
         import tempfile
@@ -211,8 +216,9 @@ def supervise(
                 next_scan = time.monotonic() + 0.5
             failed = [p for p in procs if p.poll() not in (None, 0)]
             if (failed or _failure_reported(relay)) and grace_until is None:
-                # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do
-                grace_until = time.monotonic() + report_grace_s
+                # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do, and the
+                # collector the time to write the post-mortem before it ends the job (runtime.postmortem)
+                grace_until = time.monotonic() + report_grace_s + (0.0 if failed else POSTMORTEM_GRACE_S)
             if interrupted and grace_until is None:  # a stop (a preemption): faults.preempt_grace_s
                 grace_until = time.monotonic() + stop_grace_s
             if interrupted and not checkpointed and saved is not None and time.monotonic() >= next_look:

@@ -114,7 +114,6 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     world, w = process.world, rank.w
     if isinstance(rank.state, TrainerState):
         process.step = lambda: rank.state.step
-    process.holding = Holding(w, lambda: _final_extras(rank, {}))
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=config.faults.startup_timeout_s)
     if config.run.trace:
@@ -123,10 +122,10 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     w.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
     w.heartbeat_while_waiting()
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
-    if collector is not None:
-        process.holding.collector = collector
-        if not (w.tape.recording or w.tape.replaying):  # a recorded run takes messages where it recorded them
-            w.on_wait = collector.poll
+    # from here on a failure leaves a post-mortem (every rank is past setup: the collector can gather)
+    process.holding = Holding(w, lambda: _final_extras(rank, {}), collector)
+    if collector is not None and not (w.tape.recording or w.tape.replaying):
+        w.on_wait = collector.poll  # a recorded run takes messages where it recorded them
     try:
         return _run_to_end(process, config, rank, collector, out)
     finally:

@@ -51,6 +51,7 @@ __all__ = [
     "held",
     "wait_s",
     "WAIT_CAP_S",
+    "WRITE_S",
     "resume_command",
 ]
 
@@ -58,6 +59,9 @@ log = logging.getLogger("gflowdist.runtime")
 
 #: The collector waits at most this long (and at most ``faults.peer_timeout_s``) for what the ranks hold.
 WAIT_CAP_S = 10.0
+#: What writing the post-mortem may take (report.png under a loaded machine takes seconds): a failed rank
+#: waits :func:`wait_s` plus this for the collector to end the job before it ends it itself.
+WRITE_S = 60.0
 
 
 class Holding:
@@ -96,9 +100,10 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
     """End the job from this rank after ``err`` (see the module docstring); never returns."""
     world, ctx = process.world, process.context
     code = _exit_code(err)
-    if isinstance(err, PostMortemCalled) and holding is not None:
-        _answer(holding, process.step())
-        _wait_for_the_end(holding.w)
+    if isinstance(err, PostMortemCalled):  # the run failed elsewhere, and was announced there
+        if holding is not None:
+            _answer(holding, process.step())
+            _wait_for_the_end(holding.w)
         abort_job(world, code)
     failure = _failure_of(process, err)
     if not isinstance(err, RankFailed):
@@ -182,10 +187,18 @@ def _answer(holding: Holding, step: int | None) -> None:
 
 
 def _wait_for_the_end(w: Wiring) -> None:
-    """Wait for the collector to end the job (it writes the post-mortem first), bounded."""
-    deadline = time.monotonic() + wait_s(w) + 5.0
+    """Wait for the collector to end the job (it writes the post-mortem first): its abort ends this process, or
+    (the torch engine) its ``postmortem`` message saying it is written; at most :func:`wait_s` + :data:`WRITE_S`."""
+    deadline = time.monotonic() + wait_s(w) + WRITE_S
     while time.monotonic() < deadline:
-        time.sleep(0.05)
+        try:
+            msg = w.control.try_recv(w.collector)
+        except (GflowdistError, OSError):
+            msg = None
+        if msg is not None and command_of(msg) is Command.POSTMORTEM and msg.body.get("written"):
+            return
+        if msg is None:
+            time.sleep(0.05)
 
 
 def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, err: BaseException) -> None:
@@ -214,7 +227,7 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
         states[rank] = _last_heard(collector, rank, lost[rank])
     for rank in missing:
         states[rank] = _last_heard(collector, rank, None)
-    conclude_failed(
+    written = conclude_failed(
         process.run_dir,
         failures,
         states,
@@ -224,6 +237,16 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
         resume=resume_command(process.run_dir),
         notes=[collector.generation_note] if collector.generation_note else [],
     )
+    for rank in states:  # those waiting for the end may go (the torch engine's abort ends only this process)
+        if rank != w.rank and rank not in lost and rank not in missing:
+            try:
+                w.control.isend(*protocol.postmortem(written=written), rank)
+            except GflowdistError:
+                pass
+    try:
+        w.control.drain(timeout=1.0)
+    except GflowdistError:
+        pass
 
 
 def _collect(

@@ -246,9 +246,10 @@ def failed(failure: Mapping[str, Any], state: Mapping[str, Any]) -> Outgoing:
     return _command(Command.FAILED, failure=dict(failure), state=dict(state))
 
 
-def postmortem() -> Outgoing:
-    """The run failed: send the collector what you hold (:func:`partial`) and stop."""
-    return _command(Command.POSTMORTEM)
+def postmortem(written: str | None = None) -> Outgoing:
+    """The run failed: send the collector what you hold (:func:`partial`) and stop; with ``written`` (the failure
+    line), the post-mortem is written and a rank waiting for the end may end."""
+    return _command(Command.POSTMORTEM) if written is None else _command(Command.POSTMORTEM, written=written)
 
 
 def partial(state: Mapping[str, Any]) -> Outgoing:

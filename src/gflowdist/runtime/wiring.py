@@ -270,7 +270,7 @@ class Wiring:
             self.go_on_without(int(msg.body["rank"]), str(msg.body["reason"]))
         elif command is Command.REFUSED:
             self.refused(msg.body)
-        elif command is Command.POSTMORTEM:
+        elif command is Command.POSTMORTEM and not msg.body.get("written"):
             raise PostMortemCalled()
 
     def refused(self, body: Mapping[str, Any]) -> None:
