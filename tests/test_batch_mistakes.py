@@ -1,6 +1,7 @@
 """A user's batch mistakes made in a real job under mpiexec (issue 23 item 2, issue 26's refused batch).
 
-Three toy jobs side by side (trainers 0-1, buffer 2, coordinator 3); trainer 1 makes the mistake:
+Toy jobs side by side (trainers 0-1, buffer 2, coordinator 3; with ``-n 3`` trainer 0, buffer 1,
+coordinator 2); a trainer makes the mistake:
 
 - its rollout returns a list: the job fails with ``ToyTrainer.rollout returned a list: ...`` (before:
   ``AttributeError: 'list' object has no attribute 'values'`` from loops/client.py), printed once;
@@ -8,7 +9,10 @@ Three toy jobs side by side (trainers 0-1, buffer 2, coordinator 3); trainer 1 m
   buffer's words, naming the field, what arrived and what is stored, and ``ToyTrainer.rollout`` (before:
   torch's ``Sizes of tensors must match`` from ``concat_batches``);
 - the same under ``faults.on_bad_batch: drop``: the run goes on to its end, every changed batch refused and
-  counted against rank 1, the ledger balanced (before: the same crash as under ``fail``).
+  counted against rank 1, the ledger balanced (before: the same crash as under ``fail``);
+- (``-n 3``) its ``y`` has one row less than its other fields: each field named with its rows (before:
+  ``found sizes [7, 8]``); a NaN in its ``log_rewards`` under ``faults.on_nonfinite_batch: fail``: the field
+  and the row named.
 """
 
 from __future__ import annotations
@@ -25,14 +29,18 @@ def _failed_once(out: str, pattern: str) -> None:
     """The failure is on the console once, in the user's terms, without a framework traceback or MPI noise."""
     assert len(re.findall(pattern, out)) == 1, out
     assert "Traceback" not in out and "MPI_Abort" not in out and "concat_batches" not in out, out
-    assert re.search(r"the whole traceback: \S+/logs/rank-1\.log", out), out
+    assert re.search(r"the whole traceback: \S+/logs/rank-\d\.log", out), out
 
 
 def test_batch_mistakes_are_named_in_the_users_terms_and_a_refused_batch_never_crashes_its_sender(job_factory):
     listed = job_factory("run.steps=20", "params.mistake_rank=1", "params.mistake=list", *FAST)
     fails = job_factory("run.steps=20", *GROW, *FAST)
     drops = job_factory("run.steps=20", *GROW, "faults.on_bad_batch=drop", *FAST)
-    codes = [job.wait(150) for job in (listed, fails, drops)]
+    rows = job_factory("run.steps=5", "-n", "3", "params.mistake_rank=0", "params.mistake=rows", *FAST)
+    nan = job_factory(
+        "run.steps=5", "-n", "3", "params.mistake_rank=0", "params.mistake=nan", "faults.on_nonfinite_batch=fail", *FAST
+    )
+    codes = [job.wait(150) for job in (listed, fails, drops, rows, nan)]
 
     out = listed.output
     assert codes[0] == 1, out
@@ -64,5 +72,18 @@ def test_batch_mistakes_are_named_in_the_users_terms_and_a_refused_batch_never_c
     assert read_json(drops.run_dir() / "finals.json")["1"]["step"] == 20
     log = (drops.run_dir() / "logs" / "rank-1.log").read_text()
     assert "ToyTrainer.rollout made it at step 5" in log and "step 5 learns from its 8 replayed items alone" in log
-    for job in (listed, fails, drops):
+
+    assert codes[3] == 1, rows.output
+    _failed_once(
+        rows.output,
+        r"gflowdist: rank 0 \(trainer on \S+\) failed at step 0: BatchError: ToyTrainer.rollout returned fields with "
+        r"different numbers of rows: 'x' 8, 'y' 7, 'log_rewards' 8; every field needs one row per trajectory",
+    )
+    assert codes[4] == 1, nan.output
+    _failed_once(
+        nan.output,
+        r"gflowdist: rank 0 \(trainer on \S+\) failed at step 0: BatchError: ToyTrainer.rollout returned NaN in field "
+        r"'log_rewards' \(row 2 of 8\) \(faults.on_nonfinite_batch = fail; 'allow' would ship it\)",
+    )
+    for job in (listed, fails, drops, rows, nan):
         assert job.no_process_left()

@@ -134,7 +134,8 @@ def test_kill9_of_a_rank_ends_the_job_naming_it(job_factory, victim, role):
     elapsed = time.monotonic() - killed
     assert code != 0
     assert f"lost rank {victim} ({role} on" in job.output, job.output
-    assert elapsed < 2 * timeout + 10, f"took {elapsed:.1f} s to notice"
+    # noticed within 2 timeouts; then the post-mortem: the ranks' parts (at most a timeout), report.png, trace.json
+    assert elapsed < 3 * timeout + 25, f"took {elapsed:.1f} s to notice and end"
     assert job.no_process_left()
 
 

@@ -11,7 +11,8 @@ final summary sleeps: a stop that cannot finish soon), ``nan_rank``/``nan_at``
 [/``nan_until``] (that trainer's loss is NaN at those steps), ``loss_fail_rank``/``loss_fail_at`` (that
 trainer's ``loss()`` raises from that step on), ``mistake_rank``/``mistake``[/``mistake_at``] (that trainer's
 rollout makes a user's mistake from that policy version on: ``list`` returns a list of tensors, ``rows``
-gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4).
+gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4, ``nan`` puts a NaN in
+``log_rewards``' row 2).
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class ToyTrainer(Trainer):
             return {**batch, "y": batch["y"][:-1]}
         if kind == "grow":
             return {**batch, "x": torch.randn(self.n, 5, generator=self.generator)}
-        raise ValueError(f"params.mistake must be list, rows or grow, not {kind!r}")
+        if kind == "nan":
+            batch["log_rewards"][2] = float("nan")
+            return batch
+        raise ValueError(f"params.mistake must be list, rows, grow or nan, not {kind!r}")
 
     def loss(self, batch):
         if self._mine("loss_fail") and self.steps_seen >= int(self.params["loss_fail_at"]):

@@ -222,7 +222,9 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
             w.control.isend(*protocol.postmortem(), rank)
         except GflowdistError as problem:
             log.warning("could not ask rank %d for its post-mortem part: %s", rank, problem)
+    began = time.monotonic()
     missing = _collect(collector, states, failures, asked, wait_s(w))
+    log.info("post-mortem: parts of ranks %s gathered in %.1f s", sorted(states), time.monotonic() - began)
     for rank in lost:
         states[rank] = _last_heard(collector, rank, lost[rank])
     for rank in missing:
