@@ -98,7 +98,7 @@ def resume_command(run_dir: Path) -> str | None:
 
 def end_failed(process: RankProcess, holding: Holding | None, err: BaseException) -> NoReturn:
     """End the job from this rank after ``err`` (see the module docstring); never returns."""
-    world, ctx = process.world, process.context
+    world = process.world
     code = _exit_code(err)
     if isinstance(err, PostMortemCalled):  # the run failed elsewhere, and was announced there
         if holding is not None:
@@ -121,8 +121,7 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
         _gather_and_write(process, holding, failure, err)
     except Exception as problem:
         log.exception("the post-mortem could not be written: %s", problem)
-    abort_job(world, code if not isinstance(err, RankFailed) else 1)
-    raise AssertionError(f"unreachable: {ctx.describe_rank(world.rank)}")  # abort_job does not return
+    abort_job(world, code)
 
 
 def _exit_code(err: BaseException) -> int:
