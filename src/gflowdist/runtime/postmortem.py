@@ -22,7 +22,8 @@ runs on the rank that saw it:
    (not checked: ``"partial": true``). Then the collector aborts the job.
 
 A lost collector leaves no post-mortem: the ranks that notice it say so and
-end the job as before.
+end the job as before. Ranks that are threads of one process (the local
+engine) end as before too: the first failing rank says why.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from gflowdist.errors import GflowdistError, PeerLostError, ProtocolError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.failures import Failure, PostMortemCalled, RankFailed, describe_failure
-from gflowdist.runtime.process import RankProcess, abort_job, announce_failure
+from gflowdist.runtime.process import RankProcess, abort_job, announce_failure, fail_job
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
     """End the job from this rank after ``err`` (see the module docstring); never returns."""
     world = process.world
     code = _exit_code(err)
+    if world.ranks_are_threads:  # ranks as threads of one process: the first failing rank says why, no post-mortem
+        failure = _failure_of(process, err)
+        fail_job(world, failure.text, code=code, detail=failure.detail)
     if isinstance(err, PostMortemCalled):  # the run failed elsewhere, and was announced there
         if holding is not None:
             _answer(holding, process.step())
