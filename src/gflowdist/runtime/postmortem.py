@@ -152,7 +152,7 @@ def _failure_of(process: RankProcess, err: BaseException) -> Failure:
             kind="lost rank",
             exception=f"PeerLostError: {err.reason}",
             frame=None,
-            text=f"gflowdist: {err} (noticed by {ctx.describe_rank(rank)}; its log: {log_path})",
+            text=f"gflowdist: {err}\n  noticed by {ctx.describe_rank(rank)}, whose log is {log_path}",
             detail=f"gflowdist: {err}",
         )
     if isinstance(err, KeyboardInterrupt):
