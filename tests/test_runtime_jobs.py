@@ -69,7 +69,7 @@ def test_actors_receive_weights_and_staleness_is_reported(job_factory):
 
 def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
     job = job_factory("params.fail_in_buffer_after=40", "run.steps=100000")
-    code = job.wait(60)
+    code = job.wait(120)  # start-up, the failure, the post-mortem (report.png takes seconds on a loaded machine)
     assert code != 0
     out = job.output
     assert "rank 2 (buffer on" in out and out.count("ValueError: toy buffer failure on purpose") == 1, out
