@@ -32,3 +32,25 @@ def test_a_users_destroy_process_group_after_compat_collectives_ends_cleanly():
             "EXITING 1",
             "EXITING 2",
         ]
+
+
+def test_a_tag_ignoring_transport_exchanges_on_several_tags_and_exits_cleanly():
+    """3 ranks, compat send/recv on three tags, inline and multi-piece messages, every operation on tag 0.
+
+    Before the framing became independent of tags, a payload could land in a
+    header receive: messages were lost, rank 0 aborted at exit with
+    ``terminate called without an active exception`` and the others reported
+    receiver threads still blocked. The same job with gloo's tags is the baseline.
+    """
+    for ignore_tags in ("1", "0"):
+        result = run_torch(
+            3, [sys.executable, "tests/jobs/tag_ignoring_exchange.py"], timeout=120, env={"IGNORE_TAGS": ignore_tags}
+        )
+        assert not result.timed_out, f"IGNORE_TAGS={ignore_tags}: timed out:\n{result.output}"
+        assert result.returncode == 0, f"IGNORE_TAGS={ignore_tags}: exited {result.returncode}:\n{result.output}"
+        assert "terminate called" not in result.output and "still blocked" not in result.output, result.output
+        assert sorted(line for line in result.output.splitlines() if line.startswith("EXCHANGED")) == [
+            "EXCHANGED 0",
+            "EXCHANGED 1",
+            "EXCHANGED 2",
+        ]

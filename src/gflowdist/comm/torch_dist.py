@@ -3,8 +3,10 @@
 Point-to-point framing (:mod:`gflowdist.comm.torch_p2p`): every message
 starts with a header ``[channel tag, kind, mode, total bytes, chunk bytes]``;
 a payload up to 64 KiB travels inside the header message (one gloo
-operation), a larger one follows it. Ordering per (sender, channel) rests on
-the pairwise ordering of the transport, not on tags (NCCL ignores tags). Byte
+operation), a larger one follows it in pieces. Every operation uses one
+wire tag and lands in the next receive posted for its sender, so neither
+the framing nor ordering per (sender, channel) depends on tags (NCCL
+ignores them). Byte
 traffic always runs on a gloo group (created next to an nccl default group
 when needed), so it works whatever backend the job's collectives use.
 

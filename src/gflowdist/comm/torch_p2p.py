@@ -1,38 +1,45 @@
-"""Point-to-point framing of the torch.distributed engine: one gloo operation per small message.
+"""Point-to-point framing of the torch.distributed engine, independent of tags.
 
 Every message starts with a header of five int64 words, ``[channel, kind, mode,
-total bytes, chunk bytes]``, sent on wire tag ``HEADER_TAG``; ``mode`` says
-where the payload is:
+total bytes, piece bytes]``; ``mode`` says where the payload is:
 
 =========  ==============================================  ===========================
 mode       payload                                         gloo operations
 =========  ==============================================  ===========================
 INLINE     up to ``INLINE_BYTES``, right behind the        1 (the payload is copied
            header in the same message                      behind the header)
-DATA       up to ``DATA_BYTES``, one message on            2, no copy
-           ``DATA_TAG``, sent before the header
-CHUNKS     larger, in chunks of ``chunk bytes`` on         1 + chunks, no copy
-           ``CHUNK_TAG``
+PIECES     larger, in pieces of ``piece bytes`` (at most   1 + pieces, no copy on the
+           ``DATA_BYTES``) sent right after the header     sending side
 =========  ==============================================  ===========================
 
 A channel of :data:`CLOSE_CHANNEL` is the notice a peer sends when it frees
 the communicator.
 
-The receiving side keeps a :class:`Lane` per peer: ``HEADER_WINDOW`` header
-receives and one ``DATA_BYTES`` data receive posted for that peer, so a
-sender's message leaves at once. (Gloo holds a send back until the receiver
-has announced a matching receive, one more message across and a wake-up of
-the sender's gloo thread; an any-source receive announces nothing until a
-send arrives.) Only CHUNKS payloads, above ``DATA_BYTES``, wait for that
-announcement, once per chunk.
+**Tags carry no meaning.** Every gloo operation of the protocol uses the one
+wire tag :data:`HEADER_TAG`, and the receiving side keeps ``HEADER_WINDOW``
+receives of one size, ``FRAME_BYTES``, posted for each peer, in order. So
+whatever a transport does with tags (gloo matches them; nccl's
+point-to-point ignores them), the n-th operation a peer sends lands in the
+n-th receive posted for it: headers, pieces and close notices cannot be
+taken for one another, and every receive left posted is filled by a close
+notice when the peer frees. (Separate tags for headers and payloads, as
+before, let a tag-ignoring transport put a payload into a header receive:
+messages were lost and, at exit, receives left posted aborted the process
+with ``terminate called without an active exception``.)
 
-Gloo reports a receive complete only from a blocking ``wait()``, so each lane
-has a thread that waits and files whole messages; a caller blocked in a
-plain receive from one peer waits in gloo itself instead, which saves the
-hand-off between threads on every message of a request/reply exchange (see
-:class:`Lane`). :func:`close_notices` sends what fills every receive a peer
-keeps posted, so no receive is left posted on the group once both sides have
-freed.
+Because the receives are posted in advance, a sender's message leaves at
+once (gloo holds a send back until the receiver has announced a matching
+receive; an any-source receive announces nothing until a send arrives). A
+piece lands in a posted frame and is copied out of it into the message's
+buffer, and the frame is posted again at once.
+
+The receiving side keeps a :class:`Lane` per peer. Gloo reports a receive
+complete only from a blocking ``wait()``, so each lane has a thread that
+waits and files whole messages; a caller blocked in a plain receive from one
+peer waits in gloo itself instead, which saves the hand-off between threads
+on every message of a request/reply exchange (see :class:`Lane`).
+:func:`close_notices` sends what fills every receive a peer keeps posted, so
+no receive is left posted on the group once both sides have freed.
 """
 
 from __future__ import annotations
@@ -65,20 +72,23 @@ __all__ = [
     "close_notices",
 ]
 
+#: the one gloo tag of every operation of the protocol (the tag decides nothing: see the module docstring)
 HEADER_TAG = 1 << 20
-CHUNK_TAG = HEADER_TAG + 1
-DATA_TAG = HEADER_TAG + 2
+#: the names of the tags of the framing before it used one tag; the same tag now
+CHUNK_TAG = DATA_TAG = HEADER_TAG
 #: the channel of the notice a peer sends when it frees the communicator (user tags are >= 0)
 CLOSE_CHANNEL = -1
-INLINE, DATA, CHUNKS = 0, 1, 2
+INLINE, PIECES = 0, 1
 _HEADER = struct.Struct("<5q")
 HEADER_BYTES = _HEADER.size
 #: payloads up to this size travel inside the header message (copied once, one gloo operation)
 INLINE_BYTES = 64 << 10
-#: payloads up to this size land in a receive posted in advance (no handshake, no copy)
-DATA_BYTES = 4 << 20
-#: header receives each lane keeps posted for its peer
-HEADER_WINDOW = 2
+#: larger payloads travel in pieces of this size (or the communicator's smaller chunk_bytes)
+DATA_BYTES = 1 << 20
+#: the size of every receive a lane keeps posted: a header with its inline payload, or a piece
+FRAME_BYTES = max(HEADER_BYTES + INLINE_BYTES, DATA_BYTES)
+#: receives each lane keeps posted for its peer (so many operations of a peer leave without waiting)
+HEADER_WINDOW = 4
 #: a lane's thread takes the lane back this long after the last direct receive from it
 PARK_S = 0.002
 _UINT8 = torch.uint8
@@ -89,6 +99,7 @@ def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int, c
 
     ``payload`` is a flat uint8 CPU tensor. The caller keeps the parts of one
     message together (a lock) and the buffers alive until every work completes.
+    Every part goes out on :data:`HEADER_TAG`, the header first.
     """
     nbytes = payload.numel()
     if nbytes <= INLINE_BYTES:
@@ -98,25 +109,19 @@ def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int, c
             envelope[HEADER_BYTES:] = payload.numpy()
         message = torch.from_numpy(envelope)
         return [pg.send([message], dst, HEADER_TAG)], [message]
-    mode = DATA if nbytes <= DATA_BYTES and nbytes <= chunk_bytes else CHUNKS
-    header = torch.from_numpy(
-        np.frombuffer(_HEADER.pack(channel, kind, mode, nbytes, chunk_bytes), dtype=np.uint8).copy()
-    )
-    if mode == DATA:  # the payload first: by the time its header lands, it has landed too (one wake-up)
-        return [pg.send([payload], dst, DATA_TAG), pg.send([header], dst, HEADER_TAG)], [header, payload]
-    works = [pg.send([header], dst, HEADER_TAG)]  # the receiver posts the chunks' receives once it reads this
-    for start in range(0, nbytes, chunk_bytes):
-        works.append(pg.send([payload[start : start + chunk_bytes]], dst, CHUNK_TAG))
+    piece = max(1, min(int(chunk_bytes), DATA_BYTES))
+    header = torch.from_numpy(np.frombuffer(_HEADER.pack(channel, kind, PIECES, nbytes, piece), dtype=np.uint8).copy())
+    works = [pg.send([header], dst, HEADER_TAG)]
+    for start in range(0, nbytes, piece):
+        works.append(pg.send([payload[start : start + piece]], dst, HEADER_TAG))
     return works, [header, payload]
 
 
 def close_notices(pg, dst: int) -> tuple[list, list]:
-    """Start sending ``dst`` the close notices: one per header receive it keeps posted, and an empty data message."""
+    """Start sending ``dst`` the close notices: one per receive it keeps posted for this rank."""
     notice = torch.from_numpy(np.frombuffer(_HEADER.pack(CLOSE_CHANNEL, 0, INLINE, 0, 0), dtype=np.uint8).copy())
-    empty = torch.empty(0, dtype=_UINT8)
     works = [pg.send([notice], dst, HEADER_TAG) for _ in range(HEADER_WINDOW)]
-    works.append(pg.send([empty], dst, DATA_TAG))
-    return works, [notice, empty]
+    return works, [notice]
 
 
 class Lane:
@@ -143,19 +148,24 @@ class Lane:
         #: monotonic time of the last direct receive (the lane's thread parks until PARK_S after it)
         self.last_direct = 0.0
         self._wakeup = threading.Event()
-        # data receive buffers: one posted, one the reader holds, one spare; a buffer returns
-        # to service once nothing references the payload that landed in it
-        self._data_buffers = BufferPool(min_bytes=0, max_buffers=3)
         self._chunk_buffers = BufferPool(max_buffers=2)  # recycled: a fresh 64 MiB costs a page fault per 4 KiB
         # posted from the start: a sender's message goes out at once (see the module docstring)
-        self._headers = collections.deque(
-            self._post(np.empty(HEADER_BYTES + INLINE_BYTES, dtype=np.uint8), HEADER_TAG) for _ in range(HEADER_WINDOW)
+        self._frames = collections.deque(
+            self._post(np.empty(FRAME_BYTES, dtype=np.uint8)) for _ in range(HEADER_WINDOW)
         )
-        self._data = self._post(self._data_buffers.take(DATA_BYTES), DATA_TAG)
-        self._repost: list[np.ndarray] = []  # header buffers read, to post again before the next wait
+        self._repost: list[np.ndarray] = []  # frames read, to post again before the next wait
 
-    def _post(self, buffer: np.ndarray, tag: int):
-        return self._pg.recv([torch.from_numpy(buffer)], self._src, tag), buffer
+    def _post(self, buffer: np.ndarray):
+        return self._pg.recv([torch.from_numpy(buffer)], self._src, HEADER_TAG), buffer
+
+    def _next_frame(self) -> np.ndarray:
+        """Wait for the next operation of the peer; the frame goes back into service at the next call."""
+        while self._repost:  # frames read before (kept out of the caller's way until now)
+            self._frames.append(self._post(self._repost.pop()))
+        work, buffer = self._frames.popleft()
+        work.wait()
+        self._repost.append(buffer)
+        return buffer
 
     def next_message(self) -> tuple[int, torch.Tensor, int] | None:
         """Wait for the next message: ``(channel, payload, kind)``; None once the peer has freed.
@@ -169,15 +179,11 @@ class Lane:
         if self.closed:
             return None
         try:
-            while self._repost:  # header receives read last time (kept out of the caller's way until now)
-                self._headers.append(self._post(self._repost.pop(), HEADER_TAG))
-            work, buffer = self._headers.popleft()
-            work.wait()
+            buffer = self._next_frame()
             channel, kind, mode, total, chunk = _HEADER.unpack_from(buffer, 0)
             if channel == CLOSE_CHANNEL:
                 self._finish()
                 return None
-            self._repost.append(buffer)
             return channel, torch.from_numpy(self._payload(buffer, channel, kind, mode, total, chunk)), kind
         except RuntimeError as exc:  # the pair failed (peer gone, or closed by a timeout)
             self.failure = TransportError(f"receiving from rank {self.peer} failed: {exc}", peer=self.peer)
@@ -232,11 +238,10 @@ class Lane:
         alive: one destroyed at interpreter exit, after the group, can abort
         the process.
         """
-        for work, _ in self._headers:
+        for work, _ in self._frames:
             work.wait()
-        self._data[0].wait()
-        self._headers.clear()
-        self._data = None
+        self._frames.clear()
+        self._repost.clear()
         self.closed = True
 
     def _payload(self, buffer, channel, kind, mode, total, chunk) -> np.ndarray:
@@ -245,22 +250,18 @@ class Lane:
             raise ProtocolError(f"header names channel {channel} and kind {kind}", sender=self.peer)
         if mode == INLINE and 0 <= total <= INLINE_BYTES:
             return buffer[HEADER_BYTES : HEADER_BYTES + total].copy()
-        limit = self._max_recv_bytes()
-        if mode == DATA and INLINE_BYTES < total <= DATA_BYTES:
-            work, landed = self._data
-            work.wait()  # posted in advance: the payload is in it or on its way
-            self._data = self._post(self._data_buffers.take(DATA_BYTES), DATA_TAG)
-            if limit is not None and total > limit:
+        if mode == PIECES and total > INLINE_BYTES and 0 < chunk <= DATA_BYTES:
+            limit = self._max_recv_bytes()
+            over = limit is not None and total > limit
+            payload = None if over else self._chunk_buffers.take(total)
+            for start in range(0, total, chunk):  # each piece in the next frame, whatever its tag
+                piece = self._next_frame()
+                if payload is not None:
+                    payload[start : start + chunk] = piece[: min(chunk, total - start)]
+            if over:  # read to its end, so the peer's next message is found where it starts
                 raise ProtocolError(f"message of {total} bytes is over the limit of {limit}", sender=self.peer)
-            return landed[:total]
-        if mode == CHUNKS and total >= 0 and chunk > 0 and (limit is None or total <= limit):
-            payload = self._chunk_buffers.take(total)
-            for start in range(0, total, chunk):
-                self._pg.recv([torch.from_numpy(payload[start : start + chunk])], self._src, CHUNK_TAG).wait()
             return payload
-        raise ProtocolError(
-            f"header claims {total} bytes in mode {mode} (chunks of {chunk}, limit {limit})", sender=self.peer
-        )
+        raise ProtocolError(f"header claims {total} bytes in mode {mode} (pieces of {chunk})", sender=self.peer)
 
 
 class SendHandle(AsyncSendHandle):
