@@ -7,8 +7,8 @@
      "averaging": [{"group": 0, "ranks": [0, 1], "path": "host", "engine": "mpi",
                     "reason": "ranks 0 and 1 share cuda:0 on node-a (nccl refuses two ranks on one GPU)"}]}
 
-The report's notes say the same in a line per agent group with a trainer on a
-GPU (a CPU-only run's report is unchanged).
+The report's notes say the same in a line per agent group of several trainers
+with one on a GPU (a CPU-only run's report is unchanged).
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def write_devices(run_dir: Path, ctx: DistributedContext) -> Path | None:
 
 
 def device_notes(ctx: DistributedContext) -> list[str]:
-    """The report's lines: how each agent group with a trainer on a GPU averaged, and why."""
+    """The report's lines: how each agent group of several trainers, one on a GPU, averaged, and why."""
     notes: list[str] = []
     if not ctx.averaging:
         return notes
     for i, (group, choice) in enumerate(zip(ctx.layout.agent_groups, ctx.averaging, strict=True)):
         devices = sorted({ctx.devices[r] for r in group})
-        if devices == ["cpu"]:  # a CPU-only group: the report says nothing new
+        if devices == ["cpu"] or choice.path == "none":  # a CPU-only group, a group of one: nothing new to say
             continue
         on = ", ".join(devices)
         notes.append(
