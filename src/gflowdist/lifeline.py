@@ -34,7 +34,17 @@ from collections.abc import Callable
 
 from gflowdist.jobenv import LIFELINE_VARIABLE
 
-__all__ = ["LIFELINE_VARIABLE", "LOST_FILE", "Lifeline", "inherited_fd", "watch", "on_lost", "LOST"]
+__all__ = [
+    "LIFELINE_VARIABLE",
+    "LOST_FILE",
+    "LOST",
+    "Lifeline",
+    "inherited_fd",
+    "keeper_wait",
+    "on_lost",
+    "wait_for_eof",
+    "watch",
+]
 
 #: In the run directory: one line per rank that saw its launcher die.
 LOST_FILE = "launcher_lost.txt"

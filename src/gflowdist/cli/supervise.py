@@ -175,7 +175,7 @@ def supervise(
     When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
     and exits at once; the surviving ranks, now re-parented to us, get
     ``report_grace_s`` to notice the loss and say which rank it was (less, once
-    a failure is reported: see :func:`_wait_for_orphans`). ``relay`` reads
+    a failure is reported: see ``_wait_for_orphans``). ``relay`` reads
     mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
     """
     interrupted: list[int] = []
