@@ -114,6 +114,7 @@ def test_an_environment_actor_waits_per_environment_step():
     fast = actor_with([])
     assert not any(isinstance(env, SlowEnv) for env in fast.env.envs)
     assert all(isinstance(env, SlowEnv) for env in actor.env.envs)
+    assert actor.metrics()["env_wait_s"] == pytest.approx(0.06) and "env_wait_s" not in fast.metrics()
 
 
 @pytest.mark.parametrize("key", ["env_latency_s", "env_cpu_s"])

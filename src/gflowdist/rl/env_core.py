@@ -155,8 +155,12 @@ class VectorEnvActor(Actor):
 
     def metrics(self) -> dict[str, float]:
         """``env_steps``, ``episodes`` so far (ints: the progress line adds them up over the actors);
-        ``episode_return``: mean over episodes ended since the last call (absent when none ended)."""
+        ``episode_return``: mean over episodes ended since the last call (absent when none ended);
+        ``env_wait_s``: seconds waited in simulated slow steps so far (only with ``params.env_latency_s``)."""
         out: dict[str, float] = {"env_steps": int(self.env_steps), "episodes": int(self.episodes)}
+        waited = [env.cost.waited_s for env in getattr(self.env, "envs", ()) if hasattr(env, "cost")]
+        if any(waited):
+            out["env_wait_s"] = float(sum(waited))
         if self.finished_returns:
             out["episode_return"] = float(np.mean(self.finished_returns))
             self.finished_returns = []

@@ -1,0 +1,518 @@
+"""Where distribution pays: latency-bound CartPole (Ape-X) and oracle-bound HyperGrid against one process.
+
+    python benchmarks/latency.py                  # full: time to CartPole's 475, ~10-20 min on 2 busy cores
+    python benchmarks/latency.py --quick          # shorter: target return 150, fewer HyperGrid steps
+    python benchmarks/latency.py --smoke --actors 1,2 --target-actors 2 --gfn-actors 1   # the CI smoke test
+
+Every figure is a ratio to a baseline measured in the same run, on the
+same machine, with the same simulated slow work (gflowdist.simulation):
+
+**CartPole, 2 ms per environment step** (``params.env_latency_s``: each
+step waits, as a remote simulator does; ``SlowEnv``):
+
+- ``single process``: ``examples/apex_cartpole/single_process.py`` with
+  one actor's environments (``params.envs_per_actor``, 4), acting and
+  learning in turn at ``params.env_steps_per_update`` (16) environment
+  steps per learner step;
+- ``Ape-X N``: ``gflowdist run examples/apex_cartpole/config.yaml`` with
+  ``N`` actors of 4 environments each (N + 3 ranks), actors unpaced (flat
+  out, as in the Ape-X paper), every other setting the same.
+
+  **env steps/s**: the single process's environment steps over its
+  training time; an Ape-X run's: the sum over its actors of (last - first
+  reported ``env_steps``) / (the time between those reports).
+  **time to target**: training start to the first greedy evaluation (10
+  episodes, every 500 learner steps, without the latency) whose mean return
+  reaches the target (475; ``--quick`` 150). **actor waiting**: the share
+  of an actor's time spent in the simulated environment wait (its
+  ``env_wait_s`` metric over time, mean over the actors): 100% is
+  latency-bound, less is time spent computing or waiting for a core. ``actorsN`` = Ape-X N's env
+  steps/s / the single process's; ``time_to_target`` = Ape-X
+  ``--target-actors``'s time / the single process's (below 1: faster).
+
+**HyperGrid, 10 ms per oracle call** (``params.oracle_latency_s``, one call
+per batch of 16 trajectories; ``RewardOracle``):
+
+- ``bare``: ``examples/hypergrid/bare.py``, one process sampling, waiting
+  on the oracle, learning;
+- ``1T + kA``: 1 trainer that only learns (``params.trainer_samples:
+  false``, ``replay.learner_batch`` 16 replayed trajectories per step), k
+  actors that sample and wait on the oracle, 1 buffer, the coordinator.
+
+  **traj/s**: trajectories scored by the oracle per second of training.
+  **time to L1**: training start to the first logged point where the L1 of
+  the recent terminal states is <= 0.5 (bare: its last 2,000; with actors:
+  every actor's last 2,000 / k, reported every 5 rollouts). ``oracle`` =
+  the actors' time to L1 / bare's.
+
+``inference`` (an inference role against self-forwarding actors) and
+``rllib`` (RLlib on the same CartPole) are printed as ``not-run`` with the
+reason while they are not built. The last line sums up, for scripts::
+
+    latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference not-run rllib not-run
+
+(``-`` where a figure was not measured: an actor count left out, a target
+not reached). ``--plot`` draws env steps/s against actors with the ideal
+line (N x one actor). The 1-minute load average (``uptime``) is printed
+with every figure: the machine is shared, and a latency-bound layout's
+gain depends on the cores the other jobs leave it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gflowdist.timing.text_table import table_lines
+from hypergrid import child_env, load_average, parse_result, run_directory
+
+ROOT = Path(__file__).resolve().parents[1]
+APEX = ROOT / "examples" / "apex_cartpole"
+HYPERGRID = ROOT / "examples" / "hypergrid"
+ENV_LATENCY_S = 0.002
+ORACLE_LATENCY_S = 0.010
+L1_TARGET = 0.5
+L1_WINDOW = 2000
+BATCH = 16
+#: mode -> CartPole target return, Ape-X run.steps cap, HyperGrid steps (bare) / learner steps (actors)
+MODES = {
+    "full": {"target": 475.0, "apex_steps": 20000, "gfn_steps": 1000, "budget_s": 600.0, "eval_every": 500},
+    "quick": {"target": 150.0, "apex_steps": 4000, "gfn_steps": 400, "budget_s": 180.0, "eval_every": 500},
+    # the CI smoke test: every path once, nothing converges (a target of 40 is a few evaluations away)
+    "smoke": {"target": 40.0, "apex_steps": 300, "gfn_steps": 40, "budget_s": 60.0, "eval_every": 100},
+}
+NOT_BUILT = {
+    "inference": "the inference role (layout key inference) is not built yet (issue 25, item 2)",
+    "rllib": "the RLlib peer is not built yet (issue 25, item 3): needs ray 2.60 in its own virtual environment",
+}
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+# -- CartPole -----------------------------------------------------------------------------------
+
+
+def cartpole_overrides(latency_s: float, mode: dict) -> list[str]:
+    return [
+        f"params.env_latency_s={latency_s}",
+        f"params.target_return={mode['target']}",
+        f"sync.weights_to_coordinator_every={mode['eval_every']}",
+        "run.log_every=10",
+    ]
+
+
+def single_worker(overrides: list[str], budget_s: float) -> None:
+    """In this process: single_process.train; RESULT with its rates."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(APEX))
+    import single_process
+
+    config = single_process.Config.from_yaml(APEX / "config.yaml", overrides)
+    result = single_process.train(config, time_budget_s=budget_s, log=lambda line: None)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_single(latency_s: float, mode: dict) -> dict:
+    overrides = [*cartpole_overrides(latency_s, mode), "layout.actors=1"]
+    cmd = [sys.executable, __file__, "--single-worker", json.dumps(overrides), "--budget", str(mode["budget_s"])]
+    began, load = time.monotonic(), load1()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=mode["budget_s"] + 120, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"single process failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    result = parse_result(out.stdout)
+    solved = next((p for p in result["curve"] if p["eval_return"] >= mode["target"]), None)
+    return {
+        "name": "single process",
+        "actors": 0,
+        "env_per_s": result["env_steps_per_s"],
+        "time_to_target": solved["seconds"] if solved else None,
+        "train_s": result["seconds"],
+        "wall_s": time.monotonic() - began,
+        "load": (load, load1()),
+    }
+
+
+def run_apex(actors: int, latency_s: float, mode: dict, out_dir: Path) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        str(APEX / "config.yaml"),
+        "-n",
+        str(actors + 3),
+        f"layout.actors={actors}",
+        f"run.steps={mode['apex_steps']}",
+        f"run.out_dir={out_dir}",
+        f"run.name=latency-apex-{actors}",
+        "params.env_steps_per_update=null",
+        *cartpole_overrides(latency_s, mode),
+    ]
+    began, load = time.monotonic(), load1()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=mode["budget_s"] + 300, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+    run_dir = run_directory(out.stdout)
+    finals = json.loads((run_dir / "finals.json").read_text())
+    summary = next(f["summary"] for f in finals.values() if f["role"] == "coordinator")
+    rows = metric_rows(run_dir)
+    actor_ranks = {int(rank) for rank, f in finals.items() if f["role"] == "actor"}
+    return {
+        "name": f"Ape-X {actors}",
+        "actors": actors,
+        "env_per_s": summed_rate(rows, actor_ranks, "env_steps"),
+        "wait_pct": 100 * summed_rate(rows, actor_ranks, "env_wait_s") / max(len(actor_ranks), 1),
+        "time_to_target": summary["solved_at"]["seconds"] if summary["solved_at"] else None,
+        "learner_steps": max((p["learner_steps"] for p in summary["curve"]), default=0),
+        "wall_s": time.monotonic() - began,
+        "load": (load, load1()),
+        "where": where_time_goes(finals),
+        "run_dir": str(run_dir),
+    }
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
+    """Sum over ``ranks`` of (last - first ``field``) / (their time apart), from metrics rows."""
+    total = 0.0
+    for rank in ranks:
+        mine = [row for row in rows if row["rank"] == rank and field in row]
+        if len(mine) >= 2 and mine[-1]["time"] > mine[0]["time"]:
+            total += (mine[-1][field] - mine[0][field]) / (mine[-1]["time"] - mine[0]["time"])
+    return total
+
+
+def where_time_goes(finals: dict) -> dict[str, dict[str, float]]:
+    """Per role: the share (%) of its timed phases' seconds each phase took (the run's finals.json)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for final in finals.values():
+        phases = final.get("timing", {}).get("phases", {})
+        seconds = {name: float(sum(v)) if isinstance(v, list) else float(v) for name, v in phases.items()}
+        total = sum(seconds.values())
+        if total <= 0:
+            continue
+        role = out.setdefault(final["role"], {})
+        for name, value in seconds.items():
+            role.setdefault(name, []).append(100 * value / total)
+    return {role: {name: sum(v) / len(v) for name, v in shares.items()} for role, shares in out.items()}
+
+
+# -- HyperGrid ----------------------------------------------------------------------------------
+
+
+def bare_worker(steps: int, latency_s: float) -> None:
+    """In this process: bare.train with the oracle; RESULT with the time of every logged row."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(HYPERGRID))
+    import bare
+
+    marks: dict[str, float] = {}
+    rows: list[float] = []
+    sample = bare.sample_trajectories
+
+    def timed_sample(model, env, n, *args, **kwargs):
+        if n != L1_WINDOW and "start" not in marks:  # the first training step (the probe draws L1_WINDOW)
+            marks["start"] = time.perf_counter()
+        return sample(model, env, n, *args, **kwargs)
+
+    bare.sample_trajectories = timed_sample
+    bare.print = lambda *a, **k: rows.append(time.perf_counter())
+    args = bare.Args(
+        n_steps=steps, batch_size=BATCH, log_every=5, exact_max_states=0, window=L1_WINDOW, oracle_latency_s=latency_s
+    )
+    m = bare.train(args)
+    l1 = [(t - marks["start"], row["l1"]) for row, t in zip(m["history"], rows, strict=True)]
+    print("RESULT " + json.dumps({"traj_per_s": m["traj_per_s"], "seconds": m["seconds"], "l1": l1}), flush=True)
+
+
+def run_bare(latency_s: float, mode: dict) -> dict:
+    cmd = [sys.executable, __file__, "--bare-worker", "--steps", str(mode["gfn_steps"]), "--latency", str(latency_s)]
+    began, load = time.monotonic(), load1()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"bare worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    result = parse_result(out.stdout)
+    return {
+        "name": "bare",
+        "ranks": 1,
+        "traj_per_s": result["traj_per_s"],
+        "time_to_l1": next((t for t, l1 in result["l1"] if l1 <= L1_TARGET), None),
+        "wall_s": time.monotonic() - began,
+        "load": (load, load1()),
+    }
+
+
+def run_gfn_actors(
+    actors: int, latency_s: float, mode: dict, out_dir: Path, learner_batch: int = BATCH, weights_every: int = 1
+) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "gflowdist",
+        "run",
+        str(HYPERGRID / "config.yaml"),
+        "-n",
+        str(actors + 3),
+        "layout.trainers=1",
+        f"layout.actors={actors}",
+        f"run.steps={mode['gfn_steps']}",
+        "run.log_every=5",
+        f"run.out_dir={out_dir}",
+        f"run.name=latency-gfn-{actors}",
+        "replay.replay_fraction=0",
+        f"replay.learner_batch={learner_batch}",
+        f"sync.weights_to_actors_every={weights_every}",
+        "replay.capacity=2000",
+        "replay.min_size_to_sample=64",
+        "params.trainer_samples=false",
+        f"params.trajectories_per_step={BATCH}",
+        f"params.l1_window={L1_WINDOW // actors}",
+        f"params.oracle_latency_s={latency_s}",
+    ]
+    began, load = time.monotonic(), load1()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+    run_dir = run_directory(out.stdout)
+    finals = json.loads((run_dir / "finals.json").read_text())
+    actor_ranks = {int(rank) for rank, f in finals.items() if f["role"] == "actor"}
+    rows = metric_rows(run_dir)
+    return {
+        "name": f"1T + {actors}A",
+        "ranks": actors + 3,
+        "traj_per_s": summed_rate(rows, actor_ranks, "trajectories"),
+        "time_to_l1": first_time_all_below(rows, actor_ranks),
+        "wall_s": time.monotonic() - began,
+        "load": (load, load1()),
+        "where": where_time_goes(finals),
+        "run_dir": str(run_dir),
+    }
+
+
+def first_time_all_below(rows: list[dict], ranks: set[int]) -> float | None:
+    """The first row time at which every rank of ``ranks`` has reported, the latest ``l1`` each <= target."""
+    latest: dict[int, float] = {}
+    for row in rows:
+        if row["rank"] in ranks and "l1" in row:
+            latest[row["rank"]] = row["l1"]
+            if len(latest) == len(ranks) and max(latest.values()) <= L1_TARGET:
+                return row["time"]
+    return None
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
+
+
+def load_cell(load: tuple[float, float]) -> str:
+    return f"{load[0]:.1f}-{load[1]:.1f}"
+
+
+def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
+    rows = []
+    for r in [single, *apex]:
+        rows.append(
+            [
+                r["name"],
+                fmt(r["env_per_s"], ",.0f"),
+                fmt(ratio(r["env_per_s"], single["env_per_s"]), ".2f", "x"),
+                fmt(r["actors"] * apex_one_rate(apex) if r["actors"] else None, ",.0f"),
+                fmt(r.get("wait_pct"), ".0f", "%"),
+                fmt(r["time_to_target"], ".1f"),
+                fmt(ratio(r["time_to_target"], single["time_to_target"]), ".2f", "x"),
+                fmt(r["wall_s"], ".0f"),
+                load_cell(r["load"]),
+            ]
+        )
+    head = [
+        "setup",
+        "env steps/s",
+        "vs single",
+        "ideal (N x 1)",
+        "actor waiting",
+        "time to target s",
+        "vs single",
+        "wall s",
+        "load",
+    ]
+    return table_lines(head, rows)
+
+
+def apex_one_rate(apex: list[dict]) -> float | None:
+    return next((r["env_per_s"] for r in apex if r["actors"] == 1), None)
+
+
+def hypergrid_table(bare: dict, runs: list[dict]) -> list[str]:
+    rows = [
+        [
+            r["name"],
+            str(r["ranks"]),
+            fmt(r["traj_per_s"], ",.0f"),
+            fmt(ratio(r["traj_per_s"], bare["traj_per_s"]), ".2f", "x"),
+            fmt(r["time_to_l1"], ".1f"),
+            fmt(ratio(r["time_to_l1"], bare["time_to_l1"]), ".2f", "x"),
+            fmt(r["wall_s"], ".0f"),
+            load_cell(r["load"]),
+        ]
+        for r in [bare, *runs]
+    ]
+    head = ["setup", "ranks", "traj/s", "vs bare", "time to L1 s", "vs bare", "wall s", "load"]
+    return table_lines(head, rows)
+
+
+def where_lines(runs: list[dict]) -> list[str]:
+    """Each distributed run's phase shares per role, from its finals.json (the report's timing)."""
+    lines = []
+    for r in runs:
+        parts = []
+        for role in ("actor", "trainer", "buffer"):
+            shares = r.get("where", {}).get(role)
+            if shares:
+                top = sorted(shares.items(), key=lambda kv: -kv[1])[:4]
+                parts.append(f"{role} " + ", ".join(f"{name} {share:.0f}%" for name, share in top))
+        if parts:
+            lines.append(f"  {r['name']}: " + "; ".join(parts))
+    return lines
+
+
+def summary_line(single: dict, apex: list[dict], target_actors: int, bare: dict | None, gfn: list[dict]) -> str:
+    by_actors = {r["actors"]: r for r in apex}
+
+    def x(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    parts = [
+        f"actors{n} {x(ratio(by_actors[n]['env_per_s'], single['env_per_s']) if n in by_actors else None)}"
+        for n in (4, 8)
+    ]
+    target = by_actors.get(target_actors)
+    parts.append(f"time_to_target {x(ratio(target['time_to_target'], single['time_to_target']) if target else None)}")
+    best = min((r["time_to_l1"] for r in gfn if r["time_to_l1"] is not None), default=None)
+    parts.append(f"oracle {x(ratio(best, bare['time_to_l1']) if bare else None)}")
+    parts += [f"{name} not-run" for name in NOT_BUILT]
+    return "latency: " + " ".join(parts)
+
+
+def plot(single: dict, apex: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [r["actors"] for r in apex]
+    one = apex_one_rate(apex) or single["env_per_s"]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    ax.plot(counts, [one * n for n in counts], "--", color="grey", label="ideal: N x one actor")
+    ax.plot(counts, [r["env_per_s"] for r in apex], "o-", label="Ape-X, N actors")
+    ax.axhline(single["env_per_s"], color="tab:red", linestyle=":", label="single process")
+    ax.set_xlabel("actors (4 environments each)")
+    ax.set_ylabel("environment steps/s")
+    ax.set_xticks(counts)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="target return 150, 400 HyperGrid steps")
+    parser.add_argument(
+        "--smoke", action="store_true", help="scaled down further for the CI smoke test (implies --no-peer)"
+    )
+    parser.add_argument("--actors", default="1,2,4,8", help="Ape-X actor counts (default 1,2,4,8)")
+    parser.add_argument("--target-actors", type=int, default=8, help="the Ape-X run of time_to_target (default 8)")
+    parser.add_argument("--gfn-actors", default="4", help="HyperGrid actor counts beside 1 trainer (default 4)")
+    parser.add_argument("--gfn-batch", type=int, default=BATCH, help="the HyperGrid learner's replayed batch")
+    parser.add_argument("--gfn-weights-every", type=int, default=1, help="HyperGrid sync.weights_to_actors_every")
+    parser.add_argument("--no-peer", action="store_true", help="leave out the RLlib peer (the CI smoke test)")
+    parser.add_argument("--skip", default="", help="comma list of sections to leave out: cartpole, hypergrid")
+    parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
+    parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
+    parser.add_argument("--json", help="also write every measurement to this file")
+    args = parser.parse_args()
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    args.no_peer = args.no_peer or args.smoke
+    skip = set(filter(None, args.skip.split(",")))
+    out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="gflowdist-latency-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    print(f"start: {load_average()}", flush=True)
+    single, apex, bare, gfn = None, [], None, []
+    if "cartpole" not in skip:
+        single = run_single(ENV_LATENCY_S, mode)
+        print(f"  single process: {json.dumps(single)}", flush=True)
+        for actors in [int(a) for a in args.actors.split(",")]:
+            apex.append(run_apex(actors, ENV_LATENCY_S, mode, out_dir))
+            print(f"  Ape-X {actors}: {json.dumps({k: v for k, v in apex[-1].items() if k != 'where'})}", flush=True)
+    if "hypergrid" not in skip:
+        bare = run_bare(ORACLE_LATENCY_S, mode)
+        print(f"  bare: {json.dumps(bare)}", flush=True)
+        for actors in [int(a) for a in args.gfn_actors.split(",")]:
+            gfn.append(run_gfn_actors(actors, ORACLE_LATENCY_S, mode, out_dir, args.gfn_batch, args.gfn_weights_every))
+            print(f"  1T + {actors}A: {json.dumps({k: v for k, v in gfn[-1].items() if k != 'where'})}", flush=True)
+    print()
+    if single is not None:
+        print(
+            f"CartPole-v1, {1e3 * ENV_LATENCY_S:g} ms per environment step (simulated wait), "
+            f"target return {mode['target']:g}; Ape-X actors unpaced; load = 1-min load average before-after"
+        )
+        print("\n".join(cartpole_table(single, apex)))
+    if bare is not None:
+        print()
+        print(
+            f"HyperGrid 8x8, {1e3 * ORACLE_LATENCY_S:g} ms per oracle call of {BATCH} trajectories, L1 <= {L1_TARGET}"
+        )
+        print("\n".join(hypergrid_table(bare, gfn)))
+    print()
+    print("where the time goes (share of each role's timed phases, from finals.json):")
+    print("\n".join(where_lines([*apex, *gfn])) or "  -")
+    for name, reason in NOT_BUILT.items():
+        if name == "rllib" and args.no_peer:
+            reason = "left out (--no-peer)"
+        print(f"{name}: not run: {reason}")
+    print(f"end: {load_average()}; {time.monotonic() - began:.0f} s; run directories under {out_dir}")
+    if args.plot and single is not None and apex:
+        plot(single, apex, Path(args.plot), f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; {load_average()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"single": single, "apex": apex, "bare": bare, "gfn": gfn}, indent=1))
+    empty = {"actors": 0, "env_per_s": None, "time_to_target": None}
+    print(summary_line(single or empty, apex, args.target_actors, bare, gfn))
+    return 0
+
+
+if __name__ == "__main__":
+    if "--single-worker" in sys.argv:
+        index = sys.argv.index("--single-worker")
+        single_worker(json.loads(sys.argv[index + 1]), float(sys.argv[sys.argv.index("--budget") + 1]))
+    elif "--bare-worker" in sys.argv:
+        bare_worker(int(sys.argv[sys.argv.index("--steps") + 1]), float(sys.argv[sys.argv.index("--latency") + 1]))
+    else:
+        sys.exit(main())
