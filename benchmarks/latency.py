@@ -2,7 +2,7 @@
 
     python benchmarks/latency.py                  # full: time to CartPole's 475, ~10-20 min on 2 busy cores
     python benchmarks/latency.py --quick          # shorter: target return 150, fewer HyperGrid steps
-    python benchmarks/latency.py --smoke --actors 1,2 --target-actors 2 --gfn-actors 1   # the CI smoke test
+    python benchmarks/latency.py --smoke --actors 2 --target-actors 2 --gfn-actors 1   # the CI smoke test
 
 Every figure is a ratio to a baseline measured in the same run, on the
 same machine, with the same simulated slow work (gflowdist.simulation):
@@ -36,8 +36,13 @@ per batch of 16 trajectories; ``RewardOracle``):
 - ``bare``: ``examples/hypergrid/bare.py``, one process sampling, waiting
   on the oracle, learning;
 - ``1T + kA``: 1 trainer that only learns (``params.trainer_samples:
-  false``, ``replay.learner_batch`` 16 replayed trajectories per step), k
-  actors that sample and wait on the oracle, 1 buffer, the coordinator.
+  false``, ``replay.learner_batch`` 32 replayed trajectories per step,
+  ``--gfn-batch``), k actors (``--gfn-actors``, default 2) that sample and
+  wait on the oracle and get the trainer's weights every 4 of its steps
+  (``--gfn-weights-every``), 1 buffer of 2,000 trajectories, the
+  coordinator. The actors sample more than one learner consumes, so the
+  learner takes twice bare's batch: on 2 cores the learner's CPU, not the
+  data, sets the pace.
 
   **traj/s**: trajectories scored by the oracle per second of training.
   **time to L1**: training start to the first logged point where the L1 of
@@ -449,9 +454,9 @@ def main() -> int:
     )
     parser.add_argument("--actors", default="1,2,4,8", help="Ape-X actor counts (default 1,2,4,8)")
     parser.add_argument("--target-actors", type=int, default=8, help="the Ape-X run of time_to_target (default 8)")
-    parser.add_argument("--gfn-actors", default="4", help="HyperGrid actor counts beside 1 trainer (default 4)")
-    parser.add_argument("--gfn-batch", type=int, default=BATCH, help="the HyperGrid learner's replayed batch")
-    parser.add_argument("--gfn-weights-every", type=int, default=1, help="HyperGrid sync.weights_to_actors_every")
+    parser.add_argument("--gfn-actors", default="2", help="HyperGrid actor counts beside 1 trainer (default 2)")
+    parser.add_argument("--gfn-batch", type=int, default=2 * BATCH, help="the HyperGrid learner's replayed batch")
+    parser.add_argument("--gfn-weights-every", type=int, default=4, help="HyperGrid sync.weights_to_actors_every")
     parser.add_argument("--no-peer", action="store_true", help="leave out the RLlib peer (the CI smoke test)")
     parser.add_argument("--skip", default="", help="comma list of sections to leave out: cartpole, hypergrid")
     parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
