@@ -343,7 +343,7 @@ def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
                 r["name"],
                 fmt(r["env_per_s"], ",.0f"),
                 fmt(ratio(r["env_per_s"], single["env_per_s"]), ".2f", "x"),
-                fmt(r["actors"] * apex_one_rate(apex) if r["actors"] else None, ",.0f"),
+                fmt(ideal(r["actors"], apex), ",.0f"),
                 fmt(r.get("wait_pct"), ".0f", "%"),
                 fmt(r["time_to_target"], ".1f"),
                 fmt(ratio(r["time_to_target"], single["time_to_target"]), ".2f", "x"),
@@ -363,6 +363,12 @@ def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
         "load",
     ]
     return table_lines(head, rows)
+
+
+def ideal(actors: int, apex: list[dict]) -> float | None:
+    """``actors`` x one actor's env steps/s (None without a 1-actor run, or for the single process)."""
+    one = apex_one_rate(apex)
+    return actors * one if actors and one is not None else None
 
 
 def apex_one_rate(apex: list[dict]) -> float | None:
