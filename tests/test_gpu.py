@@ -116,3 +116,22 @@ def test_two_trainers_sharing_the_gpu_average_through_host_memory(job_factory, e
     assert (group["path"], group["engine"]) == ("host", {"mpi": "mpi", "torch": "gloo"}[engine])
     assert "ranks 0 and 1 share cuda:0" in group["reason"]
     assert "averages through host memory" in (run / "report.txt").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices: each trainer on a GPU of its own")
+def test_trainers_each_on_a_gpu_of_their_own_average_on_nccl(job_factory):
+    job = job_factory(
+        "-n",
+        "4",
+        "--engine",
+        "torch",
+        "run.steps=30",
+        "layout.trainers=2",
+        "sync.mode=gradients",
+        "launch.devices=[cuda:0,cuda:1,cpu,cpu]",
+        config=HYPERGRID,
+        env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0,1")},
+    )
+    assert job.wait(240) == 0, job.output
+    (group,) = read_json(job.run_dir() / "devices.json")["averaging"]
+    assert (group["path"], group["engine"]) == ("nccl", "nccl"), group
