@@ -5,7 +5,11 @@
   module, through a direct mpi4py implementation of the original's arithmetic
   and through the original (tests/jobs/spinup_differential.py);
 - OmniSafe 0.5.0's ``utils/distributed.py`` from its wheel, as 1-3 gloo
-  processes (torchrun's setting; tests/jobs/omnisafe_differential.py).
+  processes (torchrun's setting; tests/jobs/omnisafe_differential.py);
+- torchgfn's ``gfn/utils/distributed.py``, 2.4.1 from its wheel and the newest
+  (kept in tests/originals), as 1-3 gloo processes: averaging and gathering
+  (tests/jobs/torchgfn_differential.py; RankLayout is compared in
+  tests/test_compat_torchgfn_layout.py).
 
 Where an original cannot be obtained the test skips and says why
 (tests/support/originals.py).
@@ -19,10 +23,11 @@ import sys
 import pytest
 
 from tests.support.launching import run_mpi, run_torch
-from tests.support.originals import omnisafe_distributed
+from tests.support.originals import omnisafe_distributed, torchgfn_distributed, torchgfn_newest_distributed
 
 SPINUP_JOB = "tests/jobs/spinup_differential.py"
 OMNISAFE_JOB = "tests/jobs/omnisafe_differential.py"
+TORCHGFN_JOB = "tests/jobs/torchgfn_differential.py"
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
@@ -58,4 +63,14 @@ def test_omnisafe_05_same_bits(nprocs):
     out = result.output
     assert out.count(f"OMNISAFE DIFFERENTIAL OK {nprocs}") == nprocs, out[-3000:]
     for name in ("dist_statistics_scalar(uneven lengths)", "avg_grads", "avg_params", "dist_avg(float32 tensor)"):
+        assert out.count(f"SAME {name}\n") == nprocs, f"check {name} missing:\n{out[-3000:]}"
+
+
+@pytest.mark.parametrize("version,nprocs", [("2.4.1", 1), ("2.4.1", 2), ("2.4.1", 3), ("newest", 3)])
+def test_torchgfn_same_bits(version, nprocs):
+    original = torchgfn_distributed() if version == "2.4.1" else torchgfn_newest_distributed()
+    result = run_torch(nprocs, [sys.executable, TORCHGFN_JOB, str(original)], timeout=300).check()
+    out = result.output
+    assert out.count(f"TORCHGFN DIFFERENTIAL OK {nprocs}") == nprocs, out[-3000:]
+    for name in ("average_gradients", "average_models", "gather_distributed_data"):
         assert out.count(f"SAME {name}\n") == nprocs, f"check {name} missing:\n{out[-3000:]}"

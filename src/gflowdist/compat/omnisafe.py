@@ -39,6 +39,7 @@ import torch
 
 from gflowdist.comm.base import ReduceOp
 from gflowdist.comm.native import Group
+from gflowdist.compat.per_tensor import average_each, needs_per_tensor
 from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.launch.threads import share_torch_threads
 from gflowdist.launch.torchrun import fork as _torchrun_fork
@@ -194,51 +195,19 @@ def fork(parallel: int, *args: Any, **kwargs: Any) -> bool:
     return target(parallel, **dict(zip(names, args, strict=False)), **kwargs)
 
 
-def _per_tensor(comm: Any) -> bool:
-    """True where one flat reduction would not give OmniSafe's bits: gloo's ring over 3+ ranks.
-
-    The ring sums each chunk starting at a different rank, so an element's
-    sum order depends on its offset in the buffer; only a reduction of each
-    tensor on its own reproduces the original's per-parameter all-reduces.
-    (MPICH's algorithms pair ranks alike for every element, and two ranks
-    sum ``a + b`` either way: there one flat reduction gives the same bits.)
-    """
-    return comm.engine == "torch" and comm.size > 2
-
-
-def _each_tensor(tensors: list[torch.Tensor | None], params: list[torch.Tensor], comm: Any) -> list[torch.Tensor]:
-    """OmniSafe's per-tensor ``t[:] = all_reduce(t) / n``; a rank's missing tensor counts as zeros.
-
-    One small reduction of presence flags first, so the ranks agree on which
-    tensors exist (OmniSafe skips a ``None`` gradient on that rank alone).
-    """
-    present = torch.tensor([t is not None for t in tensors], dtype=torch.float32)
-    comm.all_reduce(present, ReduceOp.SUM)
-    out = []
-    for t, p, flag in zip(tensors, params, present.tolist(), strict=True):
-        if flag == 0:
-            out.append(t)
-            continue
-        t = torch.zeros_like(p) if t is None else t
-        comm.all_reduce(t.data, ReduceOp.SUM)
-        t.data.div_(comm.size)
-        out.append(t)
-    return out
-
-
 def avg_grads(module: torch.nn.Module, group: Group | None = None) -> None:
     """Average every gradient over the job, in place (``sum / n``); ``None`` gradients are skipped.
 
     One flat reduction per bucket, except on gloo with 3 or more ranks, where
     each gradient is reduced on its own as OmniSafe does (see
-    ``_per_tensor``), so the bits are the original's everywhere.
+    ``gflowdist.compat.per_tensor``), so the bits are the original's everywhere.
     """
     comm = group_or_world(group)
-    if not _per_tensor(comm):
+    if not needs_per_tensor(comm):
         average_gradients(module, comm)
         return
     params = [p for p in module.parameters() if p.requires_grad]
-    for p, grad in zip(params, _each_tensor([p.grad for p in params], params, comm), strict=True):
+    for p, grad in zip(params, average_each([p.grad for p in params], params, comm), strict=True):
         if p.grad is None and grad is not None:
             p.grad = grad
 
@@ -254,11 +223,11 @@ def avg_params(module: torch.nn.Module, group: Group | None = None) -> None:
     Per bucket, or per parameter on gloo with 3 or more ranks (as :func:`avg_grads`).
     """
     comm = group_or_world(group)
-    if not _per_tensor(comm):
+    if not needs_per_tensor(comm):
         average_models(module, comm)
         return
     params = list(module.parameters())
-    _each_tensor([p.data for p in params], params, comm)
+    average_each([p.data for p in params], params, comm)
 
 
 def dist_statistics_scalar(

@@ -51,6 +51,7 @@ import torch
 
 from gflowdist.comm import AsyncSendHandle, Communicator
 from gflowdist.comm.native import Group, rank_and_size
+from gflowdist.compat.per_tensor import average_each, needs_per_tensor
 from gflowdist.compat.torchgfn_context import (
     DistributedContext,
     DistributedContextMPI4Py,
@@ -290,14 +291,23 @@ def _group_or_job_world(group: Group | None, what: str) -> Communicator:
 def average_gradients(model: torch.nn.Module, group: Group | None = None) -> None:
     """Replace every gradient by its mean over ``group`` (None: the job's world), in place.
 
-    ``g <- (1/n) sum_{r in group} g_r`` with ``n`` the group's size, in one
-    flat reduction per bucket (:func:`gflowdist.ops.average_gradients`).
-    Parameters without a gradient on every rank keep ``grad = None``
-    (torchgfn's crashed on them).
+    ``g <- (1/n) sum_{r in group} g_r`` with ``n`` the group's size (as
+    torchgfn: ``sum / n``, the same bits), in one flat reduction per bucket
+    (:func:`gflowdist.ops.average_gradients`), or tensor by tensor on gloo
+    with 3 or more ranks, where a flat buffer would change the last bits
+    (``gflowdist.compat.per_tensor``). Parameters without a gradient on
+    every rank keep ``grad = None`` (torchgfn's crashed on them).
     """
     from gflowdist.ops import average_gradients as average
 
-    average(model, _group_or_job_world(group, "average_gradients"))
+    comm = _group_or_job_world(group, "average_gradients")
+    if not needs_per_tensor(comm):
+        average(model, comm)
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p, grad in zip(params, average_each([p.grad for p in params], params, comm), strict=True):
+        if p.grad is None and grad is not None:
+            p.grad = grad
 
 
 def average_models(model: torch.nn.Module, training_group: Group | None = None) -> None:
@@ -305,7 +315,14 @@ def average_models(model: torch.nn.Module, training_group: Group | None = None) 
 
     ``p <- (1/n) sum_{r in group} p_r`` with ``n`` the size of *that* group:
     identical models stay identical (torchgfn divided by the world size).
+    Per bucket, or tensor by tensor on gloo with 3 or more ranks (as
+    :func:`average_gradients`).
     """
     from gflowdist.ops import average_models as average
 
-    average(model, _group_or_job_world(training_group, "average_models"))
+    comm = _group_or_job_world(training_group, "average_models")
+    if not needs_per_tensor(comm):
+        average(model, comm)
+        return
+    params = list(model.parameters())
+    average_each([p.data for p in params], params, comm)
