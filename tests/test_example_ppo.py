@@ -79,6 +79,8 @@ def test_ppo_cartpole_job_averages_every_minibatch_and_learns(job_factory):
     trainers = check_ppo_job(run, finals, roles, rows, CARTPOLE_STEPS)
     returns = [row["episode_return"] for row in rows if row["rank"] in trainers and "episode_return" in row]
     assert returns[-1] > returns[0] + 15, returns  # a random policy balances about 22 steps
+    progress = [line for line in job.output.splitlines() if line.startswith("step ")]
+    assert progress and all(f" {name} " in progress[-1] for name in ("policy_loss", "approx_kl", "clip_fraction"))
     curve = next(f for f in finals.values() if f["role"] == "coordinator")["summary"]["curve"]
     assert [p["updates"] for p in curve] == [4, 8, 12]
     assert [p["env_steps"] for p in curve] == [u * 2 * 2 * 128 for u in (4, 8, 12)]
