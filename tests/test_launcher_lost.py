@@ -42,6 +42,7 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_its_job(job_factory, engin
     notes = (run / LOST_FILE).read_text()
     assert f"the launcher (gflowdist run, pid {launcher}) is gone" in notes, notes
     assert len(notes.splitlines()) >= 4  # every rank (all on this host) saw it
+    assert not (run / ".launch-config.yaml").exists()  # what the launcher would have removed at the end
     # the ranks stopped as on a signal where they could within the bound: then the ledger is whole
     if (run / "ledger.json").exists():
         assert read_json(run / "ledger.json")["balanced"]

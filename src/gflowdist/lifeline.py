@@ -113,8 +113,12 @@ def on_lost(callback: Callable[[], None]) -> None:
         callback()
 
 
-def watch(run_dir: str | None, *, who: str, bound_s: float) -> bool:
-    """Start the watching thread (see the module docstring); False where this process has no lifeline."""
+def watch(run_dir: str | None, *, who: str, bound_s: float, leftovers: tuple[str, ...] = ()) -> bool:
+    """Start the watching thread (see the module docstring); False where this process has no lifeline.
+
+    ``leftovers``: files the launcher would have removed at the end of the job (its handed-over config),
+    removed here once it is lost.
+    """
     held = inherited_fd()
     if held is None:
         return False
@@ -125,6 +129,11 @@ def watch(run_dir: str | None, *, who: str, bound_s: float) -> bool:
             pass
         LOST.set()
         _note(run_dir, f"{who}: the launcher (gflowdist run, pid {launcher}) is gone; stopping within {bound_s:g} s")
+        for leftover in leftovers:
+            try:
+                os.unlink(leftover)
+            except OSError:  # another rank was first
+                pass
         with _lock:
             callbacks = list(_callbacks)
         for callback in callbacks:

@@ -236,7 +236,9 @@ def _watch_launcher(config, resume: str | None) -> None:
 
     rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or "?"
     run_dir = resume or os.environ.get(RUN_DIR_VARIABLE)
-    watch(run_dir, who=f"rank {rank} (pid {os.getpid()})", bound_s=config.faults.peer_timeout_s)
+    handed = os.environ.get(LAUNCH_CONFIG_VARIABLE)
+    leftovers = (handed,) if handed else ()
+    watch(run_dir, who=f"rank {rank} (pid {os.getpid()})", bound_s=config.faults.peer_timeout_s, leftovers=leftovers)
 
 
 def _say_how_to_resume(run_dir: Path, ended: Ended, began: float, nprocs: int, grace_s: float) -> None:
