@@ -69,7 +69,7 @@ def test_fork_translates_flags_for_torchrun_original_passes_mpirun_flags(monkeyp
     """The original appends ``-bind-to core`` and ``--use-hwthread-cpus`` to torchrun, which rejects them."""
     seen = {}
 
-    def fake_call(command, env):
+    def fake_call(command, env, **options):  # preexec_fn: torchrun dies with its caller
         seen.update(command=command, env=env)
         return 0
 
