@@ -1,4 +1,4 @@
-"""The ``local`` engine: ranks as threads of one process (gflowdist.comm.threads, gflowdist.launch.in_process).
+"""The ``local`` engine: ranks as threads of one process (gflowdist.comm.threads, gflowdist.runtime.in_process).
 
 The communicator's contract is checked with threads directly; whole jobs run through
 :func:`run_in_process`, in this process, with the same toy job the mpiexec suite runs
@@ -21,7 +21,7 @@ from gflowdist.comm import ReduceOp
 from gflowdist.comm.threads import JobAborted, ThreadWorld
 from gflowdist.config import Config
 from gflowdist.errors import DeadlineError
-from gflowdist.launch.in_process import run_in_process
+from gflowdist.runtime.in_process import run_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "jobs" / "toy.yaml"

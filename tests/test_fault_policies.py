@@ -111,13 +111,15 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     )
 
 
-def test_going_on_without_a_lost_actor_is_refused_on_the_torch_engine_naming_the_key():
+def test_going_on_without_a_lost_actor_is_refused_on_the_torch_and_local_engines_naming_the_key():
     with pytest.raises(ConfigError, match=r"is continue, but launch.engine is torch: gloo cannot go on") as err:
         Config.from_dict({"faults": {"on_actor_loss": "continue"}, "launch": {"engine": "torch"}})
     assert err.value.key == "faults.on_actor_loss"
     config = Config.from_dict({"faults": {"on_actor_loss": "continue"}})  # engine auto: decided at start-up
     with pytest.raises(ConfigError, match="is continue, but this job runs on the torch engine") as err:
         check_engine_allows(config, "torch")
+    with pytest.raises(ConfigError, match=r"launch.engine is local: its ranks are threads of one process") as err:
+        Config.from_dict({"faults": {"on_actor_loss": "continue"}, "launch": {"engine": "local"}})
     assert err.value.key == "faults.on_actor_loss"
     check_engine_allows(config, "mpi")
     check_engine_allows(Config.from_dict({"launch": {"engine": "torch"}}), "torch")  # on_actor_loss: fail

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from gflowdist.config import Config, absolute_ref
+from gflowdist.engines import ENGINES
 from gflowdist.errors import CheckpointError, ConfigError
 from gflowdist.jobenv import RUN_DIR_VARIABLE
 
@@ -115,7 +116,7 @@ def resolved_config(config: Config, world_size: int, engine: str) -> dict:
         if ref is not None:
             tree["roles"][role] = absolute_ref(ref, key=f"roles.{role}", file=config.file)
     tree["launch"]["nprocs"] = world_size
-    if engine in ("mpi", "torch"):
+    if engine in ENGINES and not ENGINES[engine].ranks_are_threads:  # a world of one or threads: any engine
         tree["launch"]["engine"] = engine
     return tree
 

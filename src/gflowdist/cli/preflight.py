@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 
+from gflowdist.engines import launched_engine
 from gflowdist.errors import ConfigError, LayoutError
 from gflowdist.jobenv import MPIEXEC_VARIABLE
 from gflowdist.process_tree import DescendantTracker, kill_group
@@ -232,7 +233,7 @@ def devices_judged_here(config, nprocs: int, env=None) -> bool:
 
     if not needs_cuda(config.launch.devices):
         return False
-    if config.launch.engine == "torch" or nprocs == 1:
+    if not launched_engine(config.launch.engine).uses_mpiexec or nprocs == 1:  # every rank starts on this host
         return True
     env = os.environ if env is None else env
     args = list(config.launch.mpiexec_args)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gflowdist.config import REST, Config
+from gflowdist.engines import ENGINES, launched_engine
 from gflowdist.errors import CheckpointError, ConfigError, LayoutError
 from gflowdist.layout import Layout, plan_layout, resolve_counts
 from gflowdist.rundir import checkpoint_step, newest_intact, recorded_config, step_of
@@ -111,8 +112,8 @@ def _planned(config: Config, count: int) -> Layout | None:
 def _engine_change(recorded: Config, config: Config) -> list[str]:
     """The engine this launch would use, if it is not the one the run ran on (``mpi`` or ``torch``)."""
     ran_on, engine = recorded.launch.engine, config.launch.engine
-    would = "torch" if engine == "torch" else "mpi"  # what `gflowdist run` launches
-    if ran_on not in ("mpi", "torch") or would == ran_on:
+    would = launched_engine(engine).name  # what `gflowdist run` launches
+    if ran_on not in ENGINES or ENGINES[ran_on].ranks_are_threads or would == ran_on:
         return []
     runs = f"runs on {would}; " if engine == "auto" else ""
     return [f"launch.engine = {engine} ({runs}the run ran on {ran_on})"]

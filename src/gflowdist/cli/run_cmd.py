@@ -26,6 +26,7 @@ from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_co
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
 from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
+from gflowdist.engines import CHOICES, TORCH, launched_engine
 from gflowdist.jobenv import (
     CONSOLE_VARIABLE,
     FAILURE_FILE_VARIABLE,
@@ -87,7 +88,7 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N", help="number of ranks (default: launch.nprocs)")
     parser.add_argument(
         "--engine",
-        choices=["auto", "mpi", "torch", "local"],
+        choices=list(CHOICES),
         help="override launch.engine (local: every rank a thread of this process, for debuggers)",
     )
     parser.add_argument(
@@ -162,14 +163,15 @@ def run(args: argparse.Namespace) -> int:
 
         nprocs = resumed_rank_count(args.resume, config, nprocs_option=args.nprocs, overrides=overrides)
     launcher = _check_before_launch(config, nprocs, from_option=args.nprocs is not None)
-    if config.launch.engine == "local":
-        from gflowdist.launch.in_process import run_in_process
+    engine = launched_engine(config.launch.engine)
+    if engine.ranks_are_threads:
+        from gflowdist.runtime.in_process import run_in_process
 
         return run_in_process(config, nprocs, resume_dir=args.resume)
     argv = ["-m", "gflowdist", "run", config_path, *overrides]
     if args.resume:
         argv += ["--resume", args.resume]
-    if launcher is None and config.launch.engine != "torch":
+    if launcher is None and engine.uses_mpiexec:  # one rank: this process is the job
         return _run_here(config, args.resume)
     run_dir = args.resume
     if not args.resume:  # the launcher makes the run directory: no other job can take it
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     def launch(argv: list[str], extra: dict) -> Ended:
         env = dict(_child_env(), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
         began = time.time()
-        if config.launch.engine == "torch":
+        if engine is TORCH:
             grace = 2 * config.faults.peer_timeout_s + 10.0
             ended = _spawn_torch(
                 nprocs,
@@ -304,7 +306,7 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
     preflight.check_extras(config)
     preflight.check_roles_named(config, layout)
     resolved = preflight.resolve_roles(config)
-    uses_mpiexec = nprocs > 1 and config.launch.engine not in ("torch", "local")
+    uses_mpiexec = nprocs > 1 and launched_engine(config.launch.engine).uses_mpiexec
     launcher = preflight.check_launcher(config, find_mpiexec) if uses_mpiexec else None
     judge_devices = preflight.devices_judged_here(config, nprocs)
     gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=judge_devices)

@@ -11,6 +11,7 @@ job that silently fell back to a world of one is easy to diagnose.
 from __future__ import annotations
 
 from gflowdist.comm.base import Communicator
+from gflowdist.engines import CHOICES
 from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.jobenv import (  # noqa: F401
     MPI_JOB_VARIABLES,
@@ -50,8 +51,8 @@ def world_comm(engine: str = "auto", *, cuda: bool | None = None) -> Communicato
     global _WORLD
     if _WORLD is not None and (engine == "auto" or engine == _WORLD.engine):
         return _WORLD
-    if engine not in ("auto", "mpi", "torch", "local"):
-        raise ConfigError(f"unknown engine {engine!r}; expected auto, mpi, torch or local", key="launch.engine")
+    if engine not in CHOICES:
+        raise ConfigError(f"unknown engine {engine!r}; expected {', '.join(CHOICES)}", key="launch.engine")
     if engine == "auto":
         engine = detect_engine()
     if engine == "torch":

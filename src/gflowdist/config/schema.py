@@ -39,7 +39,7 @@ from gflowdist.config.loading import (
     set_in_tree,
 )
 from gflowdist.config.sections import (
-    ACTOR_LOSS_ON_TORCH,
+    ACTOR_LOSS_REFUSED,
     SECTIONS,
     FaultsConfig,
     LaunchConfig,
@@ -51,6 +51,7 @@ from gflowdist.config.sections import (
     RunConfig,
     SyncConfig,
 )
+from gflowdist.engines import engine_named
 from gflowdist.errors import ConfigError
 
 __all__ = ["Config", "known_roles"]  # the sections themselves: gflowdist.config.sections
@@ -100,9 +101,12 @@ class Config:
                 key="sync.weights_to_coordinator_every",
                 file=self.file,
             )
-        if self.faults.on_actor_loss == "continue" and self.launch.engine == "torch":
+        why = None if self.launch.engine == "auto" else engine_named(self.launch.engine).refuses_actor_loss_continue()
+        if self.faults.on_actor_loss == "continue" and why:
             raise ConfigError(
-                ACTOR_LOSS_ON_TORCH.format(engine="launch.engine is torch"), key="faults.on_actor_loss", file=self.file
+                ACTOR_LOSS_REFUSED.format(engine=f"launch.engine is {self.launch.engine}", why=why),
+                key="faults.on_actor_loss",
+                file=self.file,
             )
         object.__setattr__(self, "params", _frozen_params(self.params))
 

@@ -29,6 +29,7 @@ from gflowdist.config.checks import (
 )
 from gflowdist.config.frozen import FrozenMapping, thaw
 from gflowdist.config.parts import FLAT_KEYS, PartCheck, fold_flat_keys
+from gflowdist.engines import CHOICES
 from gflowdist.errors import ConfigError
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "SECTIONS",
     "REST",
     "MIB",
-    "ACTOR_LOSS_ON_TORCH",
+    "ACTOR_LOSS_REFUSED",
     "setting",
 ]
 
@@ -152,7 +153,7 @@ class LaunchConfig(_Section):
 
     engine: str = setting(
         "auto",
-        ChoiceCheck("auto", "mpi", "torch", "local"),
+        ChoiceCheck(*CHOICES),
         "Communication engine: mpi4py, torch.distributed, local (every rank a thread of one process, "
         "for debugging), or auto (the job's own launcher decides).",
     )
@@ -455,10 +456,7 @@ class LearnerConfig(_Section):
 
 
 #: Why ``faults.on_actor_loss: continue`` is refused on the torch engine (``{engine}``: how it was chosen).
-ACTOR_LOSS_ON_TORCH = (
-    "is continue, but {engine}: gloo cannot go on without a rank (its first send to "
-    "the lost actor fails and ends the job); use launch.engine: mpi, or on_actor_loss: fail"
-)
+ACTOR_LOSS_REFUSED = "is continue, but {engine}: {why}; use launch.engine: mpi, or on_actor_loss: fail"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 from gflowdist.comm.select import detect_engine
+from gflowdist.engines import engine_named
 from gflowdist.errors import GflowdistError
 from gflowdist.jobenv import find_mpiexec
 
@@ -31,7 +32,7 @@ def existing_job() -> str | None:
     The same detection that picks the world communicator's engine.
     """
     engine = detect_engine()
-    return None if engine == "local" else engine
+    return None if engine_named(engine).ranks_are_threads else engine
 
 
 def current_command() -> list[str]:

@@ -30,7 +30,8 @@ import logging
 import torch
 
 from gflowdist.config import Config
-from gflowdist.config.sections import ACTOR_LOSS_ON_TORCH
+from gflowdist.config.sections import ACTOR_LOSS_REFUSED
+from gflowdist.engines import engine_named
 from gflowdist.errors import BadBatchError, ConfigError, NonFiniteLossError
 
 __all__ = ["loss_is_usable", "refusal_text", "on_refused", "check_engine_allows"]
@@ -68,10 +69,12 @@ def on_refused(text: str, *, mode: str, step: int | None = None, origin: str = "
 
 
 def check_engine_allows(config: Config, engine: str) -> None:
-    """Refuse ``faults.on_actor_loss: continue`` when the job runs on ``engine`` ``"torch"`` (see the module docs)."""
-    if config.faults.on_actor_loss == "continue" and engine == "torch":
+    """Refuse ``faults.on_actor_loss: continue`` when the job runs on an ``engine`` that cannot go on without a
+    rank (:meth:`gflowdist.engines.Engine.refuses_actor_loss_continue`; see the module docs)."""
+    why = engine_named(engine).refuses_actor_loss_continue()
+    if config.faults.on_actor_loss == "continue" and why:
         raise ConfigError(
-            ACTOR_LOSS_ON_TORCH.format(engine="this job runs on the torch engine"),
+            ACTOR_LOSS_REFUSED.format(engine=f"this job runs on the {engine} engine", why=why),
             key="faults.on_actor_loss",
             file=config.file,
         )

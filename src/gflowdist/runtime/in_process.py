@@ -35,7 +35,7 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
     0 when it ran to its end; the failing rank's code when one failed; 130 or 143 when SIGINT or SIGTERM
     stopped it cleanly (as ``gflowdist run`` reports a signalled mpiexec job).
     """
-    from gflowdist.runtime.job import run_job  # the runtime is heavy: loaded when a job runs
+    from gflowdist.runtime.job import run_job  # heavy: loaded when a job runs
 
     world = ThreadWorld(nprocs)
     codes: dict[int, int] = {}
