@@ -105,7 +105,9 @@ class DistributedContext:
         comms["trainers"] = world.split([list(layout.trainers)])
         groups = [list(g) for g in layout.agent_groups]
         if any(choice.path == "nccl" for choice in averaging):  # the torch engine only (choose_averaging)
-            comms["DP"] = world.split(groups, backends=["nccl" if c.path == "nccl" else "gloo" for c in averaging])
+            # the torch engine only (choose_averaging): TorchComm.split takes a backend per group
+            backends = ["nccl" if c.path == "nccl" else "gloo" for c in averaging]
+            comms["DP"] = world.split(groups, backends=backends)  # type: ignore[call-arg]
         else:
             comms["DP"] = world.split(groups)
         comms["POP"] = world.split([list(layout.pop_ranks)])

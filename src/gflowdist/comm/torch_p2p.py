@@ -258,7 +258,7 @@ class Lane:
                 piece = self._next_frame()
                 if payload is not None:
                     payload[start : start + chunk] = piece[: min(chunk, total - start)]
-            if over:  # read to its end, so the peer's next message is found where it starts
+            if payload is None:  # over the limit: read to its end, so the peer's next message is found where it starts
                 raise ProtocolError(f"message of {total} bytes is over the limit of {limit}", sender=self.peer)
             return payload
         raise ProtocolError(f"header claims {total} bytes in mode {mode} (pieces of {chunk})", sender=self.peer)

@@ -113,6 +113,8 @@ class VectorEnvActor(Actor):
         from gymnasium import spaces
 
         env_id = self.params.get("env_id", "the environment")
+        self.num_actions: int | None
+        self.action_shape: tuple[int, ...]
         if isinstance(space, spaces.Discrete):
             self.discrete, self.num_actions, self.action_shape = True, int(space.n), ()
             return
