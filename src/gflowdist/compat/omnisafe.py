@@ -33,6 +33,7 @@ synchronous: ``async_op=True`` returns an already completed handle.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -180,6 +181,8 @@ def fork(parallel: int, *args: Any, **kwargs: Any) -> bool:
     signature, for code that wants no detection.
     """
     v03_keywords = {"bind_to_core", "use_number_of_threads"} & kwargs.keys()
+    names: tuple[str, ...]
+    target: Callable[..., bool]
     if (args and isinstance(args[0], str)) and not v03_keywords:
         names, target = _V05, fork_v05
     else:

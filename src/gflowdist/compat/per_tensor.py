@@ -10,6 +10,7 @@ each tensor on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +32,9 @@ def needs_per_tensor(comm: Any) -> bool:
     return comm.engine == "torch" and comm.size > 2
 
 
-def average_each(tensors: list[torch.Tensor | None], params: list[torch.Tensor], comm: Any) -> list[torch.Tensor]:
+def average_each(
+    tensors: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor], comm: Any
+) -> list[torch.Tensor | None]:
     """The originals' per-tensor ``t <- all_reduce(t) / n``, in place; a rank's missing tensor counts as zeros.
 
     One small reduction of presence flags first, so the ranks agree on which
@@ -40,7 +43,7 @@ def average_each(tensors: list[torch.Tensor | None], params: list[torch.Tensor],
     """
     present = torch.tensor([t is not None for t in tensors], dtype=torch.float32)
     comm.all_reduce(present, ReduceOp.SUM)
-    out = []
+    out: list[torch.Tensor | None] = []
     for t, p, flag in zip(tensors, params, present.tolist(), strict=True):
         if flag == 0:
             out.append(t)
