@@ -35,6 +35,7 @@ __all__ = [
     "split_late_options",
     "rank_count",
     "restart_count",
+    "add_rank_count",
     "OVERRIDES_HELP",
 ]
 
@@ -79,6 +80,24 @@ def _count(text: str, *, low: int, what: str) -> int:
 def rank_count(text: str) -> int:
     """argparse type of ``-n``: an integer >= 1 (``-n 0`` is a mistake, not "use the default")."""
     return _count(text, low=1, what="ranks")
+
+
+def _torchrun_option(option: str) -> Callable[[str], int]:
+    def refuse(text: str) -> int:
+        raise argparse.ArgumentTypeError(
+            f"torchrun's option; gflowdist starts the ranks itself: write -n {text} "
+            f"(or let torchrun start them: torchrun --standalone --nproc-per-node {text} -m gflowdist run CONFIG)"
+        )
+
+    return refuse
+
+
+def add_rank_count(parser: argparse.ArgumentParser, help: str) -> None:
+    """``-n N`` (also ``-np N`` and ``--nprocs N``, as mpiexec users type it); torchrun's
+    ``--nproc-per-node``/``--nproc_per_node`` are answered with the form to write."""
+    parser.add_argument("-n", "-np", "--nprocs", dest="nprocs", type=rank_count, default=None, metavar="N", help=help)
+    for option in ("--nproc-per-node", "--nproc_per_node"):
+        parser.add_argument(option, dest="torchrun_nprocs", type=_torchrun_option(option), help=argparse.SUPPRESS)
 
 
 def restart_count(text: str) -> int:

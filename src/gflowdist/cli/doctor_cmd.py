@@ -1,4 +1,12 @@
-"""``gflowdist doctor [KEY.PATH=VALUE ...] [--json] [--config CONFIG] [--timeout S]``: can this machine run gflowdist?
+"""``gflowdist doctor [CONFIG] [KEY.PATH=VALUE ...] [--json] [--config CONFIG] [--timeout S]``: can this machine
+run gflowdist (and the job CONFIG describes)?
+
+``CONFIG`` is positional as for ``gflowdist run`` and ``gflowdist layout``
+(``--config CONFIG`` says the same). With a config, the doctor also checks
+the extras it needs (:func:`gflowdist.cli.preflight.needed_extras`): the
+tensorboard package for ``run.tensorboard``, gymnasium for role files that
+use ``gflowdist.rl`` or a ``params.env_id``; each is a line ``extra <name>``,
+essential, with the pip command that installs it.
 
 Checks, in order, each printed as one line ``ok`` / ``MISSING`` / ``FAILED``
 with, for every problem, the command or setting that fixes it:
@@ -115,7 +123,14 @@ def run(args: argparse.Namespace) -> int:
     from gflowdist.cli import EXIT_FAILURE
     from gflowdist.config import Config
 
+    positional = _take_positional_config(args)
     overrides = split_late_options(args, "gflowdist doctor", _add_options)
+    if positional is not None:
+        if args.config is not None:
+            from gflowdist.errors import ConfigError
+
+            raise ConfigError(f"two configs: {positional} and --config {args.config}: give one", key="CONFIG")
+        args.config = positional
     config = (
         Config.from_yaml(args.config, overrides) if args.config is not None else Config().apply_overrides(overrides)
     )
@@ -126,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"must be > 0 seconds, got {timeout:g}", key="--timeout")
     checks = run_checks(launch.mpiexec, tuple(launch.mpiexec_args), timeout=timeout, devices=launch.devices)
+    if args.config is not None:
+        checks += extras_checks(config)
     ok = all(c.passed for c in checks if c.essential)
     if args.json:
         print(json.dumps({"ok": ok, "checks": [c.to_dict() for c in checks]}, indent=1))
@@ -134,9 +151,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else EXIT_FAILURE
 
 
+def _take_positional_config(args: argparse.Namespace) -> str | None:
+    """``gflowdist doctor CONFIG ...``: the first token, when it is no override and no option, is the config
+    (taken out of the overrides)."""
+    tokens = list(args.overrides)
+    if tokens and "=" not in tokens[0] and not tokens[0].startswith("-"):
+        args.overrides = tokens[1:]
+        return tokens[0]
+    return None
+
+
+def extras_checks(config: Any) -> list[Check]:
+    """One essential check per extra package ``config`` needs (``extra gymnasium``...)."""
+    from gflowdist.cli.preflight import needed_extras
+
+    return [
+        Check(f"extra {extra.module}", OK, f"installed ({extra.why})")
+        if extra.installed()
+        else Check(f"extra {extra.module}", MISSING, f"not installed; {extra.why} ({extra.key})", extra.fix())
+        for extra in needed_extras(config)
+    ]
+
+
 def render(checks: list[Check], ok: bool) -> str:
     """The text answer: one line per check, a ``fix:`` line under each problem, a verdict."""
-    width = max(len(c.name) for c in checks)
+    width = max((len(c.name) for c in checks), default=0)
     lines = ["gflowdist doctor"]
     for c in checks:
         optional = "" if c.essential or c.passed else " (optional)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, split_late_options
+from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, add_rank_count, split_late_options
 
 __all__ = ["add_parser", "run"]
 
@@ -42,14 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-n",
-        "--nprocs",
-        type=rank_count,
-        default=None,
-        metavar="N",
-        help="number of ranks (default: launch.nprocs of the config)",
-    )
+    add_rank_count(parser, "number of ranks (default: launch.nprocs of the config); -np N works too")
     parser.add_argument(
         "--hosts",
         default=None,

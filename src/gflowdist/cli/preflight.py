@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from gflowdist.engines import launched_engine
 from gflowdist.errors import ConfigError, LayoutError
@@ -46,6 +47,8 @@ from gflowdist.process_tree import DescendantTracker, kill_group
 __all__ = [
     "check_layout_fits",
     "check_extras",
+    "needed_extras",
+    "Extra",
     "check_roles_named",
     "resolve_roles",
     "check_roles_import",
@@ -120,17 +123,64 @@ def check_layout_fits(config, world_size: int, *, source: str, hosts=None):
         raise LayoutError(f"{err.fact} ({source}): {fix}") from None  # our words for the fix, not the library's
 
 
+@dataclass(frozen=True)
+class Extra:
+    """A package beyond the core that a config needs: ``module`` (found without importing it), the
+    setting or file that needs it (``key``), why, and the pip extra that installs it."""
+
+    module: str
+    key: str
+    why: str
+    extra: str
+
+    def installed(self) -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec(self.module) is not None
+
+    def fix(self) -> str:
+        return f"pip install 'gflowdist[{self.extra}]'"
+
+
+#: What in a role file means gymnasium's environments (gflowdist.rl's actors step them).
+_RL_WORDS = ("gflowdist.rl", "import gymnasium", "from gymnasium")
+
+
+def needed_extras(config) -> list[Extra]:
+    """The extras ``config`` needs: tensorboard for ``run.tensorboard``; gymnasium for a role file that uses
+    ``gflowdist.rl`` or gymnasium (read as text, not imported), or a ``params.env_id``."""
+    from pathlib import Path
+
+    from gflowdist.config import absolute_ref
+
+    extras = []
+    if config.run.tensorboard:
+        extras.append(Extra("tensorboard", "run.tensorboard", "run.tensorboard is true", "tensorboard"))
+    for role, ref in _configured(config).items():
+        try:
+            path = Path(absolute_ref(ref, key=f"roles.{role}", file=config.file).rpartition(":")[0])
+            text = path.read_text(errors="replace") if path.suffix == ".py" and path.is_file() else ""
+        except (ConfigError, OSError):
+            continue
+        if any(word in text for word in _RL_WORDS):
+            extras.append(Extra("gymnasium", f"roles.{role}", f"{path.name} uses gymnasium environments", "rl"))
+            break
+    else:
+        if "env_id" in config.params:
+            extras.append(Extra("gymnasium", "params.env_id", "params.env_id names a gymnasium environment", "rl"))
+    return extras
+
+
 def check_extras(config) -> None:
     """Step 1b: what the config asks for beyond the core is installed (found without importing it)."""
-    import importlib.util
-
-    if config.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "is true, but the tensorboard package is not installed: pip install "
-            "'gflowdist[tensorboard]' (or set run.tensorboard: false)",
-            key="run.tensorboard",
-            file=config.file,
-        )
+    for extra in needed_extras(config):
+        if not extra.installed():
+            also = " (or set run.tensorboard: false)" if extra.module == "tensorboard" else ""
+            raise ConfigError(
+                f"needs the {extra.module} package ({extra.why}), which is not installed: {extra.fix()}{also}",
+                key=extra.key,
+                file=config.file,
+            )
 
 
 def check_roles_named(config, layout=None) -> None:

@@ -24,7 +24,7 @@ With ``--json`` stdout is one JSON object instead:
 dependency of gflowdist). ``--tensorboard`` also writes the run's TensorBoard
 event files into ``RUN_DIR/tensorboard/`` (as ``run.tensorboard: true`` does at
 the end of a run; :mod:`gflowdist.timing.tensorboard`), replacing earlier ones.
-``--timeline PNG`` draws a stretch of the run's ``trace.json`` (``run.trace``)
+``--timeline PNG`` draws a stretch of the run's ``trace.json`` (``run.trace``, on by default)
 to ``PNG`` (:mod:`gflowdist.timing.trace_figure`): ``--window START_MS:END_MS``
 of the trace's time line, by default 150 ms from its middle; a window outside
 the trace's time span is refused (exit 2) with one line naming that span.
@@ -76,7 +76,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Print the end-of-run report of RUN_DIR (from its report.json), the ledger "
         "verdict (ledger.json) and the run's final line.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory, e.g. runs/hypergrid-20260101-120000")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="?",
+        default=None,
+        help="a run directory, e.g. runs/hypergrid-20260101-120000, or a folder of runs (its newest run); "
+        "default: the newest run in runs/",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
@@ -98,7 +105,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--timeline",
         metavar="PNG",
         default=None,
-        help="also draw a stretch of RUN_DIR/trace.json (a run with run.trace=true) into PNG",
+        help="also draw a stretch of RUN_DIR/trace.json (every run writes one; run.trace is on by default) into PNG",
     )
     parser.add_argument(
         "--window",
@@ -232,6 +239,15 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; see the module docstring for the exit statuses."""
     from gflowdist.cli import EXIT_FAILURE, EXIT_USAGE
 
+    from gflowdist.cli.run_pick import pick_run
+
+    try:
+        args.run_dir, choice = pick_run(args.run_dir)
+    except GflowdistError as err:
+        print(f"gflowdist report: error: {_one_line(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
+    if choice is not None:
+        print(f"gflowdist report: {choice}", file=sys.stderr)
     try:
         record = load_run(args.run_dir)
     except RunDirError as err:
@@ -276,7 +292,10 @@ def run(args: argparse.Namespace) -> int:
 def _missing_tool(args: argparse.Namespace) -> str | None:
     """Why ``--png``, ``--timeline`` or ``--tensorboard`` cannot be done (checked before anything is printed)."""
     if args.timeline is not None and not (Path(args.run_dir) / "trace.json").is_file():
-        return f"--timeline: {Path(args.run_dir) / 'trace.json'} not found: run with run.trace=true to write it"
+        return (
+            f"--timeline: {Path(args.run_dir) / 'trace.json'} not found: the run had run.trace=false "
+            f"(tracing is on by default) or did not reach its end"
+        )
     if args.png is not None or args.timeline is not None:
         from gflowdist.timing.figure import figure_unavailable_reason
 

@@ -22,7 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from gflowdist.cli.arguments import HelpFormatter, add_config_arguments, rank_count, restart_count, split_late_options
+from gflowdist.cli.arguments import (
+    HelpFormatter,
+    add_config_arguments,
+    add_rank_count,
+    restart_count,
+    split_late_options,
+)
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
 from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
@@ -85,7 +91,7 @@ def add_parser(subparsers) -> None:
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--nprocs", type=rank_count, metavar="N", help="number of ranks (default: launch.nprocs)")
+    add_rank_count(parser, "number of ranks (default: launch.nprocs); -np N works too")
     parser.add_argument(
         "--engine",
         choices=list(CHOICES),

@@ -94,20 +94,31 @@ def _load_file(path: str, *, key: str, file: str | None) -> ModuleType:
     return module
 
 
-def _import_module(module: str, *, key: str, file: str | None) -> ModuleType:
+def _import_module(module: str, *, key: str, file: str | None, attr: str = "CLASS") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
         missing = err.name or ""
         if module == missing or module.startswith(missing + "."):
             raise ConfigError(
-                f"cannot import module '{module}': no module named '{missing}'", key=key, file=file
+                f"cannot import module '{module}': no module named '{missing}'{_file_beside(module, file, attr)}",
+                key=key,
+                file=file,
             ) from None
         raise ConfigError(f"importing module '{module}' failed: {err}", key=key, file=file) from err
     except Exception as err:  # the user's module failed while running: say which key led there
         raise ConfigError(
             f"importing module '{module}' raised {type(err).__name__}: {err}", key=key, file=file
         ) from err
+
+
+def _file_beside(module: str, file: str | None, attr: str = "CLASS") -> str:
+    """``; dice.py is beside the config: ... write dice.py:DiceTrainer`` when ``module`` names a file there."""
+    relative = module.replace(".", os.sep) + ".py"
+    folder = os.path.dirname(os.path.abspath(file)) if file else os.getcwd()
+    if not os.path.isfile(os.path.join(folder, relative)):
+        return ""
+    return f"; {relative} is beside the config: a file is named with its .py, write {relative}:{attr}"
 
 
 def load_class(ref: str, *, key: str, file: str | None = None, base: type | None = None) -> type:
@@ -127,7 +138,7 @@ def load_class(ref: str, *, key: str, file: str | None = None, base: type | None
     if _is_file_ref(module_name):
         module = _load_file(module_name, key=key, file=file)
     else:
-        module = _import_module(module_name, key=key, file=file)
+        module = _import_module(module_name, key=key, file=file, attr=attr_path)
     target: object = module
     walked = module_name
     for part in attr_path.split("."):
@@ -181,7 +192,12 @@ def check_class_ref(ref: str, *, key: str, file: str | None = None) -> str:
         top = module_name.split(".")[0]
         spec = getattr(sys.modules.get(top), "__spec__", None) or importlib.util.find_spec(top)
         if spec is None:
-            raise ConfigError(f"cannot import module '{module_name}': no module named '{top}'", key=key, file=file)
+            raise ConfigError(
+                f"cannot import module '{module_name}': no module named '{top}'"
+                f"{_file_beside(module_name, file, attr_path)}",
+                key=key,
+                file=file,
+            )
         return f"{spec.origin}|{ref}"
     path = _find_file(module_name, key=key, file=file)
     try:

@@ -81,13 +81,35 @@ def parse_yaml(text: str, *, file: str | None = None) -> Any:
     except RecursionError:
         raise ConfigError("the YAML is nested too deeply to read", file=file) from None
     except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"invalid YAML{where}: {err.problem}", file=file) from None
+        raise ConfigError(yaml_problem(err, text), file=file) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"invalid YAML: {err}", file=file) from None
     finally:
         loader.dispose()
+
+
+def yaml_problem(err: yaml.MarkedYAMLError, text: str) -> str:
+    """``invalid YAML at line 4, column 7: expected ',' or '}', but got ':'; the flow mapping opened at
+    line 3, column 9 (launch: {nprocs: 4) is not closed``: where the parser gave up, and where the structure
+    it was reading began (PyYAML's ``context_mark``), with that line's text."""
+    mark = err.problem_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    message = f"invalid YAML{where}: {err.problem}"
+    opened = err.context_mark
+    if (
+        opened is not None
+        and err.context
+        and (mark is None or opened.line != mark.line or opened.column != mark.column)
+    ):
+        what = err.context.removeprefix("while ").removeprefix("parsing ").removeprefix("scanning ")
+        lines = text.splitlines()
+        shown = lines[opened.line].strip() if opened.line < len(lines) else ""
+        message += (
+            f"; {what} began at line {opened.line + 1}, column {opened.column + 1}"
+            + (f" ({shown[:60]})" if shown else "")
+            + (", and is not closed" if "flow" in what or "quoted" in what else "")
+        )
+    return message
 
 
 def read_yaml_file(path: str | os.PathLike[str]) -> Any:
