@@ -94,7 +94,7 @@ def test_json_output(config: Path) -> None:
     "extra, words",
     [
         (["-n", "4"], "layout error: 3 buffers but only 1 trainer"),
-        (["-n", "0"], "error: argument -n/--nprocs: expected a number of ranks >= 1, found 0"),
+        (["-n", "0"], "error: argument -n/-np/--nprocs: expected a number of ranks >= 1, found 0"),
         (
             ["-n", "8", "--set", "layout.bufers=2"],
             "config error: layout.bufers: unknown key 'bufers' (did you mean 'buffers'?)",

@@ -110,7 +110,7 @@ CASES = {
         {},
         ["run", "config.yaml", "-n", "0"],
         {},
-        ["gflowdist run: error: argument -n/--nprocs: expected a number of ranks >= 1, found 0"],
+        ["gflowdist run: error: argument -n/-np/--nprocs: expected a number of ranks >= 1, found 0"],
     ),
     "-n -3": ({}, ["run", "config.yaml", "-n", "-3"], {}, ["expected a number of ranks >= 1, found -3"]),
     "launch.mpiexec missing": (

@@ -276,4 +276,8 @@ def test_timeline_of_a_real_run_and_without_a_trace(capsys, run_dir: Path, copy_
     ), err
     (copy_of_run / "trace.json").unlink()
     code, out, err = run_report(capsys, str(copy_of_run), "--timeline", str(target))
-    assert code == 1 and out == "" and "trace.json not found: the run had run.trace=false (tracing is on by default)" in err
+    assert (
+        code == 1
+        and out == ""
+        and "trace.json not found: the run had run.trace=false (tracing is on by default)" in err
+    )

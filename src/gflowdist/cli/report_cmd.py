@@ -238,7 +238,6 @@ def _one_line(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Print the report; see the module docstring for the exit statuses."""
     from gflowdist.cli import EXIT_FAILURE, EXIT_USAGE
-
     from gflowdist.cli.run_pick import pick_run
 
     try:
