@@ -141,6 +141,7 @@ def run_single(latency_s: float, mode: dict) -> dict:
         "actors": 0,
         "env_per_s": result["env_steps_per_s"],
         "time_to_target": solved["seconds"] if solved else None,
+        "learner_steps": solved["learner_steps"] if solved else result["learner_steps"],
         "train_s": result["seconds"],
         "wall_s": time.monotonic() - began,
         "load": (load, load1()),
@@ -347,6 +348,7 @@ def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
                 fmt(r.get("wait_pct"), ".0f", "%"),
                 fmt(r["time_to_target"], ".1f"),
                 fmt(ratio(r["time_to_target"], single["time_to_target"]), ".2f", "x"),
+                fmt(r.get("learner_steps"), ",.0f"),
                 fmt(r["wall_s"], ".0f"),
                 load_cell(r["load"]),
             ]
@@ -359,6 +361,7 @@ def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
         "actor waiting",
         "time to target s",
         "vs single",
+        "learner steps",
         "wall s",
         "load",
     ]
