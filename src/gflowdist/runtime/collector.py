@@ -100,6 +100,7 @@ class Collector:
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
         self.line = progress_line(w, out, start_step=start_step)
+        self.board = None  # run.tensorboard: a LiveBoard the job opens (gflowdist.timing.tensorboard_live)
         self.line.heard(w.rank, w.ledger.produced)  # my own count when this generation began
 
     # -- one poll ---------------------------------------------------------------
@@ -219,6 +220,8 @@ class Collector:
             self.metrics_file.write(
                 json.dumps({"rank": rank, "time": round(time.monotonic() - self.started, 3), **body}) + "\n"
             )
+        if self.board is not None:
+            self.board.add(rank, body)
         if self.on_metrics is not None and tell_coordinator:
             self.on_metrics(rank, body.get("step", 0), body)
 

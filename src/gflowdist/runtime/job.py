@@ -132,6 +132,8 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
         w.tape.close()  # a recording keeps what it holds, also when the run fails
         if collector is not None:
             collector.reach.flush()  # how far this generation got, for the next one's "steps repeated"
+            if collector.board is not None:
+                collector.board.close()  # a failed run keeps the scalars it had
 
 
 def _run_to_end(
@@ -227,6 +229,10 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
         on_weights=coordinator.on_weights if coordinator else None,
         start_step=rank.resumed_step if rank.resumed_from is not None and rank.resumed_step is not None else 0,
     )
+    if config.run.tensorboard:
+        from gflowdist.timing.tensorboard_live import LiveBoard
+
+        collector.board = LiveBoard(run_dir)  # scalars as they arrive: tensorboard --logdir follows the run
     if coordinator is not None:
         coordinator.metrics_sink = lambda step, metrics: collector.record_metrics(
             rank.w.rank, {"step": step, **metrics}, tell_coordinator=False
@@ -295,6 +301,8 @@ def _conclude(
     collector.progress(force=True)
     collector.finish_line()
     collector.metrics_file.close()
+    if collector.board is not None:
+        collector.board.close()  # the run's end writes every event file again, from the run directory
     return conclude(
         process.run_dir,
         final_name,

@@ -2,7 +2,8 @@
 
 ``metrics.jsonl`` stays the source of truth: this module only converts what a
 run directory holds (``metrics.jsonl``, ``finals.json``, ``report.json``)
-into event files, at the end of a run with ``run.tensorboard: true``, or
+into event files, at the end of a run with ``run.tensorboard: true`` (which also writes the metrics live:
+:mod:`gflowdist.timing.tensorboard_live`), or
 later with ``gflowdist report RUN_DIR --tensorboard``::
 
     <run dir>/tensorboard/
