@@ -6,6 +6,8 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
+
 from gflowdist.runtime.history import keep_earlier, read_history, record_generation
 from gflowdist.timing import build_report
 from gflowdist.timing.headline import headline, idle_phase, rank_times
@@ -173,3 +175,52 @@ def test_generations_json_survives_an_unwritable_history(tmp_path: Path, caplog)
     (tmp_path / "generations.json").mkdir()  # a folder where the file should be: the write fails, logged
     entries = record_generation(tmp_path, {"generation": 0})
     assert entries == [{"generation": 0}] and "cannot write" in caplog.text
+
+
+def test_an_rl_run_says_why_it_stopped_and_counts_transitions(job_factory):
+    pytest.importorskip("gymnasium")
+    from tests.test_example_apex_cartpole import EXAMPLE, SMALL
+
+    job = job_factory(*SMALL, "params.target_return=1", config=EXAMPLE / "config.yaml")
+    assert job.wait(150) == 0, job.output
+    final = job.output.strip().splitlines()[-1]
+    assert final.startswith("gflowdist: done (eval_return ") and " >= 1): " in final, job.output
+    assert "transitions produced" in final and "transitions/s" in job.output
+    assert "the coordinator decided to stop" not in job.output
+
+
+def test_in_a_terminal_the_progress_line_is_rewritten_in_place(tmp_path):
+    """Under mpiexec a rank's stdout is a pipe; the launcher tells the ranks its own stdout is a terminal."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.support.jobs import TOY
+    from tests.support.launching import base_env, kill_session
+
+    main, child = pty.openpty()
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(TOY), f"run.out_dir={tmp_path / 'runs'}", "run.steps=400"]
+    cmd.append("params.delay_s=0.005")
+    proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=base_env(), start_new_session=True)
+    os.close(child)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(main, 65536)
+            except OSError:  # the terminal closed: every process that held it ended
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert proc.wait(120) == 0
+    finally:
+        kill_session(proc)
+        os.close(main)
+    text = b"".join(chunks).decode(errors="replace")
+    assert text.count("\r\x1b[2K") >= 2, text  # at least two updates of the one line
+    lines = text.replace("\r\n", "\n").split("\n")
+    assert sum(1 for line in lines if line.startswith("step ")) == 0, text  # no progress line of its own
+    assert sum(1 for line in lines if "\x1b[2Kstep " in line) == 1, text  # all its updates on one line
+    assert "gflowdist: done: " in text
