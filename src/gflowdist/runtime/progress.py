@@ -82,7 +82,7 @@ class Flood:
 
     def field(self) -> str:
         """The progress line's ``flooding`` field."""
-        return f"{self.factor:.0f}x ({self.setting})"
+        return f"{self.factor:.0f}x (pace with {self.setting.split(' (')[0].split(',')[0]})"
 
     def note(self) -> str:
         """The report's note."""
