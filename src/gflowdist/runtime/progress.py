@@ -8,7 +8,7 @@
 - ``<unit>/s``: what the producers made in *this generation* (since the
   collector started; after ``--resume`` the counts a rank had at the resume are
   its baseline), per second. The unit is the producing role class's
-  :attr:`~gflowdist.runtime.roles.BaseRole.unit` (``trajectories``;
+  :attr:`~gflowdist.runtime.roles.Actor.unit` (``trajectories``;
   ``transitions`` for :class:`~gflowdist.rl.EnvironmentActor`).
 - metrics: the newest value of each trainer's and actor's metric (ints summed
   over ranks, floats averaged), then the coordinator's ``progress_fields()``.
