@@ -189,19 +189,19 @@ def test_an_rl_run_says_why_it_stopped_and_counts_transitions(job_factory):
     assert "the coordinator decided to stop" not in job.output
 
 
-def test_in_a_terminal_the_progress_line_is_rewritten_in_place(tmp_path):
-    """Under mpiexec a rank's stdout is a pipe; the launcher tells the ranks its own stdout is a terminal."""
+def test_in_a_terminal_the_readmes_main_job_ends_on_one_screen_its_progress_line_rewritten_in_place(tmp_path):
+    """Under mpiexec a rank's stdout is a pipe; the launcher tells the ranks its own stdout is a terminal.
+    The README's main job (`gflowdist run examples/hypergrid/config.yaml`), as a person sees it."""
     import os
     import pty
     import subprocess
     import sys
 
-    from tests.support.jobs import TOY
+    from tests.support.jobs import HYPERGRID
     from tests.support.launching import base_env, kill_session
 
     main, child = pty.openpty()
-    cmd = [sys.executable, "-m", "gflowdist", "run", str(TOY), f"run.out_dir={tmp_path / 'runs'}", "run.steps=400"]
-    cmd.append("params.delay_s=0.005")
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), f"run.out_dir={tmp_path / 'runs'}"]
     proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=base_env(), start_new_session=True)
     os.close(child)
     chunks = []
@@ -214,7 +214,7 @@ def test_in_a_terminal_the_progress_line_is_rewritten_in_place(tmp_path):
             if not data:
                 break
             chunks.append(data)
-        assert proc.wait(120) == 0
+        assert proc.wait(240) == 0
     finally:
         kill_session(proc)
         os.close(main)
@@ -223,7 +223,8 @@ def test_in_a_terminal_the_progress_line_is_rewritten_in_place(tmp_path):
     lines = text.replace("\r\n", "\n").split("\n")
     assert sum(1 for line in lines if line.startswith("step ")) == 0, text  # no progress line of its own
     assert sum(1 for line in lines if "\x1b[2Kstep " in line) == 1, text  # all its updates on one line
-    assert "gflowdist: done: " in text
+    assert "gflowdist: done: 19200 trajectories produced" in text
+    assert len(lines) <= 24, text  # one screen, the progress line's updates counted once
 
 
 def test_actors_that_flood_the_learners_are_warned_on_the_progress_line_the_end_and_the_report(job_factory):
