@@ -17,13 +17,60 @@ Single-process and pure; a buffer-manager rank wraps it. See docs/replay.md.
 
 from __future__ import annotations
 
-from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
-from gflowdist.replay.key_index import HashIndex, row_hash
-from gflowdist.replay.priorities import BetaSchedule
-from gflowdist.replay.rate_limiter import RateLimiter, wait_until
-from gflowdist.replay.samplers import FifoSampler, InsufficientItemsError, PrioritizedSampler, Sampler, UniformSampler
-from gflowdist.replay.storage import Batch, ItemSchemaError, TensorStorage, batch_size
-from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter, Writer, WriteResult
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name lives. Imported on first access (PEP 562), so that the config's checks can read
+#: :mod:`gflowdist.replay.registry` without loading torch (``gflowdist layout`` stays light).
+_HOMES = {
+    "AdmitResult": "buffer",
+    "RateLimitedError": "buffer",
+    "ReplayBuffer": "buffer",
+    "HashIndex": "key_index",
+    "row_hash": "key_index",
+    "BetaSchedule": "priorities",
+    "RateLimiter": "rate_limiter",
+    "wait_until": "rate_limiter",
+    "FifoSampler": "samplers",
+    "InsufficientItemsError": "samplers",
+    "PrioritizedSampler": "samplers",
+    "Sampler": "samplers",
+    "UniformSampler": "samplers",
+    "Batch": "storage",
+    "ItemSchemaError": "storage",
+    "TensorStorage": "storage",
+    "batch_size": "storage",
+    "DedupWriter": "writers",
+    "KeepHighestWriter": "writers",
+    "RoundRobinWriter": "writers",
+    "Writer": "writers",
+    "WriteResult": "writers",
+}
+
+if TYPE_CHECKING:
+    from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
+    from gflowdist.replay.key_index import HashIndex, row_hash
+    from gflowdist.replay.priorities import BetaSchedule
+    from gflowdist.replay.rate_limiter import RateLimiter, wait_until
+    from gflowdist.replay.samplers import (
+        FifoSampler,
+        InsufficientItemsError,
+        PrioritizedSampler,
+        Sampler,
+        UniformSampler,
+    )
+    from gflowdist.replay.storage import Batch, ItemSchemaError, TensorStorage, batch_size
+    from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter, Writer, WriteResult
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gflowdist.replay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gflowdist.replay.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AdmitResult",

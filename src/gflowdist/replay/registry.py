@@ -143,6 +143,18 @@ def build_part(kind: str, spec: Mapping[str, Any], **extra: Any) -> Any:
 _BUILT_IN = False
 
 
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """A factory that imports ``gflowdist.replay.<module>.<name>`` when it is first called."""
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"gflowdist.replay.{module}"), name)(*args, **kwargs)
+
+    build.__qualname__ = build.__name__ = name
+    return build
+
+
 def _register_builtins() -> None:
     """The built-in parts (registered on first use: the config checks import nothing from here at load)."""
     global _BUILT_IN
@@ -150,8 +162,12 @@ def _register_builtins() -> None:
         return
     _BUILT_IN = True
     from gflowdist.config.checks import FloatCheck, IntCheck, OptionalCheck, StrCheck
-    from gflowdist.replay.samplers import FifoSampler, PrioritizedSampler, QueueSampler, UniformSampler
-    from gflowdist.replay.writers import DedupWriter, KeepHighestWriter, RoundRobinWriter
+
+    # the classes are imported when a part is built, not when a config is checked (they import torch)
+    UniformSampler, PrioritizedSampler = _lazy("samplers", "UniformSampler"), _lazy("samplers", "PrioritizedSampler")
+    FifoSampler, QueueSampler = _lazy("samplers", "FifoSampler"), _lazy("samplers", "QueueSampler")
+    RoundRobinWriter, KeepHighestWriter = _lazy("writers", "RoundRobinWriter"), _lazy("writers", "KeepHighestWriter")
+    DedupWriter = _lazy("writers", "DedupWriter")
 
     register_sampler("uniform", UniformSampler, doc="uniform with replacement")
     register_sampler(

@@ -135,7 +135,7 @@ def _draw_time_bars(ax: Any, report: Report) -> list[Any]:
     bottoms = [0.0] * len(ranks)
     segments = [(role, p) for role, phases in report.imbalance.items() for p in phases]
     # distinct colours: matplotlib's 10-colour cycle while it suffices, then tab20's dark ten and its light ten
-    colors = (
+    colors: list[Any] = (
         [f"C{i}" for i in range(len(segments))]
         if len(segments) <= 10
         else [colormaps["tab20"]((2 * i) % 20 + (i // 10) % 2) for i in range(len(segments))]

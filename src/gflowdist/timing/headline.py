@@ -93,10 +93,12 @@ def _most_waiting(report: Report) -> str | None:
 
 
 def _metrics(report: Report) -> str | None:
-    shown = [m for m in report.metrics if not m.name.startswith("trajectories") and m.first and m.last][:MAX_METRICS]
-    if not shown:
-        return None
-    return "  ".join(f"{m.name} {m.first[1]:.4g} -> {m.last[1]:.4g}" for m in shown)
+    shown = [
+        (m.name, m.first, m.last)
+        for m in report.metrics
+        if not m.name.startswith("trajectories") and m.first and m.last
+    ][:MAX_METRICS]
+    return "  ".join(f"{name} {first[1]:.4g} -> {last[1]:.4g}" for name, first, last in shown if first and last) or None
 
 
 _FILES = {
