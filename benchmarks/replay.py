@@ -90,7 +90,7 @@ class Harness:
             {
                 "layout": {"trainers": "rest", "buffers": 1, "coordinator": False},
                 "replay": {"capacity": capacity},
-                "faults": {"heartbeat_s": 1.0, "peer_timeout_s": 600.0},
+                "faults": {"heartbeat_s": 1.0, "peer_timeout_s": 600.0, "preempt_grace_s": 601.0},
             }
         )
         self.ctx = DistributedContext.create(self.config.layout)

@@ -39,3 +39,15 @@ def test_an_error_gflowdist_raised_about_the_users_batch_says_where_gflowdist_ra
     assert text.startswith("gflowdist: rank 0 (trainer on vm) failed at step 0: BatchError: HyperGridTrainer.rollout")
     # this test's frame (the caller) is the user's; the gflowdist frame that raised is named after it
     assert "in your code (most recent call last):" in text and "raised by gflowdist: runtime/loops/batches.py:" in text
+
+
+def test_a_failed_ranks_later_silence_is_not_told_as_a_second_failure():
+    from gflowdist.cli.supervise import _without_consequences
+
+    first = "gflowdist: rank 1 (trainer on vm) failed at step 0: EncodeError: over the limit"
+    others = [
+        "rank 0 (trainer on vm) failed at step 0: EncodeError: over the limit",
+        "lost rank 0 (trainer on vm): no heartbeat for 6.0 s (faults.peer_timeout_s = 6)",
+        "lost rank 2 (buffer on vm): no heartbeat for 6.0 s (faults.peer_timeout_s = 6)",
+    ]
+    assert _without_consequences(first, others) == [others[0], others[2]]

@@ -13,6 +13,7 @@ message for the launcher to print.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def _failure_messages() -> list[str]:
     return messages
 
 
+def _without_consequences(message: str, others: list[str]) -> list[str]:
+    """``others`` less a rank's silence after it failed: "lost rank R" where rank R's failure is already told."""
+    failed = set(re.findall(r"\brank (\d+) \([^)]*\) failed", "\n".join([message, *others])))
+    return [line for line in others if not ((lost := re.match(r"lost rank (\d+) ", line)) and lost[1] in failed)]
+
+
 def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
     """Print the rank failure to believe (MPI's abort may have eaten the rank's own stderr).
 
@@ -72,6 +79,7 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
         and m.splitlines()[0] != (message or "").splitlines()[0]
         and (relay is None or relay.seen(m.splitlines()[0]))
     ]
+    others = _without_consequences(message or "", others)
     if message and others:  # the same failure on several ranks (every trainer's loss): the first in full
         message += "".join(f"\n  also: {line}" for line in dict.fromkeys(others[:3]))
     for path in _FAILURE_FILES:
