@@ -25,7 +25,6 @@ def cells(line: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
-@pytest.mark.slow
 def test_quick_run_on_the_cpu_prints_one_table_with_every_row(tmp_path):
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--json", str(tmp_path / "gpu.json")],

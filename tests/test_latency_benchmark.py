@@ -13,8 +13,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from tests.test_benchmarks_smoke import BENCHMARKS, load
 
 LAST_LINE = re.compile(
@@ -23,7 +21,6 @@ LAST_LINE = re.compile(
 )
 
 
-@pytest.mark.slow
 def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     out = subprocess.run(
         [
