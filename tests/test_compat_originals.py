@@ -46,7 +46,7 @@ def test_spinup_same_bits_and_seeded_ppo(nprocs):
         "mpi_statistics_scalar(large mean, with_min_and_max=False)",
     ):
         assert f"SAME {name}" in out, f"check {name} did not run:\n{out[-3000:]}"
-    ppo = re.findall(r"PPO SAME (\d+) (\w+) kl_stops=(\d+) precise=(\w+)", out)
+    ppo = re.findall(r"PPO SAME (\d+) ([0-9a-f]{16}) kl_stops=(\d+) precise=([0-9a-f]{16})", out)
     assert len(ppo) == nprocs, out[-3000:]
     sizes, digests, stops, precise = zip(*ppo, strict=True)
     assert set(sizes) == {str(nprocs)} and len(set(digests)) == 1

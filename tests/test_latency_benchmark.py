@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_benchmarks_smoke import BENCHMARKS, load
 
 LAST_LINE = re.compile(
@@ -21,6 +23,7 @@ LAST_LINE = re.compile(
 )
 
 
+@pytest.mark.slow  # 35 s of real ranks; `pytest -m slow` runs it
 def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     out = subprocess.run(
         [

@@ -22,6 +22,9 @@ import torch
 
 from gflowdist.compat import omnisafe as compat
 
+# one write per line: mpiexec never glues two ranks' lines (PYTHONUNBUFFERED writes the newline apart)
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 
 def load_original(path: str):
     spec = importlib.util.spec_from_file_location("omnisafe_distributed_original", path)

@@ -29,6 +29,9 @@ from spinup.utils import mpi_tools as orig
 
 from gflowdist.compat import spinup as compat
 
+# one write per line: mpiexec never glues two ranks' lines (PYTHONUNBUFFERED writes the newline apart)
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 

@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gflowdist.compat import torchgfn as compat
 from tests.support.originals import load_file
 
+# one write per line: mpiexec never glues two ranks' lines (PYTHONUNBUFFERED writes the newline apart)
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+
 orig = load_file(Path(sys.argv[1]), "torchgfn_distributed_original")
 dist.init_process_group("gloo")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
