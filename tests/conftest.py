@@ -2,6 +2,8 @@
 
 - ``job_factory`` (:mod:`tests.support.jobs`): start ``gflowdist run`` jobs,
   each killed, whatever happened, when the test ends;
+- ``local_job_factory`` (:mod:`tests.support.local_jobs`): the same jobs on the
+  ``local`` engine, run to their end in the test's own process (ranks as threads);
 - ``netns_hosts`` (:mod:`tests.support.netns`): two network-namespace hosts
   for a module (skipped with the reason where namespaces are unavailable).
 
@@ -12,6 +14,7 @@ with that reason, elsewhere (``pytest -m gpu`` runs only them).
 import pytest
 
 from tests.support.jobs import job_factory  # noqa: F401 (a fixture)
+from tests.support.local_jobs import local_job_factory  # noqa: F401 (a fixture)
 from tests.support.netns import netns_hosts  # noqa: F401 (a fixture)
 
 

@@ -1,7 +1,9 @@
-"""A user's batch mistakes made in a real job under mpiexec (issue 23 item 2, issue 26's refused batch).
+"""A user's batch mistakes made in a real job (issue 23 item 2, issue 26's refused batch).
 
-Toy jobs side by side (trainers 0-1, buffer 2, coordinator 3; with ``-n 3`` trainer 0, buffer 1,
-coordinator 2); a trainer makes the mistake:
+Toy jobs (trainers 0-1, buffer 2, coordinator 3; with ``-n 3`` trainer 0, buffer 1, coordinator 2); a
+trainer makes the mistake. The first runs under mpiexec (the console of a real launcher: the failure once,
+no MPI_Abort noise, the partial report); while it runs, the others run on the ``local`` engine (ranks as
+threads of this process: the same loops, the same buffer and the same messages; tests/support/local_jobs.py):
 
 - its rollout returns a list: the job fails with ``ToyTrainer.rollout returned a list: ...`` (before:
   ``AttributeError: 'list' object has no attribute 'values'`` from loops/client.py), printed once;
@@ -32,12 +34,14 @@ def _failed_once(out: str, pattern: str) -> None:
     assert re.search(r"the whole traceback: \S+/logs/rank-\d\.log", out), out
 
 
-def test_batch_mistakes_are_named_in_the_users_terms_and_a_refused_batch_never_crashes_its_sender(job_factory):
-    listed = job_factory("run.steps=20", "params.mistake_rank=1", "params.mistake=list", *FAST)
-    fails = job_factory("run.steps=20", *GROW, *FAST)
-    drops = job_factory("run.steps=20", *GROW, "faults.on_bad_batch=drop", *FAST)
-    rows = job_factory("run.steps=5", "-n", "3", "params.mistake_rank=0", "params.mistake=rows", *FAST)
-    nan = job_factory(
+def test_batch_mistakes_are_named_in_the_users_terms_and_a_refused_batch_never_crashes_its_sender(
+    job_factory, local_job_factory
+):
+    listed = job_factory("run.steps=20", "params.mistake_rank=1", "params.mistake=list", *FAST)  # under mpiexec
+    fails = local_job_factory("run.steps=20", *GROW, *FAST)
+    drops = local_job_factory("run.steps=20", *GROW, "faults.on_bad_batch=drop", *FAST)
+    rows = local_job_factory("run.steps=5", "-n", "3", "params.mistake_rank=0", "params.mistake=rows", *FAST)
+    nan = local_job_factory(
         "run.steps=5", "-n", "3", "params.mistake_rank=0", "params.mistake=nan", "faults.on_nonfinite_batch=fail", *FAST
     )
     codes = [job.wait(150) for job in (listed, fails, drops, rows, nan)]

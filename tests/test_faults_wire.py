@@ -10,6 +10,11 @@ claiming 1 TiB.
 Each must be refused with a ``ProtocolError`` naming the sender, counted in
 the buffer's ledger (``malformed``, outside the balance) and in the final
 line, while every real trajectory of every client is still admitted.
+
+The garbage and the oversized message are refused by the channel's decoder,
+whatever the engine: that job runs on the ``local`` engine (ranks as threads of
+this process, tests/support/local_jobs.py). The chunked MPI header exists only
+on MPI: that job runs under mpiexec.
 """
 
 from __future__ import annotations
@@ -57,9 +62,9 @@ def _check_refused_and_served(job, expected_malformed: int) -> list[str]:
     return rejected
 
 
-def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_counted(job_factory):
+def test_garbage_and_an_oversized_message_are_refused_naming_the_sender_and_counted(local_job_factory):
     oversized = LIMIT // TRAJECTORY_BYTES + 1  # its frames alone exceed the limit
-    job = job_factory(
+    job = local_job_factory(
         f"run.steps={STEPS}",
         f"faults.max_message_bytes={LIMIT}",
         *ABUSER,

@@ -11,9 +11,11 @@ replies queue behind the actor's data: thousands of small messages in flight
 with timings that differ from seed to seed (``run.seed`` seeds every rank's
 delays).
 
-The five seeds run side by side (one module fixture starts them all; each
-test waits for its own): the machine is loaded on purpose, and the whole file
-costs about one run's start-up and length instead of five.
+Seed 0 runs under mpiexec (real processes, real MPI queues), started by the
+module fixture and left running while seeds 1-4 run on the ``local`` engine
+(ranks as threads of the test's process, the same protocol, loops and ledger:
+tests/support/local_jobs.py), one after the other: the machine is loaded on
+purpose, and the whole file costs about one mpiexec run instead of five.
 
 Each run's accounting is re-derived here from finals.json, not only read from
 the runtime's own verdict: every trajectory a producer made reached the
@@ -28,8 +30,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import Job, layout_rows, read_json
+from tests.support.local_jobs import LocalJob
 
 SEEDS = [0, 1, 2, 3, 4]
+#: the seeds whose job runs under mpiexec; the others run on the local engine
+MPI_SEEDS = [0]
 STEPS = 80
 N = 2
 CAPACITY = 1000  # replay.capacity of tests/jobs/toy.yaml
@@ -51,16 +56,20 @@ ARGS = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[int, Job]:
-    jobs = {}
+def runs(tmp_path_factory) -> dict[int, Job | LocalJob]:
+    jobs: dict[int, Job | LocalJob] = {}
     try:
-        for seed in SEEDS:
+        for seed in MPI_SEEDS:  # started first, running while the local ones run
             jobs[seed] = Job(tmp_path_factory.mktemp(f"seed{seed}"), *ARGS, f"run.seed={seed}")
+        for seed in SEEDS:
+            if seed not in MPI_SEEDS:
+                jobs[seed] = LocalJob(tmp_path_factory.mktemp(f"seed{seed}"), *ARGS, f"run.seed={seed}")
         yield jobs
     finally:
         for job in jobs.values():
-            job.kill()
-            job.log.close()
+            if isinstance(job, Job):
+                job.kill()
+                job.log.close()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -2,6 +2,10 @@
 
 Every job runs in its own session with a deadline (``tests.support.jobs.Job``); each
 test checks that no process of the job is left when the launcher has returned.
+Checks of what a job computes and writes (weights reaching actors, replicas, a
+resume's steps and ledger) run on the ``local`` engine instead (ranks as threads
+of this process, the same protocol and loops: ``tests.support.local_jobs``);
+a normal run, a failure's console, signals and kill -9 stay under mpiexec.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ def test_normal_run_balances_and_writes_the_run_directory(job_factory):
     assert job.no_process_left()
 
 
-def test_actors_receive_weights_and_staleness_is_reported(job_factory):
-    job = job_factory("layout.trainers=1", "layout.actors=2", "-n", "5", "run.steps=40")
+def test_actors_receive_weights_and_staleness_is_reported(local_job_factory):
+    job = local_job_factory("layout.trainers=1", "layout.actors=2", "-n", "5", "run.steps=40")
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     finals = read_json(run / "finals.json")
@@ -80,15 +84,15 @@ def test_exception_on_a_buffer_ends_the_job_with_its_traceback(job_factory):
     assert job.no_process_left()
 
 
-def test_resume_continues_steps_ledger_and_buffer(job_factory):
-    first = job_factory("run.steps=10")
+def test_resume_continues_steps_ledger_and_buffer(local_job_factory):
+    first = local_job_factory("run.steps=10")
     assert first.wait(120) == 0, first.output
     run = first.run_dir()
     before = read_json(run / "finals.json")
     with open(run / "metrics.jsonl", "a") as rows:  # what a generation that failed after the checkpoint wrote
         for step in range(10, 13):
             rows.write(json.dumps({"rank": 0, "time": 0.0, "step": step, "loss": 9.0}) + "\n")
-    second = job_factory("run.steps=20", "--resume", str(run))
+    second = local_job_factory("run.steps=20", "--resume", str(run))
     second.out_dir = run.parent
     assert second.wait(120) == 0, second.output
     after = read_json(run / "finals.json")
@@ -150,8 +154,8 @@ def test_torch_engine_runs_the_same_job(job_factory):
     assert job.no_process_left()
 
 
-def test_bad_config_exits_2_with_one_line(job_factory):
-    job = job_factory("layout.bufers=2")
+def test_bad_config_exits_2_with_one_line(local_job_factory):
+    job = local_job_factory("layout.bufers=2")
     assert job.wait(30) == 2
     out = job.output.strip()
     assert "layout.bufers" in out and "did you mean 'buffers'" in out and "Traceback" not in out
@@ -190,11 +194,11 @@ def test_periodic_checkpoint_survives_a_crash_and_resumes(job_factory):
     assert second.no_process_left()
 
 
-def test_trainers_are_replicas_and_actors_start_from_the_trainers_weights(job_factory):
+def test_trainers_are_replicas_and_actors_start_from_the_trainers_weights(local_job_factory):
     """Gradient averaging keeps trainers identical only if they start identical: the runtime syncs them."""
     import torch
 
-    job = job_factory("run.steps=5", "layout.actors=1", "-n", "5")
+    job = local_job_factory("run.steps=5", "layout.actors=1", "-n", "5")
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     final = sorted((run / "checkpoints").glob("gen-0000-final"))[0]

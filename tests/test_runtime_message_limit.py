@@ -11,7 +11,9 @@
   ledger's ``malformed``.
 
 The jobs are the toy job (tests/jobs/toy.yaml: trainers 0 and 1, buffer 2,
-coordinator 3). Message sizes are derived here with the codec, not guessed.
+coordinator 3), on the ``local`` engine (ranks as threads of this process: the
+limit is the channel's, whatever the engine). Message sizes are derived here
+with the codec, not guessed.
 """
 
 from __future__ import annotations
@@ -75,16 +77,16 @@ def _check_ended_on_a_refused_send(job, msg_type: str, dst: int, limit: int, sen
     assert job.no_process_left()
 
 
-def test_trajectory_batches_and_final_reports_over_the_limit_end_the_job_naming_rank_and_key(job_factory):
-    """Two jobs side by side: one fails on its first trajectory batch, one on its final reports."""
+def test_trajectory_batches_and_final_reports_over_the_limit_end_the_job_naming_rank_and_key(local_job_factory):
+    """Two jobs: one fails on its first trajectory batch, one on its final reports."""
     n_big = 64
     batch_limit = _trajectory_bytes(n_big) - 1  # every batch of n_big is one byte over
     # Small batches fit; the trainers' final reports (ledger, timers, channel stats: well over 2x a
     # batch of 8) do not. Heartbeats, metrics and summaries are far smaller than a batch.
     replayed = Config.from_yaml(str(TOY)).replay.replayed_per_step(8)  # a sample reply beside 8 fresh
     final_limit = max(_trajectory_bytes(8), _reply_bytes(replayed)) + 64
-    batches = job_factory("run.steps=3", f"params.n={n_big}", f"faults.max_message_bytes={batch_limit}")
-    finals = job_factory("run.steps=3", f"faults.max_message_bytes={final_limit}")
+    batches = local_job_factory("run.steps=3", f"params.n={n_big}", f"faults.max_message_bytes={batch_limit}")
+    finals = local_job_factory("run.steps=3", f"faults.max_message_bytes={final_limit}")
     _check_ended_on_a_refused_send(batches, "TRAJECTORIES", BUFFER, batch_limit, TRAINERS)
     _check_ended_on_a_refused_send(finals, "LEDGER", 3, final_limit, (*TRAINERS, BUFFER))
 
