@@ -230,3 +230,46 @@ def test_gflowdist_run_refuses_the_split_in_one_line_before_launch(tmp_path):
         len(lines) == 1 and "learner.minibatches" in lines[0] and "does not divide learner.batch_size 512" in lines[0]
     )
     assert not any(tmp_path.iterdir())  # no run directory
+
+
+class KLTrainer(LineTrainer):
+    """Reports the KL values of ``kls`` in turn (under ``approx_kl``), one per loss call."""
+
+    kls: tuple[float, ...] = ()
+
+    def loss(self, batch):
+        out = super().loss(batch)
+        return {**out, "approx_kl": self.kls[len(self.seen) - 1]}
+
+
+def test_target_kl_ends_the_epochs_at_the_first_minibatch_above_one_and_a_half_times_it():
+    trainer = KLTrainer(rank=0, config=None, generator=torch.Generator().manual_seed(1))
+    trainer.setup()
+    trainer.kls = (0.0, 0.01, 0.02, 0.01, 0.02, 0.04, 0.0, 0.0)  # 0.04 > 1.5 x 0.02, at the 2nd epoch's 2nd
+    before = trainer.model.weight.detach().clone()
+    values = make_step(trainer, epochs=2, minibatches=4, batch_size=12, target_kl=0.02)(batch(), step=0)
+    assert len(trainer.seen) == 6 and values["optimizer_steps"] == 5.0
+    assert values["approx_kl"] == pytest.approx(sum(trainer.kls[:6]) / 6)  # every minibatch evaluated
+    # the 6th minibatch took no step: the weights are those after 5 steps of the same minibatches
+    reference = make_trainer()
+    assert torch.equal(reference.model.weight.detach(), before)
+    for part in trainer.seen[:5]:
+        b = batch()
+        minibatch = {"x": b["x"][part], "target": b["y"][part]}
+        reference.optimizer.zero_grad()
+        ((reference.model(minibatch["x"]).squeeze(-1) - minibatch["target"]) ** 2).mean().backward()
+        reference.optimizer.step()
+    torch.testing.assert_close(trainer.model.weight.detach(), reference.model.weight.detach())
+    trainer.seen.clear()
+    trainer.kls = (0.0,) * 8
+    values = make_step(trainer, epochs=2, minibatches=4, batch_size=12, target_kl=0.02)(batch(), step=1)
+    assert len(trainer.seen) == 8 and values["optimizer_steps"] == 8.0  # below the bound: every step
+
+
+def test_target_kl_without_the_kl_among_the_loss_values_is_named():
+    trainer = make_trainer()
+    step = make_step(trainer, epochs=2, minibatches=2, batch_size=12, target_kl=0.01, kl_key="kl")
+    with pytest.raises(GflowdistError, match=r"LineTrainer\.loss\(\) returned no 'kl' \(auxiliary values: \['count'"):
+        step(batch(), step=0)
+    with pytest.raises(ConfigError, match=r"learner\.target_kl"):
+        Config.from_dict({"learner": {"target_kl": 0}})

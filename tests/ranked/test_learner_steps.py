@@ -92,3 +92,39 @@ def test_a_member_taking_another_step_count_fails_every_member(comm):
     members = ", ".join(f"rank {r}: {6 if r else 3}" for r in range(comm.size))
     with pytest.raises(GflowdistError, match=f"different numbers of optimizer steps this trainer step \\({members}\\)"):
         group.check_same_steps(6 if comm.rank else 3)
+
+
+class Drifting(Line):
+    """Reports a KL that grows by ``0.01 x (rank + 1)`` at every loss call: alone, each rank would stop elsewhere."""
+
+    def setup(self):
+        super().setup()
+        self.calls = 0
+
+    def loss(self, batch):
+        self.calls += 1
+        return {**super().loss(batch), "approx_kl": 0.01 * (self.rank + 1) * self.calls}
+
+
+def test_target_kl_stops_every_member_at_the_same_minibatch_on_the_groups_mean_kl(comm):
+    target = 0.021  # stop above 0.0315 (no mean below lands on it)
+    trainer = Drifting(rank=comm.rank, config=None, generator=torch.Generator().manual_seed(comm.rank))
+    trainer.setup()
+    group = AgentGroup(comm, SyncConfig(mode="gradients"), StepTimer())
+    config = LearnerConfig(epochs=3, minibatches=4, batch_size=ITEMS, target_kl=target)
+    step = LearnerStep(trainer, group, config, StepTimer(), rank=comm.rank, on_nonfinite="fail", note_skip=print)
+    values = step(data(comm.rank), step=0)
+    # the group's mean KL at call k is 0.01 k (size + 1) / 2: the first k above 0.0315 is evaluated, not stepped
+    mean_per_call = 0.01 * (comm.size + 1) / 2
+    first_over = next(k for k in range(1, 13) if mean_per_call * k > 1.5 * target)
+    assert trainer.calls == first_over
+    assert values["optimizer_steps"] == first_over - 1
+    alone = next(k for k in range(1, 13) if 0.01 * (comm.rank + 1) * k > 1.5 * target)
+    if comm.size > 1 and comm.rank == 0:
+        assert alone > first_over  # deciding on its own KL, this member would have stopped elsewhere
+    taken = comm.all_gather(torch.tensor([values["optimizer_steps"]], dtype=torch.float64))
+    assert {float(t.reshape(-1)[0]) for t in taken} == {first_over - 1.0}
+    mine = flat(trainer.model)
+    assert all(torch.equal(other, mine) for other in comm.all_gather(mine))  # the averages lined up
+    values = step(data(comm.rank), step=1)  # the next trainer step starts its epochs anew, still aligned
+    assert all(torch.equal(other, flat(trainer.model)) for other in comm.all_gather(flat(trainer.model)))

@@ -433,6 +433,20 @@ class LearnerConfig(_Section):
         "Clip the gradients to this global L2 norm after the agent group's average, before each optimizer "
         "step (the norm before clipping is the metric grad_norm); null = no clipping.",
     )
+    target_kl: float | None = setting(
+        None,
+        OptionalCheck(FloatCheck(0.0, low_open=True)),
+        "Stop a trainer step's epochs early (PPO, as Spinning Up and Stable-Baselines3) at the first "
+        "minibatch whose KL, averaged over the agent group, exceeds 1.5 x target_kl: that minibatch's "
+        "optimizer step and the rest are skipped on every member alike. The KL is the loss's auxiliary "
+        "value named by kl_key; null = always take epochs x minibatches steps.",
+    )
+    kl_key: str = setting(
+        "approx_kl",
+        StrCheck(nonempty=True),
+        "The auxiliary value of Trainer.loss() that target_kl reads (the KL of the minibatch between "
+        "the policy that collected it and the current one).",
+    )
 
     def check_together(self) -> None:
         if self.minibatches > 1 and self.batch_size is None:

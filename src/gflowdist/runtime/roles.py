@@ -184,6 +184,10 @@ class Trainer(Actor):
       checked before launch). The trainers of an agent group all take
       ``epochs x minibatches`` optimizer steps per trainer step, each averaging the group's
       gradients (DD-PPO); a group whose members disagree fails naming each rank's count.
+    - **KL early stop** (PPO's ``target_kl``): with ``learner.target_kl`` the epochs end at the
+      first minibatch whose KL (the loss's named value ``learner.kl_key``, default
+      ``approx_kl``), averaged over the agent group, exceeds 1.5 x target_kl; every member
+      stops at that minibatch, its step not taken; the metric ``optimizer_steps`` counts the rest.
     - **Learning-rate schedule**: set ``self.scheduler`` to a ``torch.optim.lr_scheduler``
       of ``self.optimizer`` in :meth:`setup`; the runtime steps it once per trainer step
       (after the batch's optimizer steps), saves it in checkpoints and reports ``lr``.

@@ -73,6 +73,20 @@ class AgentGroup:
                 f"learner.minibatches"
             )
 
+    def group_mean(self, value: float, name: str) -> float:
+        """``value`` averaged over the members that average gradients (mine alone otherwise).
+
+        One all-gather of a float64 per call: every member receives the same list in rank
+        order and sums it in that order, so each gets the very same mean and a threshold on
+        it decides alike everywhere (an early stop of the epochs, say), keeping the
+        gradient averages lined up.
+        """
+        if not self.averages_gradients:
+            return value
+        with self.timer.collective(name, self.members):
+            values = self.comm.all_gather(torch.tensor([value], dtype=torch.float64))
+        return sum(float(v.reshape(-1)[0]) for v in values) / len(values)
+
     def average_models(self, model: torch.nn.Module, version: int) -> None:
         """Average the weights over the group (mode ``models``, every ``sync.every`` versions)."""
         from gflowdist.ops.averaging import average_models

@@ -8,6 +8,12 @@
             -> clip to learner.max_grad_norm -> optimizer step
     trainer.scheduler.step()                             # once per trainer step, when set
 
+With ``learner.target_kl`` the epochs end early at the first minibatch whose
+KL (the loss's ``learner.kl_key`` value), averaged over the agent group, is
+above 1.5 x target_kl (Spinning Up's and Stable-Baselines3's rule): that
+minibatch's step and the rest are skipped by every member alike, and the
+metric ``optimizer_steps`` says how many were taken.
+
 With the defaults (1 epoch, 1 minibatch) this is the two-method common case:
 one ``loss(batch)`` and one optimizer step per trainer step.
 
@@ -155,19 +161,36 @@ class LearnerStep:
         if config.optimizer_steps > 1:
             self.group.check_same_steps(config.optimizer_steps)
         totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        taken = 0
         for _ in range(config.epochs):
             for minibatch in split_minibatches(batch, config.minibatches, self.shuffle, self.prepare_owner):
-                for name, value in self._optimizer_step(minibatch, step).items():
+                stepped, minibatch_values = self._optimizer_step(minibatch, step)
+                taken += stepped
+                for name, value in minibatch_values.items():
                     totals[name] = totals.get(name, 0.0) + value
-        values = {name: total / config.optimizer_steps for name, total in totals.items()}
+                    counts[name] = counts.get(name, 0) + 1
+                if not stepped:
+                    break
+            else:
+                continue
+            break  # stopped early: target_kl
+        values = {name: total / counts[name] for name, total in totals.items()}
+        if config.target_kl is not None:
+            values["optimizer_steps"] = float(taken)
         scheduler = trainer.scheduler
         if scheduler is not None:
             scheduler.step()
             values["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
         return values
 
-    def _optimizer_step(self, minibatch: dict[str, Any], step: int) -> dict[str, float]:
-        """loss -> backward -> the group's average -> clip -> optimizer step; this step's values.
+    def _optimizer_step(self, minibatch: dict[str, Any], step: int) -> tuple[bool, dict[str, float]]:
+        """loss -> backward -> the group's average -> clip -> optimizer step; ``(whether it went on,
+        this minibatch's values)``.
+
+        With ``learner.target_kl`` the loss's KL value (``learner.kl_key``), averaged over the
+        agent group, is read first: above 1.5 x target_kl no step is taken, on any member
+        (:meth:`stops_on_kl`), and the caller ends this trainer step's epochs.
 
         A NaN or infinite loss is caught before ``backward()`` (``faults.on_nonfinite_loss``,
         :func:`~gflowdist.runtime.faults.loss_is_usable`): ``fail`` raises; ``skip`` gives zero
@@ -178,6 +201,9 @@ class LearnerStep:
         with timer.phase("loss"):
             trainer.optimizer.zero_grad(set_to_none=True)
             loss, aux = read_loss(trainer.loss(minibatch), self.loss_owner)
+        if self.stops_on_kl(aux):
+            return False, {"loss": float(loss.detach()), **aux}
+        with timer.phase("loss"):
             usable = loss_is_usable(loss, mode=self.on_nonfinite, rank=self.rank, step=step)
             if usable:
                 loss.backward()
@@ -197,7 +223,24 @@ class LearnerStep:
                 trainer.optimizer.step()
         elif self.config.max_grad_norm is not None:
             values["grad_norm"] = 0.0
-        return values
+        return True, values
+
+    def stops_on_kl(self, aux: Mapping[str, float]) -> bool:
+        """Whether the group's mean KL (``learner.kl_key`` of the loss) is above 1.5 x ``learner.target_kl``.
+
+        Decided on the agent group's mean (:meth:`AgentGroup.group_mean`), the same number on
+        every member, so all stop at the same minibatch and the gradient averages line up.
+        """
+        target, key = self.config.target_kl, self.config.kl_key
+        if target is None:
+            return False
+        if key not in aux:
+            raise GflowdistError(
+                f"{self.loss_owner} returned no {key!r} (auxiliary values: {sorted(aux) or 'none'}): "
+                f"learner.target_kl stops the epochs on it; return the minibatch's KL under {key!r} "
+                f"or name it with learner.kl_key"
+            )
+        return self.group.group_mean(aux[key], "kl") > 1.5 * target
 
     def _check_size(self, batch: dict[str, Any], step: int) -> None:
         sizes = {value.shape[0] for value in batch.values() if isinstance(value, torch.Tensor) and value.dim()}
