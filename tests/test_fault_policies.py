@@ -22,6 +22,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.runtime.settings import Settings
 from gflowdist.transport import Message
 from tests.support.checkpoints import fake_checkpoint
 from tests.support.jobs import TOY
@@ -84,7 +85,7 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
         ledger=Ledger(),
         context=context,
         lost={},
-        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=None)),
+        settings=Settings.of(Config.from_dict({})),
         control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
         note=lambda event, category, **args: notes.append((event, category, args)),
     )
@@ -136,7 +137,9 @@ def test_a_checkpoint_ack_that_counts_a_refusal_not_heard_yet_waits_for_it_and_f
             refusals_heard=0,
             polls=0,
             rank=1,
-            config=SimpleNamespace(faults=SimpleNamespace(peer_timeout_s=0.5, on_bad_batch=mode)),
+            settings=Settings.of(
+                Config.from_dict({"faults": {"heartbeat_s": 0.1, "peer_timeout_s": 0.5, "on_bad_batch": mode}})
+            ),
         )
 
         def check_control():

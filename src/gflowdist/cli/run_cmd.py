@@ -48,6 +48,7 @@ from gflowdist.jobenv import (
 )
 from gflowdist.lifeline import Lifeline
 from gflowdist.process_tree import become_subreaper
+from gflowdist.runtime.settings import Settings
 
 __all__ = ["add_parser"]
 
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         from gflowdist.cli.rank_keeper import keep
 
         # this process becomes the rank's keeper; the rank continues in a child
-        keep(bound_s=config.faults.peer_timeout_s + _KEEPER_MARGIN_S)
+        keep(bound_s=Settings.of(config).keeper_bound_s)
         _watch_launcher(config, args.resume)
         return _run_here(config, args.resume)
     if in_torch_job():
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         env = dict(_child_env(), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
         began = time.time()
         if engine is TORCH:
-            grace = 2 * config.faults.peer_timeout_s + 10.0
+            grace = Settings.of(config).launcher_grace_s
             ended = _spawn_torch(
                 nprocs,
                 argv,
@@ -231,11 +232,6 @@ def run(args: argparse.Namespace) -> int:
         handed.unlink(missing_ok=True)
         if code != 0 and not args.resume:
             _remove_if_empty(run_dir)
-
-
-#: How much longer than faults.peer_timeout_s a keeper lets its rank run after the launcher died (the rank's own
-#: bound is faults.peer_timeout_s: see gflowdist.lifeline).
-_KEEPER_MARGIN_S = 2.0
 
 
 def _watch_launcher(config, resume: str | None) -> None:
@@ -376,7 +372,7 @@ def _launch_mpi(
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
     relay = StderrRelay(proc.stderr)
-    report_grace_s = 2 * config.faults.peer_timeout_s + 10.0
+    report_grace_s = Settings.of(config).launcher_grace_s
     grace_s = config.faults.preempt_grace_s
     return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)
 

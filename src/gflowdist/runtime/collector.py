@@ -226,7 +226,7 @@ class Collector:
             self.on_metrics(rank, body.get("step", 0), body)
 
     def _check_liveness(self) -> None:
-        limit = self.w.config.faults.peer_timeout_s
+        limit = self.w.settings.peer_timeout_s
         now = time.monotonic()
         for rank, seen in self.last_seen.items():
             if rank in self.finals or rank in self.w.lost or now - seen <= limit:
@@ -263,7 +263,7 @@ class Collector:
             produced_before=sum(self.line.baseline.values()),
             unit=self.line.unit,
             warnings=(flood,) if flood else (),
-            curves=tuple(self.w.config.report.curves),
+            curves=self.w.settings.curves,
         )
 
     def flood_note(self) -> str | None:

@@ -115,9 +115,9 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     if isinstance(rank.state, TrainerState):
         process.step = lambda: rank.state.step
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
-    world.barrier(timeout=config.faults.startup_timeout_s)
-    if config.run.trace:
-        w.clock_offset = measure_clock_offset(world, process.context, w.collector, config.faults.peer_timeout_s)
+    world.barrier(timeout=w.settings.startup_timeout_s)
+    if w.settings.trace:
+        w.clock_offset = measure_clock_offset(world, process.context, w.collector, w.settings.peer_timeout_s)
     w.reset_liveness()
     w.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
     w.heartbeat_while_waiting()

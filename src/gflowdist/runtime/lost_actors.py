@@ -46,7 +46,7 @@ class LostActors:
         self.w = w
         self.out = out
         self.layout = w.context.layout
-        self.allowed = w.config.faults.on_actor_loss == "continue"
+        self.allowed = w.settings.on_actor_loss == "continue"
         self.beats: dict[int, dict] = {}  # rank -> its last heartbeat's body
 
     @property

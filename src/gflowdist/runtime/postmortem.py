@@ -39,6 +39,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.failures import Failure, PostMortemCalled, RankFailed, describe_failure
 from gflowdist.runtime.process import RankProcess, abort_job, announce_failure, fail_job
 from gflowdist.runtime.protocol import Command, MessageType, command_of
+from gflowdist.runtime.settings import POSTMORTEM_CAP_S
 
 if TYPE_CHECKING:
     from gflowdist.runtime.collector import Collector
@@ -59,7 +60,7 @@ __all__ = [
 log = logging.getLogger("gflowdist.runtime")
 
 #: The collector waits at most this long (and at most ``faults.peer_timeout_s``) for what the ranks hold.
-WAIT_CAP_S = 10.0
+WAIT_CAP_S = POSTMORTEM_CAP_S
 #: What writing the post-mortem may take (report.png under a loaded machine takes seconds): a failed rank
 #: waits :func:`wait_s` plus this for the collector to end the job before it ends it itself.
 WRITE_S = 60.0
@@ -73,8 +74,8 @@ class Holding:
 
 
 def wait_s(w: Wiring) -> float:
-    """How long the collector waits for the ranks' answers: ``faults.peer_timeout_s``, at most :data:`WAIT_CAP_S`."""
-    return min(float(w.config.faults.peer_timeout_s), WAIT_CAP_S)
+    """How long the collector waits for the ranks' answers (:attr:`Settings.postmortem_wait_s`)."""
+    return w.settings.postmortem_wait_s
 
 
 def held(holding: Holding, step: int | None) -> dict[str, Any]:

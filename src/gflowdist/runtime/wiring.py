@@ -30,6 +30,7 @@ from gflowdist.runtime.faults import on_refused
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.observing import TraceObserver
 from gflowdist.runtime.protocol import Command, Outgoing, Tags
+from gflowdist.runtime.settings import Settings
 from gflowdist.runtime.tape import FREE, Site, Tape
 from gflowdist.timing import StepTimer
 from gflowdist.timing.trace import TraceRecorder
@@ -101,6 +102,7 @@ class Wiring:
     comm: Communicator  # the world
     context: DistributedContext
     config: Config
+    settings: Settings  # what the loops read of the config, resolved once
     data: Channel  # the protocol's channels (gflowdist.runtime.protocol)
     control: Channel
     weights: Channel
@@ -142,10 +144,11 @@ class Wiring:
         # One limit at both ends: the communicator refuses a bigger claimed size before allocating,
         # each channel's decode refuses a bigger message, and each channel's isend refuses to send one
         # (its EncodeError names LIMIT_KEY), so an oversized message never reaches the wire.
-        limit = config.faults.max_message_bytes
+        settings = Settings.of(config)
+        limit = settings.max_message_bytes
         comm.max_recv_bytes = limit
-        cap = config.replay.max_in_flight
-        timeout = max(config.faults.peer_timeout_s, 1.0)
+        cap = settings.max_in_flight
+        timeout = settings.send_timeout_s
 
         def channel(tag: int, max_in_flight: int) -> Channel:
             return Channel(
@@ -171,6 +174,7 @@ class Wiring:
             comm=comm,
             context=context,
             config=config,
+            settings=settings,
             **channels,
             stop=stop,
             collector=collector_rank(context.layout),
@@ -192,7 +196,7 @@ class Wiring:
         so a lost collector is noticed too (:meth:`check_control`).
         """
         now = time.monotonic()
-        if now - self._last_beat < self.config.faults.heartbeat_s:
+        if now - self._last_beat < self.settings.heartbeat_s:
             return
         self._last_beat = now
         if self.rank != self.collector:
@@ -214,7 +218,7 @@ class Wiring:
 
     def await_named_death(self) -> None:
         """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named."""
-        deadline = time.monotonic() + 2 * self.config.faults.peer_timeout_s
+        deadline = time.monotonic() + self.settings.named_death_wait_s
         while PEER_DIED.is_set() and time.monotonic() < deadline:
             self.heartbeat(-1)
             self.check_control()
@@ -250,15 +254,14 @@ class Wiring:
                 msg = self.control.try_recv(buffer)
         silent = now - self._collector_seen
         # an actor hears no beats while a death is not yet named (may_send_to): it allows twice the time
-        patience = 2 if PEER_DIED.is_set() else 1
-        if silent > patience * self.config.faults.peer_timeout_s:
+        settings = self.settings
+        if silent > (settings.silence_after_death_s if PEER_DIED.is_set() else settings.collector_silence_s):
             layout = self.context.layout
             raise PeerLostError(
                 self.collector,
                 role=layout.role_of(self.collector).value,
                 host=layout.host_of(self.collector),
-                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = "
-                f"{self.config.faults.peer_timeout_s:g})",
+                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = {settings.peer_timeout_s:g})",
             )
         return bool(self.stop)
 
@@ -280,12 +283,12 @@ class Wiring:
             self.refused_here.discard(body.get("seq"))
             return
         self.note("batch refused", "fault", seq=body.get("seq"))
-        on_refused(str(body["text"]), mode=self.config.faults.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
+        on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=self.shipped_at.get(body.get("seq")))
 
     def hear_refusals(self, count: int) -> None:
         """Listen until I have heard ``count`` refusals from my buffer (a checkpoint's ack counts them; each
         was sent before it, on the control channel): under ``faults.on_bad_batch: fail`` the first raises."""
-        backoff, deadline = Backoff(), time.monotonic() + self.config.faults.peer_timeout_s
+        backoff, deadline = Backoff(), time.monotonic() + self.settings.refusals_wait_s
         while self.refusals_heard < count:
             self.check_control()
             if self.refusals_heard >= count:

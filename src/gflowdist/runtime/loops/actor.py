@@ -57,12 +57,12 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             with w.timer.phase("idle"):
                 idle.pause()
         else:
-            check_batch(batch, role_method(actor, "rollout"), nonfinite=w.config.faults.on_nonfinite_batch)
+            check_batch(batch, role_method(actor, "rollout"), nonfinite=w.settings.on_nonfinite_batch)
             idle.reset()
             with w.timer.phase("send"):
                 ship(w, actor, batch, state, buffer)
             rollouts += 1
-            if rollouts % w.config.run.log_every == 0:
+            if rollouts % w.settings.log_every == 0:
                 report_metrics(actor, w, state)
         w.heartbeat(state.produced)
         turn += 1
@@ -108,4 +108,4 @@ def await_trainer_stop(w: Wiring, trainer: int) -> None:
     """Stopped by the coordinator: read until my trainer's own stop, so no weights stay on the wire."""
     msg = None
     while msg is None or not is_command(msg, Command.STOP):
-        msg = w.weights.recv(trainer, timeout=w.config.faults.peer_timeout_s)
+        msg = w.weights.recv(trainer, timeout=w.settings.weights_timeout_s)

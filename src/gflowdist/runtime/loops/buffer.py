@@ -95,7 +95,7 @@ class BufferLoop:
     def idle(self) -> None:
         """Nothing arrived: now and then a summary for the coordinator and a look at its messages; back off."""
         now = time.monotonic()
-        due = now - self.last_summary > max(self.w.config.faults.heartbeat_s, 0.5)
+        due = now - self.last_summary > self.w.settings.summary_every_s
         if self.w.decide(Site.SUMMARY, self.taken, due):  # a timed choice: recorded, replayed
             self.last_summary = now
             self.w.report(protocol.summary(self.manager.summary()))
@@ -143,7 +143,7 @@ class BufferLoop:
     def offer(self, msg: Message, unparked: bool = False) -> None:
         """Admit a received batch (or park it, behind those parked before, while a queue has no room)."""
         ledger, n = self.w.ledger, int(msg.body["n"])
-        version, max_staleness = int(msg.body["version"]), self.w.config.replay.max_staleness
+        version, max_staleness = int(msg.body["version"]), self.w.settings.max_staleness
         if max_staleness is not None and self.state.latest_version - version > max_staleness:
             ledger.drop("stale", n)
             return
@@ -198,7 +198,7 @@ class BufferLoop:
         """Answer a sample request: a batch and its policy versions (prioritized: weights and keys, beta at
         the learner step that will use it), or nothing while too little is stored."""
         step = int(msg.body.get("step", msg.body["version"]))
-        max_staleness = self.w.config.replay.max_staleness
+        max_staleness = self.w.settings.max_staleness
         if self.replay.sampler.backpressure and max_staleness is not None:
             expired = self.replay.drop_stale(step, max_staleness)
             self.w.ledger.drop("stale", expired)

@@ -119,7 +119,7 @@ def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: s
     if buffer is not None:
         w.data.send(*protocol.checkpoint(name), buffer)
         with w.timer.phase("checkpoint"), w.timer.wait_on(buffer, "checkpoint"):
-            ack = reply_from(w, buffer, w.config.faults.peer_timeout_s)
+            ack = reply_from(w, buffer, w.settings.reply_timeout_s)
         if command_of(ack) is not Command.CHECKPOINTED or ack.body.get("name") != name:
             raise GflowdistError(
                 f"expected the acknowledgement of checkpoint {name} from buffer rank "

@@ -72,19 +72,19 @@ class ReplayRequests:
     def __init__(self, w: Wiring, buffer: int):
         self.w = w
         self.buffer = buffer
-        self.prefetch = w.config.replay.prefetch
+        self.prefetch = w.settings.prefetch
         self.outstanding = 0
 
     def take(self, state: TrainerState, fresh: int | None) -> dict | None:
         """The replayed batch for this step (None: nothing asked yet, or my buffer had too little);
         from a prioritized buffer with ``weights`` and ``keys``."""
         w, replayed = self.w, None
-        per_step = w.config.replay.replayed_per_step(fresh)
+        per_step = w.settings.replayed_per_step(fresh)
         if self.outstanding == 0 and self.prefetch == 0:
             self._ask(per_step, state.version, state.version)  # used at once
         if self.outstanding:
             with w.timer.phase("wait_replay"), w.timer.wait_on(self.buffer, "replay"):
-                reply = reply_from(w, self.buffer, w.config.faults.peer_timeout_s)
+                reply = reply_from(w, self.buffer, w.settings.reply_timeout_s)
             self.outstanding -= 1
             replayed = replayed_batch(reply.body)
             if replayed is not None:
@@ -96,7 +96,7 @@ class ReplayRequests:
     def settle(self) -> None:
         """Read (and drop) every reply still owed, so none is in flight across a checkpoint cut or the end."""
         for _ in range(self.outstanding):
-            reply_from(self.w, self.buffer, self.w.config.faults.peer_timeout_s)
+            reply_from(self.w, self.buffer, self.w.settings.reply_timeout_s)
         self.outstanding = 0
 
     def _ask(self, n: int, version: int, step: int) -> None:
@@ -110,17 +110,17 @@ class TrainerLoop:
 
     def __init__(self, trainer: Trainer, w: Wiring, state: TrainerState, collector: Collector | None):
         self.trainer, self.w, self.state, self.collector = trainer, w, state, collector
-        self.config = w.config
+        self.settings = w.settings
         placement = w.context.placement
         self.buffer, self.actors = placement.buffer, placement.actors
-        self.group = AgentGroup(w.context.agent_group, self.config.sync, w.timer)
-        replay = self.config.replay
-        replays = self.buffer is not None and (replay.replay_fraction > 0 or replay.learner_batch)
+        self.group = AgentGroup(w.context.agent_group, self.settings.sync, w.timer)
+        settings = self.settings
+        replays = self.buffer is not None and (settings.replay_fraction > 0 or settings.learner_batch)
         self.requests = ReplayRequests(w, self.buffer) if replays else None
         layout = w.context.layout
         self.evaluator = (
             layout.coordinator
-            if self.config.sync.weights_to_coordinator_every
+            if self.settings.sync.weights_to_coordinator_every
             and layout.coordinator is not None
             and layout.trainers[0] == w.rank
             else None
@@ -134,17 +134,17 @@ class TrainerLoop:
         self.learner = LearnerStep(
             trainer,
             self.group,
-            self.config.learner,
+            self.settings.learner,
             w.timer,
             rank=w.rank,
-            on_nonfinite=self.config.faults.on_nonfinite_loss,
+            on_nonfinite=self.settings.on_nonfinite_loss,
             note_skip=lambda step: w.note("non-finite loss", "fault", step=step),
         )
 
     def run(self) -> None:
         self.group.align(self.trainer.model)
         self.send_weights()
-        while self.state.step < self.config.run.steps and not self.group.agree_to_stop(self.w, self.turn):
+        while self.state.step < self.settings.steps and not self.group.agree_to_stop(self.w, self.turn):
             fresh = self.rollout()
             self.ship(fresh)
             replayed = self.replayed(fresh)
@@ -171,7 +171,7 @@ class TrainerLoop:
         with self.w.timer.phase("rollout"):
             fresh = self.trainer.rollout(self.state.version)
         if fresh is not None:
-            check_batch(fresh, role_method(self.trainer, "rollout"), nonfinite=self.config.faults.on_nonfinite_batch)
+            check_batch(fresh, role_method(self.trainer, "rollout"), nonfinite=self.settings.on_nonfinite_batch)
         return fresh
 
     def ship(self, fresh: dict | None) -> None:
@@ -187,7 +187,7 @@ class TrainerLoop:
     def replayed(self, fresh: dict | None) -> dict | None:
         """This step's replayed trajectories (``replay.replay_fraction`` of the batch, or a pure
         learner's ``replay.learner_batch``), if any."""
-        if fresh is None and (self.requests is None or not self.config.replay.learner_batch):
+        if fresh is None and (self.requests is None or not self.settings.learner_batch):
             raise GflowdistError(
                 f"{type(self.trainer).__name__}.rollout() returned None, so trainer rank "
                 f"{self.w.rank} learns from replay only: set replay.learner_batch (replayed "
@@ -211,7 +211,7 @@ class TrainerLoop:
             self.w.refused_here.add(seq)  # the buffer's own refusal of it, when it comes, is not a second one
             self.w.note("batch refused", "fault", seq=seq)
             made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
-            on_refused(text, mode=self.config.faults.on_bad_batch, step=self.state.step, origin=made)
+            on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
             log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
             fresh = None  # drop: this step learns from what the buffer stores
         return concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
@@ -250,14 +250,14 @@ class TrainerLoop:
 
     def publish(self, values: dict[str, float]) -> None:
         """Weights to my actors (every ``sync.weights_to_actors_every`` versions), metrics to the collector."""
-        if self.live_actors and self.state.version % self.config.sync.weights_to_actors_every == 0:
+        if self.live_actors and self.state.version % self.settings.sync.weights_to_actors_every == 0:
             self.send_weights()
-        if self.evaluator is not None and self.state.version % self.config.sync.weights_to_coordinator_every == 0:
+        if self.evaluator is not None and self.state.version % self.settings.sync.weights_to_coordinator_every == 0:
             with self.w.timer.phase("publish"):
                 weights = self.device_path.host_weights(self.trainer.model, self.state.version)
                 self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
-        step, run = self.state.step, self.config.run
-        if step % run.log_every == 0 or step == run.steps - 1:
+        step, settings = self.state.step, self.settings
+        if step % settings.log_every == 0 or step == settings.steps - 1:
             metrics = {
                 "step": step,
                 **values,
@@ -272,8 +272,8 @@ class TrainerLoop:
 
     def checkpoint(self) -> None:
         """At every ``faults.checkpoint_every`` steps (not the last): the consistent cut of a periodic checkpoint."""
-        every, step = self.config.faults.checkpoint_every, self.state.step
-        if not every or step % every or step >= self.config.run.steps:
+        every, step = self.settings.checkpoint_every, self.state.step
+        if not every or step % every or step >= self.settings.steps:
             return
         if self.requests is not None:
             self.requests.settle()
