@@ -1,4 +1,9 @@
-"""The run's end on one screen, and a resumed run keeping every generation's report and trace."""
+"""The run's end on one screen, and a resumed run keeping every generation's report and trace.
+
+What the collector prints and writes is the same whatever the engine: those jobs run on the ``local``
+engine (ranks as threads of this process, tests/support/local_jobs.py). The README's main job in a
+terminal, and Ctrl-C to a launcher with the run it resumes (a run resumes on the engine it ran on), run
+under mpiexec."""
 
 from __future__ import annotations
 
@@ -118,8 +123,8 @@ def _end(output: str) -> list[str]:
     return lines[last_progress + 1 :]
 
 
-def test_a_run_ends_on_one_screen_and_keeps_the_whole_report_in_its_file(job_factory):
-    job = job_factory()
+def test_a_run_ends_on_one_screen_and_keeps_the_whole_report_in_its_file(local_job_factory):
+    job = local_job_factory()
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     end = _end(job.output)
@@ -177,11 +182,11 @@ def test_generations_json_survives_an_unwritable_history(tmp_path: Path, caplog)
     assert entries == [{"generation": 0}] and "cannot write" in caplog.text
 
 
-def test_an_rl_run_says_why_it_stopped_and_counts_transitions(job_factory):
+def test_an_rl_run_says_why_it_stopped_and_counts_transitions(local_job_factory):
     pytest.importorskip("gymnasium")
     from tests.test_example_apex_cartpole import EXAMPLE, SMALL
 
-    job = job_factory(*SMALL, "params.target_return=1", config=EXAMPLE / "config.yaml")
+    job = local_job_factory(*SMALL, "params.target_return=1", config=EXAMPLE / "config.yaml")
     assert job.wait(150) == 0, job.output
     final = job.output.strip().splitlines()[-1]
     assert final.startswith("gflowdist: done (eval_return ") and " >= 1): " in final, job.output
@@ -227,9 +232,9 @@ def test_in_a_terminal_the_readmes_main_job_ends_on_one_screen_its_progress_line
     assert len(lines) <= 24, text  # one screen, the progress line's updates counted once
 
 
-def test_actors_that_flood_the_learners_are_warned_on_the_progress_line_the_end_and_the_report(job_factory):
+def test_actors_that_flood_the_learners_are_warned_on_the_progress_line_the_end_and_the_report(local_job_factory):
     """A plain Actor, unpaced, beside a slow trainer: nothing said so (43,616 of 44,320 in 21 steps)."""
-    job = job_factory("layout.trainers=1", "layout.actors=2", "-n", "5", "params.slow_s=0.05", "run.steps=60")
+    job = local_job_factory("layout.trainers=1", "layout.actors=2", "-n", "5", "params.slow_s=0.05", "run.steps=60")
     assert job.wait(120) == 0, job.output
     progress = [line for line in job.output.splitlines() if line.startswith("step ")]
     assert "flooding " in progress[-1] and "(pace with replay.samples_per_insert)" in progress[-1], job.output
@@ -240,7 +245,7 @@ def test_actors_that_flood_the_learners_are_warned_on_the_progress_line_the_end_
     assert job.no_process_left()
 
 
-def test_a_run_whose_trainers_learn_what_they_make_is_not_flooding(job_factory):
-    job = job_factory("run.steps=20")
+def test_a_run_whose_trainers_learn_what_they_make_is_not_flooding(local_job_factory):
+    job = local_job_factory("run.steps=20")
     assert job.wait(120) == 0, job.output
     assert "flood" not in job.output and "flood" not in (job.run_dir() / "report.txt").read_text()

@@ -74,9 +74,10 @@ def test_bare_loop_waits_on_the_oracle_per_step():
     assert err.value.key == "oracle_latency_s"
 
 
-def test_actors_feed_a_pure_learner_through_replay_with_a_slow_oracle(job_factory):
+def test_actors_feed_a_pure_learner_through_replay_with_a_slow_oracle(local_job_factory):
+    # on the local engine (ranks as threads of this process): the loops and the replay are under test
     steps = 40
-    job = job_factory(
+    job = local_job_factory(
         "-n",
         "4",
         "layout.trainers=1",
