@@ -176,6 +176,12 @@ def test_a_failing_rank_prints_one_traceback_and_ends_the_job(tmp_path, capfd):
     assert err.count("failed at step 5: RuntimeError: toy trainer failure on purpose") == 1, err
     assert err.count("in your code (most recent call last)") == 1, err  # the user's frames, once
     assert 'tests/jobs/toy_roles.py", line' in err and "Traceback" not in err  # the whole one is in the log
+    # the post-mortem, gathered as under mpiexec (tests/test_postmortem.py checks it whole), and where it is
+    run = only_run(tmp_path)
+    failure = json.loads((run / "failure.json").read_text())
+    assert failure["failures"][0]["step"] == 5 and set(failure["ranks"]) == {"0", "1", "2", "3"}, failure
+    assert (run / "report.txt").read_text().startswith("gflowdist run report -- PARTIAL: the run failed\n")
+    assert f"gflowdist: partial report: {run / 'report.txt'}, {run / 'trace.json'}" in err, err
 
 
 def test_stop_flags_set_from_the_launcher_stop_every_rank_cleanly(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
-"""A failed run's post-mortem, through the real CLI under mpiexec (issue 23 item 1).
+"""A failed run's post-mortem, through the real CLI (issue 23 item 1).
 
-Two toy jobs side by side (trainers 0-1, buffer 2, coordinator 3):
+Two toy jobs (trainers 0-1, buffer 2, coordinator 3), the first on the ``local`` engine (ranks as threads
+of this process, tests/support/local_jobs.py: the same protocol gathers the same post-mortem), run while
+the second runs under mpiexec (a rank killed with ``kill -9`` is a real process's death):
 
 - a trainer's ``loss()`` raises at step 30 (periodic checkpoints every 10 steps):
   the console shows the failure once, in the user's terms (the user's frames,
@@ -26,11 +28,11 @@ from tests.support.launching import base_env
 FAST = ("faults.heartbeat_s=0.2", "faults.peer_timeout_s=4")
 
 
-def test_a_failed_run_leaves_a_partial_report_and_trace_that_gflowdist_report_reads(job_factory):
-    raises = job_factory(
+def test_a_failed_run_leaves_a_partial_report_and_trace_that_gflowdist_report_reads(job_factory, local_job_factory):
+    lost = job_factory("run.steps=100000", "params.delay_s=0.01", *FAST)
+    raises = local_job_factory(
         "run.steps=100", "params.loss_fail_rank=1", "params.loss_fail_at=30", "faults.checkpoint_every=10", *FAST
     )
-    lost = job_factory("run.steps=100000", "params.delay_s=0.01", *FAST)
     run = lost.wait_for_metrics(4)
     os.kill(pid_of_rank(run, 2), signal.SIGKILL)
     codes = raises.wait(150), lost.wait(150)

@@ -226,7 +226,9 @@ def run(args: argparse.Namespace) -> int:
         )
         _say_how_to_resume(Path(run_dir), *attempts[-1], nprocs, config.faults.preempt_grace_s)
         if code != 0:
-            _say_postmortem(Path(run_dir), since=started)
+            from gflowdist.runtime.failures import tell_where
+
+            tell_where(Path(run_dir), since=started)
         return code
     finally:
         handed.unlink(missing_ok=True)
@@ -272,23 +274,6 @@ def _say_how_to_resume(run_dir: Path, ended: Ended, began: float, nprocs: int, g
         return
     sys.stdout.flush()
     print(f"gflowdist: interrupted; resume with: gflowdist run --resume {run_dir} (from checkpoint {name})", flush=True)
-
-
-def _say_postmortem(run_dir: Path, *, since: float) -> None:
-    """After a failure: where the post-mortem is (``failure.json`` written by this launch's job) and the command
-    that resumes the run, when a checkpoint was complete (:mod:`gflowdist.runtime.postmortem`)."""
-    path = run_dir / "failure.json"
-    try:
-        if path.stat().st_mtime < since:
-            return
-        written = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    trace = f", {run_dir / 'trace.json'}" if (run_dir / "trace.json").is_file() else ""
-    sys.stderr.write(f"gflowdist: partial report: {run_dir / 'report.txt'}{trace} (gflowdist report {run_dir})\n")
-    if written.get("resume"):
-        sys.stderr.write(f"gflowdist: to resume: {written['resume']}\n")
-    sys.stderr.flush()
 
 
 def _remove_if_empty(run_dir: str) -> None:

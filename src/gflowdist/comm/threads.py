@@ -25,6 +25,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,8 @@ class ThreadWorld:
         #: stop flags of the ranks (gflowdist.runtime.process registers them): the launcher's signal handler
         #: sets them all, since only the main thread may catch a signal
         self.stop_flags: list[Any] = []
+        #: the job's run directory, once its ranks agreed on it (gflowdist.runtime.process)
+        self.run_dir: Path | None = None
         self._world = _Group(self, range(size))
 
     def comms(self) -> list[ThreadComm]:

@@ -23,12 +23,14 @@ top of report.txt).
 
 from __future__ import annotations
 
+import json
+import sys
 import sysconfig
 import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import gflowdist
 from gflowdist.errors import GflowdistError
@@ -163,3 +165,23 @@ class PostMortemCalled(GflowdistError):
 
     def __init__(self) -> None:
         super().__init__("the collector asked for this rank's post-mortem: the run failed elsewhere")
+
+
+def tell_where(run_dir: Path, *, since: float, err: TextIO | None = None) -> None:
+    """After a failed job, on the launcher's console: where the post-mortem is (``failure.json`` written since
+    ``since`` by this launch's job) and the command that resumes the run, when a checkpoint was complete
+    (:mod:`gflowdist.runtime.postmortem`). ``gflowdist run`` says it after mpiexec or torchrun, and the local
+    engine after its threads."""
+    path = run_dir / "failure.json"
+    try:
+        if path.stat().st_mtime < since:
+            return
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    err = err if err is not None else sys.stderr
+    trace = f", {run_dir / 'trace.json'}" if (run_dir / "trace.json").is_file() else ""
+    err.write(f"gflowdist: partial report: {run_dir / 'report.txt'}{trace} (gflowdist report {run_dir})\n")
+    if written.get("resume"):
+        err.write(f"gflowdist: to resume: {written['resume']}\n")
+    err.flush()

@@ -6,8 +6,10 @@ the same protocol, loops, ledger, checkpoints and run directory as under
 mpiexec, so a breakpoint in a role's ``rollout`` or ``loss`` stops in any
 debugger and a failing rank prints one traceback. SIGINT/SIGTERM reach this
 (main) thread, which sets every rank's stop flag: the clean stop of a real
-job. The first rank that fails ends the job; the others stop at their next
-communicator call, silently.
+job. The first rank that fails says why; the collector gathers what every
+rank holds into the run directory's post-mortem (:mod:`gflowdist.runtime.postmortem`,
+as under mpiexec), this launcher then says where it is and how to resume, and
+the others stop at their next communicator call, silently.
 
 What threads cannot show is left to real processes: MPI itself, a rank killed
 with kill -9, several hosts, and speed (the ranks share one interpreter lock).
@@ -18,10 +20,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import TextIO
 
 from gflowdist.comm.threads import ThreadWorld
 from gflowdist.config import Config
+from gflowdist.runtime.failures import tell_where
 
 __all__ = ["run_in_process"]
 
@@ -39,6 +43,7 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
 
     world = ThreadWorld(nprocs)
     codes: dict[int, int] = {}
+    started = time.time()
 
     def rank_main(rank: int, comm) -> None:
         threading.current_thread().gflowdist_rank = rank  # type: ignore[attr-defined]  # its log's filter
@@ -68,8 +73,9 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if world.aborted is not None:
-        return world.aborted
-    if any(codes.values()):
-        return max(codes.values())
+    code = world.aborted if world.aborted is not None else max(codes.values(), default=0)
+    if code != 0:
+        if world.run_dir is not None:  # where the post-mortem is, and how to resume (as gflowdist run says it)
+            tell_where(world.run_dir, since=started)
+        return code
     return 128 + interrupted[0] if interrupted else 0  # stopped cleanly by a signal: 130 (SIGINT), 143 (SIGTERM)

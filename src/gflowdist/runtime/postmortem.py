@@ -23,7 +23,13 @@ runs on the rank that saw it:
 
 A lost collector leaves no post-mortem: the ranks that notice it say so and
 end the job as before. Ranks that are threads of one process (the local
-engine) end as before too: the first failing rank says why.
+engine) go the same way, over their in-memory queues; as they share one
+console, only the first failing rank announces its failure (the collector
+still hears of every one), and a rank ended by another's abort ends quietly.
+:func:`~gflowdist.runtime.failures.tell_where` is what the launcher
+(``gflowdist run``, or the local engine's
+:func:`~gflowdist.runtime.in_process.run_in_process`) prints after a
+failure: where the post-mortem is and how to resume.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from gflowdist.errors import GflowdistError, PeerLostError, ProtocolError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.failures import Failure, PostMortemCalled, RankFailed, describe_failure
-from gflowdist.runtime.process import RankProcess, abort_job, announce_failure, fail_job
+from gflowdist.runtime.process import RankProcess, abort_job, announce_failure
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.settings import POSTMORTEM_CAP_S
 
@@ -102,16 +108,19 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
     """End the job from this rank after ``err`` (see the module docstring); never returns."""
     world = process.world
     code = _exit_code(err)
-    if world.ranks_are_threads:  # ranks as threads of one process: the first failing rank says why, no post-mortem
-        failure = _failure_of(process, err)
-        fail_job(world, failure.text, code=code, detail=failure.detail)
+    if world.ranks_are_threads:
+        from gflowdist.comm.threads import JobAborted
+
+        if isinstance(err, JobAborted):  # another rank ended the job, and said why
+            raise SystemExit(err.code)
     if isinstance(err, PostMortemCalled):  # the run failed elsewhere, and was announced there
         if holding is not None:
             _answer(holding, process.step())
             _wait_for_the_end(holding.w)
         abort_job(world, code)
     failure = _failure_of(process, err)
-    if not isinstance(err, RankFailed):
+    # ranks as threads of one process share the console: only the first failing rank says why
+    if not isinstance(err, RankFailed) and (not world.ranks_are_threads or world.first_to_fail()):
         announce_failure(failure.text, detail=failure.detail)
     if holding is None or (world.size == 1 and holding.collector is None):
         abort_job(world, code)

@@ -105,6 +105,8 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
     watch = SetupWatch.gather(ctx)  # every rank's pid and machine, while every rank surely lives
     run_dir = agree_run_dir(world, config, resume_dir)
+    if world.ranks_are_threads:  # the local engine's launcher says where a failed run's post-mortem is
+        world.world.run_dir = run_dir  # type: ignore[attr-defined]  # a ThreadComm's ThreadWorld
     if world.rank == collector_rank(ctx.layout):
         run_dir.mkdir(parents=True, exist_ok=True)
     world.barrier(timeout=60)
