@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,12 +22,12 @@ from gflowdist.replay.writers import RoundRobinWriter
 from gflowdist.rundir import write_config
 from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_refused
-from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops.buffer import BufferLoop
-from gflowdist.runtime.settings import Settings
+from gflowdist.timing.trace import INSTANT
 from gflowdist.transport import Message
 from tests.support.checkpoints import fake_checkpoint
 from tests.support.jobs import TOY
+from tests.support.wirings import wirings
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
@@ -75,20 +77,9 @@ def test_a_nonzero_exit_explained_by_a_lost_actor_is_a_success(tmp_path):
 
 
 def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_and_got_and_serves_the_others():
-    sent, notes = [], []
-    roles = {0: "trainer", 1: "trainer", 3: "buffer"}
-    context = SimpleNamespace(
-        placement=SimpleNamespace(clients=(0, 1)), describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"
-    )
-    w = SimpleNamespace(
-        rank=3,
-        ledger=Ledger(),
-        context=context,
-        lost={},
-        settings=Settings.of(Config.from_dict({})),
-        control=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
-        note=lambda event, category, **args: notes.append((event, category, args)),
-    )
+    config = Config.from_dict({"layout": {"trainers": 2, "buffers": 1, "coordinator": False}})
+    _, trainer, w = wirings(config, 3, trace=True)  # ranks 0 and 1 are trainers, the clients of buffer rank 2
+    host = w.context.host
     manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
     replay = ReplayBuffer(TensorStorage(100), UniformSampler(), RoundRobinWriter())
     loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), replay)
@@ -102,12 +93,15 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     offer(0, 4, 16)
     assert w.ledger.admitted == 8 and w.ledger.dropped == {"bad_batch": 4} and w.ledger.refused == {1: 1}
     assert len(replay) == 8 and w.ledger.received_from == {0: 8, 1: 4}
+    assert w.timer.trace is not None
+    notes = [(e[1], e[2], e[4]) for e in w.timer.trace.events if e[0] == INSTANT]
     assert notes == [("batch refused", "fault", {"sender": 1, "trajectories": 4})]  # on the buffer's trace
-    [(_, told, to)] = sent
-    assert to == 1 and told["cmd"] == "refused" and told["seq"] == 0
-    assert told["text"] == (
-        "buffer rank 3 (buffer on vm) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
-        "(trainer on vm): field 'states': got per-item shape [17, 2] torch.float32, the storage "
+    told = trainer.control.try_recv(2)  # the refusal reached the sender, and only it
+    assert told is not None and trainer.control.try_recv(2) is None
+    assert told.body["cmd"] == "refused" and told.body["seq"] == 0
+    assert told.body["text"] == (
+        f"buffer rank 2 (buffer on {host}) refused a batch of 4 trajectories (seq 0-3) from rank 1 "
+        f"(trainer on {host}): field 'states': got per-item shape [17, 2] torch.float32, the storage "
         "holds [16, 2] torch.float32"
     )
 
@@ -130,35 +124,45 @@ def test_a_checkpoint_ack_that_counts_a_refusal_not_heard_yet_waits_for_it_and_f
     """The buffer refused my batch, then acknowledged my checkpoint marker (the ack counts the refusal): the
     refusal, sent earlier on the control channel, must fail me (on_bad_batch: fail) before I save past it."""
     from gflowdist.errors import GflowdistError
-    from gflowdist.runtime.wiring import Wiring
 
-    def fake(arrives_after: int | None, mode: str = "fail"):
-        me = SimpleNamespace(
-            refusals_heard=0,
-            polls=0,
-            rank=1,
-            settings=Settings.of(
-                Config.from_dict({"faults": {"heartbeat_s": 0.1, "peer_timeout_s": 0.5, "on_bad_batch": mode}})
-            ),
-        )
+    def job(mode: str = "fail"):
+        faults = {"heartbeat_s": 0.02, "peer_timeout_s": 1.0, "on_bad_batch": mode}
+        config = Config.from_dict({"layout": {"trainers": 2, "buffers": 1, "coordinator": False}, "faults": faults})
+        collector, me, buffer = wirings(config, 3)  # I am trainer rank 1; my buffer is rank 2
+        me.liveness.refusals.shipped(0, step=5)  # my batch seq 0 was made at step 5
+        me.liveness.reset()
+        return collector, me, buffer
 
-        def check_control():
-            me.polls += 1
-            if arrives_after is not None and me.polls == arrives_after:  # the refusal lands now
-                me.refusals_heard += 1
-                on_refused("buffer rank 2 refused a batch ... field 'y'", mode=mode, step=5)
-            return False
+    def meanwhile(collector, buffer, refuse_after: float | None, beats_for: float) -> threading.Thread:
+        """The collector beats (a silent one would be lost); the buffer's refusal comes ``refuse_after`` s later."""
 
-        me.check_control = check_control
-        return me
+        def run() -> None:
+            start, refused = time.monotonic(), refuse_after is None
+            while time.monotonic() - start < beats_for:
+                collector.liveness.heartbeat(-1)
+                if not refused and time.monotonic() - start >= refuse_after:
+                    buffer.control.isend(*protocol.refused("buffer rank 2 refused a batch ... field 'y'", 0), 1)
+                    refused = True
+                time.sleep(0.005)
 
-    late = fake(arrives_after=3)
-    with pytest.raises(BadBatchError, match="field 'y'") as caught:
-        Wiring.hear_refusals(late, 1)
-    assert late.polls == 3 and caught.value.step == 5
-    dropped = fake(arrives_after=2, mode="drop")
-    Wiring.hear_refusals(dropped, 1)  # counted, and the cut goes on
-    assert dropped.refusals_heard == 1
-    Wiring.hear_refusals(fake(arrives_after=None), 0)  # nothing refused: no waiting
-    with pytest.raises(GflowdistError, match="refused 1 of my batches, but only 0 refusals reached"):
-        Wiring.hear_refusals(fake(arrives_after=None), 1)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    collector, me, buffer = job()
+    beats = meanwhile(collector, buffer, refuse_after=0.1, beats_for=0.3)
+    with pytest.raises(BadBatchError, match="field 'y'") as caught:  # not "only 0 refusals reached": it waited
+        me.liveness.hear_refusals(1)
+    assert caught.value.step == 5 and me.liveness.refusals.heard == 1
+    beats.join()
+    collector, me, buffer = job(mode="drop")
+    beats = meanwhile(collector, buffer, refuse_after=0.1, beats_for=0.3)
+    me.liveness.hear_refusals(1)  # counted, and the cut goes on
+    assert me.liveness.refusals.heard == 1
+    beats.join()
+    me.liveness.hear_refusals(0)  # nothing refused: no waiting
+    collector, me, buffer = job()
+    beats = meanwhile(collector, buffer, refuse_after=None, beats_for=1.5)
+    with pytest.raises(GflowdistError, match="refused 1 of my batches, but only 0 refusals reached rank 1"):
+        me.liveness.hear_refusals(1)
+    beats.join()

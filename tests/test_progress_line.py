@@ -9,7 +9,8 @@ import pytest
 
 from gflowdist.config import Config
 from gflowdist.jobenv import CONSOLE_VARIABLE
-from gflowdist.runtime.progress import FLOOD_FACTOR, ProgressLine, console_of, flood, progress_line
+from gflowdist.runtime.progress import FLOOD_FACTOR, ProgressLine, console_of, flood, producer_class, progress_line
+from gflowdist.runtime.settings import Settings
 
 
 class Clock:
@@ -91,15 +92,14 @@ def test_the_rate_is_named_for_the_unit_the_producing_class_makes():
 
     config = Config.from_yaml("examples/apex_cartpole/config.yaml")
     layout = plan_layout(5, config.layout)
-    w = SimpleNamespace(config=config, generation=0, context=SimpleNamespace(layout=layout))
-    line = progress_line(w, io.StringIO())
+    w = SimpleNamespace(settings=Settings.of(config), generation=0, context=SimpleNamespace(layout=layout))
+    line = progress_line(w, io.StringIO(), producer=producer_class(config, layout))
     assert line.unit == "transitions"
     assert line.pace_setting == "params.env_steps_per_update"
     hypergrid = Config.from_yaml("examples/hypergrid/config.yaml")
-    w = SimpleNamespace(
-        config=hypergrid, generation=0, context=SimpleNamespace(layout=plan_layout(4, hypergrid.layout))
-    )
-    assert progress_line(w, io.StringIO()).unit == "trajectories"
+    layout = plan_layout(4, hypergrid.layout)
+    w = SimpleNamespace(settings=Settings.of(hypergrid), generation=0, context=SimpleNamespace(layout=layout))
+    assert progress_line(w, io.StringIO(), producer=producer_class(hypergrid, layout)).unit == "trajectories"
 
 
 def test_in_a_terminal_one_line_is_rewritten_in_place_and_ended_once():

@@ -13,6 +13,7 @@ from gflowdist.context import DistributedContext
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 from gflowdist.runtime.job import make_role
+from gflowdist.runtime.settings import Settings
 
 HALF_TRAINER = """
 from gflowdist.runtime import Trainer
@@ -76,7 +77,7 @@ def test_the_progress_line_adds_up_counts_and_averages_the_rest():
         comm=SimpleNamespace(size=4),
         rank=3,
         generation=0,
-        config=config,
+        settings=Settings.of(config),
         lost={},
         ledger=SimpleNamespace(produced=0),
     )

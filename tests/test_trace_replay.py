@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 from gflowdist.cli.replay_cmd import check_recording
+from gflowdist.comm.local import LocalComm
 from gflowdist.config import Config
+from gflowdist.context import DistributedContext
 from gflowdist.rundir import write_config
+from gflowdist.runtime.channels import Channels
+from gflowdist.runtime.ledger import Ledger
+from gflowdist.runtime.reporting import Reporting
+from gflowdist.runtime.settings import Settings
 from gflowdist.runtime.tape import RecordingTape, recording_path
-from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import StepTimer
 from gflowdist.timing.trace import INSTANT, TraceRecorder
 from tests.support.jobs import HYPERGRID, TOY, read_json
@@ -80,9 +83,11 @@ def test_a_checkpoint_instant_comes_once_the_part_is_saved() -> None:
             assert not trace.events, "the instant came before the part was saved"
             return {"bytes": 1, "sha256": "0" * 64}
 
-    w = SimpleNamespace(saver=Saver(), timer=StepTimer(trace=trace))
-    w.note = partial(Wiring.note, w)
-    assert Wiring.save_part(w, "gen-0000-final") == {"bytes": 1, "sha256": "0" * 64}
+    config = Config.from_dict({"layout": {"trainers": 1, "buffers": 0, "coordinator": False}})
+    context = DistributedContext.create(config.layout, comm=LocalComm())
+    channels = Channels.open(context.world, Settings.of(config))
+    reports = Reporting(context, 0, channels, Ledger(), StepTimer(trace=trace), Saver())  # type: ignore[arg-type]
+    assert reports.save_part("gen-0000-final") == {"bytes": 1, "sha256": "0" * 64}
     assert [(e[0], e[1], e[4]) for e in trace.events] == [(INSTANT, "checkpoint", {"name": "gen-0000-final"})]
 
 

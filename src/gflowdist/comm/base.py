@@ -145,6 +145,9 @@ class Communicator(ABC):
     rank: int
     size: int
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: The largest message a receive accepts (bytes; ``faults.max_message_bytes``): a bigger claimed size is
+    #: refused before anything is allocated. None: no limit.
+    max_recv_bytes: int | None = None
     #: Called now and then while a collective or receive waits for other ranks
     #: (the runtime sends heartbeats from it, so a rank blocked on a dead peer is
     #: not mistaken for the dead one). It may raise to abandon the wait. With a

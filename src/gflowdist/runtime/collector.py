@@ -78,6 +78,7 @@ class Collector:
         on_weights: Callable | None = None,
         out: TextIO = sys.stdout,
         start_step: int = 0,
+        producer: type | None = None,
     ):
         self.w = w
         self.layout = w.context.layout
@@ -99,7 +100,7 @@ class Collector:
         self.lost_actors = LostActors(w, out)
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
-        self.line = progress_line(w, out, start_step=start_step)
+        self.line = progress_line(w, out, start_step=start_step, producer=producer)
         self.board = None  # run.tensorboard: a LiveBoard the job opens (gflowdist.timing.tensorboard_live)
         self.line.heard(w.rank, w.ledger.produced)  # my own count when this generation began
 
@@ -109,13 +110,15 @@ class Collector:
 
         ``point``: the step of the trainer this collector runs on (FREE in the
         coordinator's loop and at the end): a replay takes there the messages
-        the recorded run took there (:meth:`Wiring.take`).
+        the recorded run took there (:meth:`Choices.take <gflowdist.runtime.choices.Choices.take>`).
         """
         got, handled = False, 0
-        self.w.heartbeat(0)
+        self.w.liveness.heartbeat(0)
         while handled < budget:
             try:
-                msg = self.w.take(Site.CONTROL, self.w.control, point, wait=point != FREE, transparent=is_heartbeat)
+                msg = self.w.choices.take(
+                    Site.CONTROL, self.w.control, point, wait=point != FREE, transparent=is_heartbeat
+                )
             except ProtocolError as err:
                 handled += 1
                 self.note_refused(err)
@@ -139,7 +142,7 @@ class Collector:
         sender = err.sender if err.sender is not None else -1  # -1: unnamed (a channel always names it)
         self.refused[sender] += 1
         self.w.ledger.malformed[sender] += 1
-        self.w.note("malformed message", "fault", sender=sender)
+        self.w.reports.note("malformed message", "fault", sender=sender)
         total = self.protocol_errors
         if total <= LOG_FIRST_REFUSALS:
             more = (
@@ -167,7 +170,7 @@ class Collector:
             self.on_weights(msg.sender, body["state"], int(body["version"]))
         elif msg.type is MessageType.LEDGER:
             self.finals[msg.sender] = body
-            self.w.finished.add(msg.sender)
+            self.w.liveness.heard_final(msg.sender)
         elif msg.type is MessageType.HEARTBEAT:
             self.lost_actors.heard(msg.sender, body)
             self.line.heard(msg.sender, int(body.get("produced", 0)))
@@ -176,16 +179,16 @@ class Collector:
         elif command_of(msg) is Command.SAVED:
             self.note_saved(body["name"], msg.sender, body["file"])
         elif command_of(msg) is Command.REFUSED:  # I am a trainer too, and my buffer refused my batch
-            self.w.refused(body)
+            self.w.liveness.refused(body)
         elif command_of(msg) is Command.FAILED:  # the run ends: its post-mortem (runtime.postmortem)
             raise RankFailed(Failure.from_dict(body["failure"]), body["state"])
 
     def note_saved(self, name: str, rank: int, file: dict) -> None:
         """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""
         ranks = self.saved.setdefault(name, {})
-        if not ranks and self.w.context.role is Role.COORDINATOR and self.w.saver is not None:
+        if not ranks and self.w.context.role is Role.COORDINATOR and self.w.reports.saver is not None:
             # the coordinator's own part (its state is not on the cut)
-            ranks[self.w.rank] = self.w.save_part(name)
+            ranks[self.w.rank] = self.w.reports.save_part(name)
         ranks[rank] = file
         if len(ranks) + len(set(self.w.lost) - set(ranks)) == self.w.comm.size and self.run_dir is not None:
             self.complete(name, ranks)
@@ -226,7 +229,7 @@ class Collector:
             self.on_metrics(rank, body.get("step", 0), body)
 
     def _check_liveness(self) -> None:
-        limit = self.w.settings.peer_timeout_s
+        limit = self.w.settings.rank_silence_s
         now = time.monotonic()
         for rank, seen in self.last_seen.items():
             if rank in self.finals or rank in self.w.lost or now - seen <= limit:

@@ -11,7 +11,8 @@ torchrun or our gloo spawner). On every rank, in order:
    (:mod:`gflowdist.runtime.resume`);
 3. the :class:`~gflowdist.runtime.wiring.Wiring`, built complete (ledger,
    generation, checkpoint saver); a start-up barrier; on the collector (the
-   coordinator, else rank 0) the :class:`~gflowdist.runtime.collector.Collector`;
+   coordinator, else rank 0) the :class:`~gflowdist.runtime.collector.Collector`,
+   hosted by the wiring's reports (:mod:`gflowdist.runtime.reporting`);
 4. the role's loop (:mod:`gflowdist.runtime.loops`);
 5. the final checkpoint and the final report to the collector, which checks
    the ledger and writes the run directory (:mod:`gflowdist.runtime.conclusion`)::
@@ -60,6 +61,7 @@ from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_
 from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_trace
 from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
+from gflowdist.runtime.progress import producer_class
 from gflowdist.runtime.resume import restore
 from gflowdist.runtime.state import RunState, TrainerState, state_for
 from gflowdist.runtime.wiring import Wiring
@@ -89,7 +91,9 @@ def run_job(
     except BaseException as err:  # the post-mortem, then the end of the job (runtime.postmortem)
         end_failed(process, process.holding, err)
     finally:
-        end_of_process_bounded(world)  # freeing communicators and MPI_Finalize would wait for a lost rank
+        end_of_process_bounded(
+            world, process.deaths
+        )  # freeing communicators and MPI_Finalize would wait for a lost rank
         ctx.cleanup()
     return None
 
@@ -117,15 +121,17 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=w.settings.startup_timeout_s)
     if w.settings.trace:
-        w.clock_offset = measure_clock_offset(world, process.context, w.collector, w.settings.peer_timeout_s)
-    w.reset_liveness()
-    w.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
-    w.heartbeat_while_waiting()
+        w.reports.measured_offset(measure_clock_offset(world, process.context, w.collector, w.settings.peer_timeout_s))
+    w.liveness.reset()
+    w.liveness.heartbeat(-1)  # at once: the collector counts this generation's rate from the counts it carries
+    w.liveness.heartbeat_while_waiting()
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
+    if collector is not None:
+        w.reports.host(collector)  # this rank's reports and its loop's turns go to the collector it hosts
     # from here on a failure leaves a post-mortem (every rank is past setup: the collector can gather)
     process.holding = Holding(w, lambda: _final_extras(rank, {}), collector)
     if collector is not None and not (w.tape.recording or w.tape.replaying):
-        w.on_wait = collector.poll  # a recorded run takes messages where it recorded them
+        w.liveness.poll_while_waiting(collector.poll)  # a recorded run takes messages where it recorded them
     try:
         return _run_to_end(process, config, rank, collector, out)
     finally:
@@ -143,8 +149,10 @@ def _run_to_end(
     w = rank.w
     _run_loop(process.context.role, rank, collector)
     final_name = checkpoints.checkpoint_name(w.generation)
-    checkpoint_file = w.save_part(final_name)  # and its instant on my trace, before the trace leaves with my report
-    final = w.send_final(process.context.role.value, _final_extras(rank, checkpoint_file))
+    checkpoint_file = w.reports.save_part(
+        final_name
+    )  # and its instant on my trace, before the trace leaves with my report
+    final = w.reports.send_final(process.context.role.value, _final_extras(rank, checkpoint_file))
     if collector is None:
         w.tape.finish()  # a replay checks that it made every recorded choice
         log.info("finished: %s", json.dumps(w.ledger.to_dict()))
@@ -190,6 +198,7 @@ def _make_rank(process: RankProcess, config: Config, resume_dir: str | None) -> 
         saver=saver,
         generation=restored.generation if restored is not None else 0,
         tape=open_tape(config, process.run_dir, ctx),
+        deaths=process.deaths,
         trace=open_trace(config),
     )
     if restored is None:
@@ -228,6 +237,7 @@ def _open_collector(process: RankProcess, config: Config, rank: Rank, out: TextI
         extra_fields=coordinator.progress_fields if coordinator else None,
         on_weights=coordinator.on_weights if coordinator else None,
         start_step=rank.resumed_step if rank.resumed_from is not None and rank.resumed_step is not None else 0,
+        producer=producer_class(config, layout),
     )
     if config.run.tensorboard:
         from gflowdist.timing.tensorboard_live import LiveBoard
@@ -260,7 +270,7 @@ def _say_resumed(out: TextIO, resumed_from: str | None, skipped: list[str]) -> N
 def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
     """This rank's loop (:mod:`gflowdist.runtime.loops`), until its role's end of the run."""
     if role is Role.TRAINER:
-        run_trainer(rank.role, rank.w, rank.state, collector)
+        run_trainer(rank.role, rank.w, rank.state)
     elif role is Role.ACTOR:
         run_actor(rank.role, rank.w, rank.state)
     elif role is Role.BUFFER:

@@ -64,9 +64,9 @@ class LostActors:
         """Record the loss, tell every rank still running, say so on the console."""
         where = self.w.context.describe_rank(rank)
         text = f"lost {where}: {reason}"
-        self.w.go_on_without(rank, text)
+        self.w.liveness.go_on_without(rank, text)
         for other in range(self.w.comm.size):
-            if other not in (self.w.rank, rank) and other not in self.w.finished and other not in self.lost:
+            if other not in (self.w.rank, rank) and other not in self.w.liveness.finished and other not in self.lost:
                 self.w.control.isend(*protocol.lost(rank, text), other)
         self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = continue)\n")
         self.out.flush()

@@ -91,7 +91,7 @@ def held(holding: Holding, step: int | None) -> dict[str, Any]:
         extras = holding.extras()
     except Exception as err:
         extras = {"summary": {}, "summary_error": f"{type(err).__name__}: {err}"}
-    state = w.final_dict(w.context.role.value, {**extras, "partial": True})
+    state = w.reports.final_dict(w.context.role.value, {**extras, "partial": True})
     if step is not None:
         state["step"] = step
     return state
@@ -125,7 +125,7 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
     if holding is None or (world.size == 1 and holding.collector is None):
         abort_job(world, code)
     w = holding.w
-    w.note("failure", "fault", rank=failure.rank, exception=failure.exception, step=failure.step)
+    w.reports.note("failure", "fault", rank=failure.rank, exception=failure.exception, step=failure.step)
     if holding.collector is None:
         if not (isinstance(err, PeerLostError) and err.rank == w.collector):  # a lost collector hears nothing
             _tell_collector(holding, failure, process.step())

@@ -4,7 +4,7 @@
 make each printed line one write (two ranks' lines are never glued), put the
 rank on its device (``launch.devices``, before any CUDA work), the world
 communicator, ignore hydra's peer-death signal, catch SIGINT/SIGTERM into a
-:class:`~gflowdist.runtime.wiring.StopFlag`, build the
+:class:`~gflowdist.runtime.liveness.StopFlag`, build the
 :class:`~gflowdist.context.DistributedContext` (collective), agree on the run
 directory (``gflowdist.rundir``), start this rank's log and stack-dump
 files, seed Python's ``random``, numpy's global generator and torch (:func:`~gflowdist.ops.seeds.seed_all`).
@@ -38,8 +38,8 @@ from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
 from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.faults import check_engine_allows
+from gflowdist.runtime.liveness import Deaths, StopFlag, collector_rank
 from gflowdist.runtime.setup_watch import SetupWatch
-from gflowdist.runtime.wiring import DEATH_HEARD, LOST_IN_THIS_PROCESS, PEER_DIED, StopFlag, collector_rank
 
 __all__ = [
     "RankProcess",
@@ -75,6 +75,7 @@ class RankProcess:
 
     context: DistributedContext
     stop: StopFlag
+    deaths: Deaths  # what this process hears of deaths (faults.on_actor_loss: continue)
     run_dir: Path
     generator: torch.Generator  # seeded from run.seed and the rank
     device: str  # "cpu" or "cuda:N" (launch.devices applied): the roles' self.device
@@ -95,11 +96,13 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     # group whose trainers each have a GPU of their own averages on an nccl group of its own (DistributedContext)
     world = comm if comm is not None else world_comm(config.launch.engine, cuda=False)
     check_engine_allows(config, world.engine)
-    stop = StopFlag()
+    stop, deaths = StopFlag(), Deaths()
     if world.ranks_are_threads:  # only the launcher's thread catches signals; it sets every rank's flag
         world.world.stop_flags.append(stop)  # type: ignore[attr-defined]  # a ThreadComm's ThreadWorld
     else:
-        _ignore_peer_death_signal(config.faults.on_actor_loss == "continue")  # after MPI_Init and its handlers
+        _ignore_peer_death_signal(
+            deaths if config.faults.on_actor_loss == "continue" else None
+        )  # after MPI_Init and its handlers
         stop.install_signal_handlers()
         on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
@@ -125,7 +128,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         log.info("agent group %d averages through %s", group, ctx.averaging[group].describe())
     seed = rank_seed(config.run.seed, world.rank)
     seed_all(seed)  # user code drawing from any of the global generators draws the same numbers every run
-    return RankProcess(ctx, stop, run_dir, torch.Generator().manual_seed(seed), placed.device, watch)
+    return RankProcess(ctx, stop, deaths, run_dir, torch.Generator().manual_seed(seed), placed.device, watch)
 
 
 def print_whole_lines() -> None:
@@ -140,7 +143,7 @@ def print_whole_lines() -> None:
             stream.reconfigure(line_buffering=True, write_through=False)
 
 
-def _ignore_peer_death_signal(note_it: bool = False) -> None:
+def _ignore_peer_death_signal(deaths: Deaths | None = None) -> None:
     """Ignore SIGUSR1, which MPICH's hydra sends every rank when one of them dies.
 
     With ``-disable-auto-cleanup`` (how ``gflowdist run`` starts MPICH) a
@@ -152,17 +155,16 @@ def _ignore_peer_death_signal(note_it: bool = False) -> None:
     (``tests/test_runtime_jobs.py::test_kill9_of_a_rank_ends_the_job_naming_it``).
     Stack dumps therefore use SIGUSR2.
 
-    With ``note_it`` (``faults.on_actor_loss: continue``) the signal sets
-    :data:`~gflowdist.runtime.wiring.PEER_DIED` instead: a Python handler
+    With ``deaths`` (``faults.on_actor_loss: continue``) the signal sets
+    :attr:`Deaths.unnamed <gflowdist.runtime.liveness.Deaths>` instead: a Python handler
     (a flag, nothing else), which 6 ranks of 6 in 3 runs survived with the
     rank keeper in place; ranks then stop sending to actors until the collector names
     the dead rank.
     """
-    if note_it:
+    if deaths is not None:
 
-        def note(_signum, _frame) -> None:
-            PEER_DIED.set()
-            DEATH_HEARD.set()
+        def note(_signum: int, _frame: object) -> None:
+            deaths.signalled()
 
         signal.signal(signal.SIGUSR1, note)
         return
@@ -255,10 +257,10 @@ def thread_rank() -> int | None:
     return getattr(threading.current_thread(), "gflowdist_rank", None)
 
 
-def end_of_process_bounded(world: Communicator) -> None:
+def end_of_process_bounded(world: Communicator, deaths: Deaths) -> None:
     """Before the communicators are freed: :func:`end_within` 2 s after a loss was heard of, else 60 s."""
     if world.size > 1 and not world.ranks_are_threads:
-        end_within(END_AFTER_LOSS_S if LOST_IN_THIS_PROCESS or DEATH_HEARD.is_set() else END_S)
+        end_within(END_AFTER_LOSS_S if deaths.any else END_S)
 
 
 def end_within(seconds: float) -> None:

@@ -241,19 +241,19 @@ def producer_class(config, layout) -> type | None:
         return None
 
 
-def progress_line(w, out: TextIO, *, start_step: int = 0) -> ProgressLine:
-    """The :class:`ProgressLine` of the job ``w`` (a :class:`~gflowdist.runtime.wiring.Wiring`) wires."""
-    config, layout = w.config, w.context.layout
-    cls = producer_class(config, layout)
+def progress_line(w, out: TextIO, *, start_step: int = 0, producer: type | None = None) -> ProgressLine:
+    """The :class:`ProgressLine` of the job ``w`` (a :class:`~gflowdist.runtime.wiring.Wiring`) wires;
+    ``producer``: the class whose items it counts (:func:`producer_class`)."""
+    settings, layout, cls = w.settings, w.context.layout, producer
     return ProgressLine(
         out,
-        total_steps=config.run.steps,
+        total_steps=settings.steps,
         start_step=start_step,
         generation=w.generation,
         unit=str(getattr(cls, "unit", "trajectories")),
         trainers=list(layout.trainers),
         actors=list(layout.actors),
-        replayed_per_step=lambda fresh: config.replay.replayed_per_step(fresh),
+        replayed_per_step=settings.replayed_per_step,
         pace_setting=str(getattr(cls, "pace_setting", "replay.samples_per_insert")),
-        unused_items=config.replay.min_size_to_sample * max(len(layout.buffers), 1),
+        unused_items=settings.min_size_to_sample * max(len(layout.buffers), 1),
     )

@@ -23,16 +23,16 @@ who sends it to whom, and where it is sent and handled.
 | :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`client.checkpoint_cut` / :meth:`BufferLoop.handle`, :func:`actor.read_inbox` |
 | :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :meth:`BufferLoop.save_complete_cuts` / :func:`client.checkpoint_cut` |
 | :func:`weights` | WEIGHTS | WEIGHTS, CONTROL | trainer -> its actors (WEIGHTS); the first trainer -> the coordinator (CONTROL, every `sync.weights_to_coordinator_every` steps) | :meth:`TrainerLoop.send_weights`, :meth:`TrainerLoop.publish` / :func:`actor.read_inbox`, :meth:`Collector.poll` |
-| :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`coordinator.run_coordinator`, :meth:`TrainerLoop.finish` / :meth:`Wiring.check_control`, :func:`actor.read_inbox` |
-| :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Wiring.heartbeat` / :meth:`Collector.poll`, :meth:`Wiring.check_control` |
+| :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`coordinator.run_coordinator`, :meth:`TrainerLoop.finish` / :meth:`Liveness.check_control`, :func:`actor.read_inbox` |
+| :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Liveness.heartbeat` / :meth:`Collector.poll`, :meth:`Liveness.check_control` |
 | :func:`metrics` | METRICS | CONTROL | trainer, actor -> collector | :meth:`TrainerLoop.publish`, :func:`actor.run_actor` / :meth:`Collector.poll` |
 | :func:`summary` | USER | CONTROL | buffer -> collector | :meth:`BufferLoop.idle`, :meth:`BufferLoop.run` / :meth:`Collector.poll` |
-| :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Wiring.checkpoint` / :meth:`Collector.poll` |
-| :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Wiring.send_final` / :meth:`Collector.poll` |
-| :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Wiring.check_control` |
-| :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Wiring.check_control` |
+| :func:`saved` | CONTROL `saved` | CONTROL | rank -> collector: my part of a checkpoint is saved | :meth:`Reporting.checkpoint` / :meth:`Collector.poll` |
+| :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Reporting.send_final` / :meth:`Collector.poll` |
+| :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Liveness.check_control` |
+| :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Liveness.check_control` |
 | :func:`failed` | CONTROL `failed` | CONTROL | a failing rank -> collector: its failure and what it holds | :func:`postmortem.end_failed` / :meth:`Collector.poll` (and the post-mortem's gathering) |
-| :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Wiring.check_control` |
+| :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Liveness.check_control` |
 | :func:`partial` | CONTROL `partial` | CONTROL | each rank -> collector, the answer to `postmortem`: what it holds | :func:`postmortem.end_failed` / the post-mortem's gathering |
 
 A ``CONTROL`` message carries its :class:`Command` in its body's ``"cmd"``;

@@ -5,21 +5,20 @@ Every loop, the liveness and the collector read these, never the
 a named property with its multiple of ``faults.peer_timeout_s`` (or of
 ``faults.heartbeat_s``) written once:
 
-======================== ========================================== ===========================================
-property                 value                                      what waits it
-======================== ========================================== ===========================================
-``send_timeout_s``       max(peer_timeout_s, 1 s)                   a channel's blocked send (each channel)
-``reply_timeout_s``      peer_timeout_s                             a buffer's answer to a sample or checkpoint
-``weights_timeout_s``    peer_timeout_s                             an actor waiting for its trainer's ``stop``
-``refusals_wait_s``      peer_timeout_s                             a client hearing its buffer's refusals
-``collector_silence_s``  peer_timeout_s                             a rank declaring the collector lost
-``silence_after_death_s`` 2 * peer_timeout_s                         the same while a death is not yet named
-``named_death_wait_s``   2 * peer_timeout_s                         waiting for the collector to name a death
-``summary_every_s``      max(heartbeat_s, 0.5 s)                    a buffer's summary to the collector
-``postmortem_wait_s``    min(peer_timeout_s, 10 s)                  the collector gathering a post-mortem
-``launcher_grace_s``     2 * peer_timeout_s + 10 s                  ``gflowdist run`` after the job's end began
-``keeper_bound_s``       peer_timeout_s + 2 s                       a rank's keeper after its launcher died
-======================== ========================================== ===========================================
+| property | value | what waits it |
+|---|---|---|
+| ``send_timeout_s`` | max(peer_timeout_s, 1 s) | a channel's blocked send (each channel) |
+| ``reply_timeout_s`` | peer_timeout_s | a buffer's answer to a sample or checkpoint |
+| ``weights_timeout_s`` | peer_timeout_s | an actor waiting for its trainer's ``stop`` |
+| ``refusals_wait_s`` | peer_timeout_s | a client hearing its buffer's refusals |
+| ``collector_silence_s`` | peer_timeout_s | a rank declaring the collector lost |
+| ``rank_silence_s`` | peer_timeout_s | the collector declaring a rank lost |
+| ``silence_after_death_s`` | 2 * peer_timeout_s | the same while a death is not yet named |
+| ``named_death_wait_s`` | 2 * peer_timeout_s | waiting for the collector to name a death |
+| ``summary_every_s`` | max(heartbeat_s, 0.5 s) | a buffer's summary to the collector |
+| ``postmortem_wait_s`` | min(peer_timeout_s, 10 s) | the collector gathering a post-mortem |
+| ``launcher_grace_s`` | 2 * peer_timeout_s + 10 s | ``gflowdist run`` after the job's end began |
+| ``keeper_bound_s`` | peer_timeout_s + 2 s | a rank's keeper after its launcher died |
 """
 
 from __future__ import annotations
@@ -128,6 +127,11 @@ class Settings:
     @property
     def collector_silence_s(self) -> float:
         """A rank that heard nothing from the collector this long declares it lost."""
+        return self.peer_timeout_s
+
+    @property
+    def rank_silence_s(self) -> float:
+        """The collector declares a rank that it heard nothing from this long lost."""
         return self.peer_timeout_s
 
     @property

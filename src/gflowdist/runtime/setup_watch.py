@@ -17,7 +17,7 @@ machine; one that has ended (or is a zombie) is reported as a
 and "ended during setup", and the job ends there. A rank alone on its
 machine has nobody to watch it: its loss is still found by the start-up
 deadline (see docs/reliability.md). The wiring's heartbeats replace this
-hook when the run starts (:meth:`~gflowdist.runtime.wiring.Wiring.heartbeat_while_waiting`).
+hook when the run starts (:meth:`~gflowdist.runtime.liveness.Liveness.heartbeat_while_waiting`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 With the same seed two runs of an asynchronous job differ: which client's
 trajectories a buffer takes first, whether a poll finds the new weights yet,
 at which step a stop is seen. Each such choice goes through this rank's tape
-(``Wiring.tape``), at one of a few *sites*:
+(``Wiring.choices``, :mod:`gflowdist.runtime.choices`), at one of a few *sites*:
 
 | site | where | the choice |
 |---|---|---|

@@ -44,7 +44,7 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
     inbox = Inbox()
     rollouts = turn = 0
     idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
-    while not inbox.stopped and not w.stop_seen(turn):
+    while not inbox.stopped and not w.choices.stop_seen(turn):
         inbox = read_inbox(w, trainer, turn)
         apply_weights(actor, w, state, inbox.weights)
         for name in inbox.cuts:
@@ -64,7 +64,7 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             rollouts += 1
             if rollouts % w.settings.log_every == 0:
                 report_metrics(actor, w, state)
-        w.heartbeat(state.produced)
+        w.liveness.heartbeat(state.produced)
         turn += 1
     if not inbox.stopped:
         await_trainer_stop(w, trainer)
@@ -76,13 +76,13 @@ def report_metrics(actor: Actor, w: Wiring, state: ActorState) -> None:
     """My metrics to the collector; ``step`` is the policy version I act with."""
     metrics = actor.metrics()
     if metrics:
-        w.report(protocol.metrics({"step": state.version, "trajectories": state.produced, **metrics}))
+        w.reports.report(protocol.metrics({"step": state.version, "trajectories": state.produced, **metrics}))
 
 
 def read_inbox(w: Wiring, trainer: int, point: int) -> Inbox:
     """Every message my trainer sent since the last look, without waiting (replayed: those taken at ``point``)."""
     inbox = Inbox()
-    msg = w.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
+    msg = w.choices.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
     while msg is not None:
         command = command_of(msg)
         if command is Command.CHECKPOINT:
@@ -91,7 +91,7 @@ def read_inbox(w: Wiring, trainer: int, point: int) -> Inbox:
             inbox.stopped = True
         elif msg.type is MessageType.WEIGHTS:
             inbox.weights = msg  # only the newest counts
-        msg = w.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
+        msg = w.choices.take(Site.INBOX, w.weights, point, source=trainer, wait=True)
     return inbox
 
 

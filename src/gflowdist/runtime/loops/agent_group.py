@@ -103,7 +103,7 @@ class AgentGroup:
         leave its peers waiting in the next average forever. One MAX all-reduce
         of the stop flag per step makes them stop at the same step.
         """
-        stop = w.stop_seen(step)
+        stop = w.choices.stop_seen(step)
         if not self.shared:
             return stop
         flag = torch.tensor([1.0 if stop else 0.0])

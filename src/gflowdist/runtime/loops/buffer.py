@@ -72,14 +72,14 @@ class BufferLoop:
     def run(self) -> None:
         while self.finished_clients != self.clients:
             try:
-                msg = self.w.take(Site.DATA, self.w.data, self.taken)
+                msg = self.w.choices.take(Site.DATA, self.w.data, self.taken)
             except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
                 self.taken += 1
                 self.w.ledger.malformed[err.sender] += 1
-                self.w.note("malformed message", "fault", sender=err.sender)
+                self.w.reports.note("malformed message", "fault", sender=err.sender)
                 log.warning("%s", err)
                 continue
-            self.w.heartbeat(self.w.ledger.received, stored=len(self.replay))
+            self.w.liveness.heartbeat(self.w.ledger.received, stored=len(self.replay))
             if msg is None:
                 self.idle()
                 continue
@@ -89,17 +89,17 @@ class BufferLoop:
             self.save_complete_cuts()
         self.drop_parked()
         self.w.data.drain()
-        self.w.report(protocol.summary(self.manager.summary()))
+        self.w.reports.report(protocol.summary(self.manager.summary()))
 
     # -- the steps -------------------------------------------------------------------------------
     def idle(self) -> None:
         """Nothing arrived: now and then a summary for the coordinator and a look at its messages; back off."""
         now = time.monotonic()
         due = now - self.last_summary > self.w.settings.summary_every_s
-        if self.w.decide(Site.SUMMARY, self.taken, due):  # a timed choice: recorded, replayed
+        if self.w.choices.decide(Site.SUMMARY, self.taken, due):  # a timed choice: recorded, replayed
             self.last_summary = now
-            self.w.report(protocol.summary(self.manager.summary()))
-            self.w.check_control()
+            self.w.reports.report(protocol.summary(self.manager.summary()))
+            self.w.liveness.check_control()
         paused = time.perf_counter()
         self.backoff.pause()
         self.idle_end = time.perf_counter()
@@ -190,7 +190,7 @@ class BufferLoop:
         )
         self.w.ledger.drop("bad_batch", n)
         self.w.ledger.refused[msg.sender] += 1
-        self.w.note("batch refused", "fault", sender=msg.sender, trajectories=n)
+        self.w.reports.note("batch refused", "fault", sender=msg.sender, trajectories=n)
         log.warning("%s", text)
         self.w.control.isend(*protocol.refused(text, int(msg.body["seq"])), msg.sender)  # a collector: in poll
 
@@ -231,6 +231,6 @@ class BufferLoop:
         """Save every checkpoint whose markers came from all clients still running; acknowledge it to them."""
         for name in [n for n, senders in self.marked.items() if senders | self.finished_clients >= self.clients]:
             with self.w.timer.phase("checkpoint"):
-                self.w.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
+                self.w.reports.checkpoint(name)  # every client is paused at the cut: my state is exactly theirs
             for client in sorted(self.marked.pop(name)):
                 self.w.data.isend(*protocol.checkpointed(name, self.w.ledger.refused[client]), client)

@@ -18,9 +18,6 @@ from gflowdist.runtime.wiring import Wiring
 from gflowdist.transport import Message
 from gflowdist.transport.channel import Channel
 
-#: How many recent batches a trainer remembers the step of (a refusal arrives a few batches later at most).
-SHIPPED_KEPT = 256
-
 __all__ = [
     "trajectory_count",
     "concat_batches",
@@ -70,12 +67,12 @@ def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buf
     ``producer``'s initial priorities (if any); returns its size."""
     n = trajectory_count(batch)
     priorities = initial_priorities(producer, batch, n)
-    w.check(Site.BATCH, state.produced, lambda: batch_digest(batch))  # before it leaves: a diverged rank names itself
+    w.choices.check(
+        Site.BATCH, state.produced, lambda: batch_digest(batch)
+    )  # before it leaves: a diverged rank names itself
     w.ledger.produced += n
     if isinstance(state, TrainerState):  # a refusal of this batch names the step that made it
-        w.shipped_at[state.produced] = state.step
-        if len(w.shipped_at) > SHIPPED_KEPT:
-            del w.shipped_at[next(iter(w.shipped_at))]
+        w.liveness.refusals.shipped(state.produced, state.step)
     w.data.isend(
         *protocol.trajectories(batch, seq=state.produced, version=state.version, n=n, priorities=priorities), buffer
     )
@@ -112,7 +109,7 @@ def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: s
     My actors get the marker too (they make their own cut). The buffer answers
     once every client's marker has arrived, so it saves exactly what the
     clients produced before the cut (see :mod:`gflowdist.runtime.checkpoints`).
-    Returns my file's size and digest (:meth:`Wiring.checkpoint`).
+    Returns my file's size and digest (:meth:`Reporting.checkpoint <gflowdist.runtime.reporting.Reporting.checkpoint>`).
     """
     for actor in actors:
         w.weights.isend(*protocol.checkpoint(name), actor)
@@ -126,9 +123,9 @@ def checkpoint_cut(w: Wiring, buffer: int | None, actors: Sequence[int], name: s
                 f"{buffer}, got a {ack.type.name} message"
             )
         # a batch of mine refused before my marker fails me (on_bad_batch: fail) before I save past it
-        w.hear_refusals(int(ack.body.get("refused", 0)))
+        w.liveness.hear_refusals(int(ack.body.get("refused", 0)))
     with w.timer.phase("checkpoint"):
-        return w.checkpoint(name)
+        return w.reports.checkpoint(name)
 
 
 def finish(w: Wiring, buffer: int | None) -> None:
@@ -155,7 +152,7 @@ def drain_live(w: Wiring, channel: Channel, peers: Sequence[int]) -> None:
                 f"within {channel.send_timeout:g} s",
                 peer=waiting[0],
             )
-        w.heartbeat(-1)
-        w.check_control()
+        w.liveness.heartbeat(-1)
+        w.liveness.check_control()
         time.sleep(0.002)
         waiting = [p for p in peers if p not in w.lost and channel.in_flight(p)]

@@ -39,7 +39,7 @@ def run_coordinator(coordinator: Coordinator, w: Wiring, collector: Collector) -
             w.stop.set(decided if isinstance(decided, str) else f"{type(coordinator).__name__}.should_stop()")
             reason = w.stop.reason
             for rank in layout.trainers + layout.actors:
-                if w.may_send_to(rank):  # an actor not told here hears stop from its trainer
+                if w.liveness.may_send_to(rank):  # an actor not told here hears stop from its trainer
                     w.control.isend(*protocol.stop(reason), rank)
             stop_sent = True
         collector.progress()

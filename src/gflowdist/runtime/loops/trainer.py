@@ -18,7 +18,6 @@ Each step is a method of :class:`TrainerLoop`; the user's code runs in
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
@@ -45,17 +44,14 @@ from gflowdist.runtime.state import TrainerState
 from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 
-if TYPE_CHECKING:
-    from gflowdist.runtime.collector import Collector
-
 __all__ = ["run_trainer", "TrainerLoop", "ReplayRequests"]
 
 log = logging.getLogger("gflowdist.runtime")
 
 
-def run_trainer(trainer: Trainer, w: Wiring, state: TrainerState, collector: Collector | None = None) -> TrainerState:
+def run_trainer(trainer: Trainer, w: Wiring, state: TrainerState) -> TrainerState:
     """Run the trainer loop until ``run.steps`` or a stop; ``state`` is updated in place and returned."""
-    TrainerLoop(trainer, w, state, collector).run()
+    TrainerLoop(trainer, w, state).run()
     return state
 
 
@@ -108,8 +104,8 @@ class ReplayRequests:
 class TrainerLoop:
     """One trainer's loop: its collaborators, and one method per step."""
 
-    def __init__(self, trainer: Trainer, w: Wiring, state: TrainerState, collector: Collector | None):
-        self.trainer, self.w, self.state, self.collector = trainer, w, state, collector
+    def __init__(self, trainer: Trainer, w: Wiring, state: TrainerState):
+        self.trainer, self.w, self.state = trainer, w, state
         self.settings = w.settings
         placement = w.context.placement
         self.buffer, self.actors = placement.buffer, placement.actors
@@ -138,7 +134,7 @@ class TrainerLoop:
             w.timer,
             rank=w.rank,
             on_nonfinite=self.settings.on_nonfinite_loss,
-            note_skip=lambda step: w.note("non-finite loss", "fault", step=step),
+            note_skip=lambda step: w.reports.note("non-finite loss", "fault", step=step),
         )
 
     def run(self) -> None:
@@ -208,8 +204,10 @@ class TrainerLoop:
             text = refusal_text(
                 f"buffer {ctx.describe_rank(self.buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal
             )
-            self.w.refused_here.add(seq)  # the buffer's own refusal of it, when it comes, is not a second one
-            self.w.note("batch refused", "fault", seq=seq)
+            self.w.liveness.refusals.refused_myself(
+                seq
+            )  # the buffer's own refusal of it, when it comes, is not a second one
+            self.w.reports.note("batch refused", "fault", seq=seq)
             made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
             on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
             log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
@@ -233,7 +231,7 @@ class TrainerLoop:
         clip -> optimizer step) -> lr schedule -> version + 1 (:class:`LearnerStep`); the step's
         loss and named values for the metrics."""
         values = self.learner(batch, self.state.step)
-        self.w.check(Site.LOSS, self.state.step, lambda: values["loss"])
+        self.w.choices.check(Site.LOSS, self.state.step, lambda: values["loss"])
         self.state.version += 1
         self.idle.reset()
         return values
@@ -265,10 +263,7 @@ class TrainerLoop:
                 **({"skipped_steps": self.learner.skipped} if self.learner.skipped else {}),
                 **self.trainer.metrics(),
             }
-            if self.collector is not None:
-                self.collector.record_metrics(self.w.rank, metrics)
-            else:
-                self.w.report(protocol.metrics(metrics))
+            self.w.reports.metrics(metrics)
 
     def checkpoint(self) -> None:
         """At every ``faults.checkpoint_every`` steps (not the last): the consistent cut of a periodic checkpoint."""
@@ -279,23 +274,19 @@ class TrainerLoop:
             self.requests.settle()
         name = checkpoint_name(self.w.generation, step)
         if self.actors:
-            self.w.await_named_death()  # every live actor must get the marker
-        file = checkpoint_cut(self.w, self.buffer, self.live_actors, name)
-        if self.collector is not None and file is not None:  # I am the collector: note my own part
-            self.collector.note_saved(name, self.w.rank, file)
+            self.w.liveness.await_named_death()  # every live actor must get the marker
+        checkpoint_cut(self.w, self.buffer, self.live_actors, name)  # on the collector's rank, noted there
 
     def keep_alive(self) -> None:
-        self.w.heartbeat(self.state.step)
-        if self.collector is not None:
-            self.collector.poll(point=self.turn)
-            self.collector.progress()
+        self.w.liveness.heartbeat(self.state.step)
+        self.w.reports.tend(self.turn)  # on the collector's rank: the collector's turn
 
     def finish(self) -> None:
         """Settle my replies, stop my actors (no weights stay on the wire), tell my buffer I am done."""
         if self.requests is not None:
             self.requests.settle()
         if self.actors:
-            self.w.await_named_death()  # every live actor must get the stop
+            self.w.liveness.await_named_death()  # every live actor must get the stop
         drain_live(self.w, self.w.weights, self.actors)  # room for the stop; a lost actor is not waited for
         for actor in self.live_actors:
             self.w.weights.isend(*protocol.stop(), actor)
@@ -309,8 +300,8 @@ class TrainerLoop:
 
     @property
     def reachable_actors(self) -> list[int]:
-        """My live actors, none while a rank's death is not yet named (:meth:`Wiring.may_send_to`)."""
-        return [actor for actor in self.live_actors if self.w.may_send_to(actor)]
+        """My live actors, none while a rank's death is not yet named (:meth:`Liveness.may_send_to <gflowdist.runtime.liveness.Liveness.may_send_to>`)."""
+        return [actor for actor in self.live_actors if self.w.liveness.may_send_to(actor)]
 
     def send_weights(self) -> None:
         """My model's weights, stamped with my policy version, to each of my (live) actors.
@@ -323,7 +314,7 @@ class TrainerLoop:
         ready = [
             a
             for a in self.reachable_actors  # a timed choice: recorded, replayed
-            if not self.w.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)
+            if not self.w.choices.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)
         ]
         if not ready:
             return

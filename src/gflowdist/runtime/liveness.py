@@ -1,0 +1,298 @@
+"""Liveness: the stop flag, heartbeats, what the collector tells every rank, the ranks the run goes on without.
+
+:class:`Deaths` is what one rank's process heard of deaths (MPICH's hydra
+signals one; the collector names it); :class:`Liveness` sends this rank's
+heartbeats, reads the collector's (a silent collector is lost), obeys its
+``stop``, ``lost`` and ``postmortem`` and my buffer's refusals of my batches
+(:class:`Refusals`). The messages themselves are in :mod:`gflowdist.runtime.protocol`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gflowdist.comm.polling import Backoff
+from gflowdist.context import COMM_NAMES, DistributedContext
+from gflowdist.errors import GflowdistError, PeerLostError
+from gflowdist.layout import Layout, Role
+from gflowdist.runtime import protocol
+from gflowdist.runtime.channels import Channels
+from gflowdist.runtime.failures import PostMortemCalled
+from gflowdist.runtime.faults import on_refused
+from gflowdist.runtime.ledger import Ledger
+from gflowdist.runtime.protocol import Command
+from gflowdist.runtime.settings import Settings
+from gflowdist.timing.trace import TraceRecorder
+
+__all__ = ["StopFlag", "Deaths", "Refusals", "Liveness", "collector_rank"]
+
+log = logging.getLogger("gflowdist.runtime")
+
+#: How many recent batches a trainer remembers the step of (a refusal arrives a few batches later at most).
+SHIPPED_KEPT = 256
+
+
+def collector_rank(layout: Layout) -> int:
+    """The rank that hears everyone: the coordinator, else rank 0 (a trainer)."""
+    return layout.coordinator if layout.coordinator is not None else 0
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM or by the coordinator's ``stop``; every loop checks it each step.
+
+    With a ``trace`` (``run.trace``), the moment it is set is an instant event ``stop`` with the reason.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+        self.trace: TraceRecorder | None = None
+
+    def set(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+            if self.trace is not None:
+                self.trace.instant("stop", "stop", {"reason": reason})
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: object) -> None:
+            self.set(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
+class Deaths:
+    """What this rank's process heard of deaths (``faults.on_actor_loss: continue``).
+
+    ``unnamed`` is set when MPICH's hydra says a rank of the job died (SIGUSR1) until the collector names
+    it: meanwhile nobody sends to an actor, since a send to a dead rank stalls all of the sender's MPI
+    traffic (MPICH 5) or fails (gloo). ``heard`` is set with it and never cleared. ``lost``: the ranks
+    gone on without; the end of such a process may not wait for them
+    (:func:`gflowdist.runtime.process.end_within`).
+    """
+
+    def __init__(self) -> None:
+        self.unnamed = threading.Event()
+        self.heard = threading.Event()
+        self.lost: set[int] = set()
+
+    def signalled(self) -> None:
+        """A rank died, not yet named (from a signal handler: flags only)."""
+        self.unnamed.set()
+        self.heard.set()
+
+    def named(self, rank: int) -> None:
+        """The collector named the dead rank: sending to the other actors is safe again."""
+        self.lost.add(rank)
+        self.unnamed.clear()
+
+    @property
+    def any(self) -> bool:
+        """A death was heard of, or a rank gone on without, during this process."""
+        return bool(self.lost) or self.heard.is_set()
+
+
+class Refusals:
+    """My buffer's refusals of my batches: the step each recent batch was made at, those heard, those I made."""
+
+    def __init__(self) -> None:
+        self.shipped_at: dict[int, int] = {}  # by the batch's first trajectory's seq
+        self.heard = 0  # refusals that reached me (hear_refusals)
+        self.mine: set[int] = set()  # seqs of my batches I refused myself (before a concat)
+
+    def shipped(self, seq: int, step: int) -> None:
+        """My batch ``seq`` was made at trainer step ``step`` (a refusal of it names the step)."""
+        self.shipped_at[seq] = step
+        if len(self.shipped_at) > SHIPPED_KEPT:
+            del self.shipped_at[next(iter(self.shipped_at))]
+
+    def refused_myself(self, seq: int) -> None:
+        """I refused my batch ``seq`` myself: the buffer's refusal of it, when it comes, is not a second one."""
+        self.mine.add(seq)
+
+
+class Liveness:
+    """This rank's heartbeats and what it hears from the collector (and from its buffer) on the control channel."""
+
+    def __init__(
+        self,
+        context: DistributedContext,
+        channels: Channels,
+        settings: Settings,
+        stop: StopFlag,
+        ledger: Ledger,
+        deaths: Deaths,
+        note: Callable[..., None],
+        *,
+        replaying: bool = False,
+    ) -> None:
+        self.context, self.channels, self.settings, self.stop = context, channels, settings, stop
+        self.ledger, self.deaths, self.note, self.replaying = ledger, deaths, note, replaying
+        self.comm = context.world
+        self.rank = self.comm.rank
+        self.collector = collector_rank(context.layout)
+        self.lost: dict[int, str] = {}  # actors the run goes on without (on_actor_loss)
+        self.finished: set[int] = set()  # ranks whose final report arrived (on the collector)
+        self.refusals = Refusals()
+        self._on_wait: Callable[[], Any] | None = None
+        self._last_beat = 0.0
+        self._collector_seen = time.monotonic()
+
+    def heartbeat(self, step: int, **extra: Any) -> None:
+        """Say I am alive, at most once per ``faults.heartbeat_s``.
+
+        Ranks tell the collector; the collector tells every rank still running,
+        so a lost collector is noticed too (:meth:`check_control`).
+        """
+        now = time.monotonic()
+        if now - self._last_beat < self.settings.heartbeat_s:
+            return
+        self._last_beat = now
+        control = self.channels.control
+        if self.rank != self.collector:
+            # what a lost actor's ledger is written from (gflowdist.runtime.lost_actors)
+            counts: dict[str, Any] = {"produced": self.ledger.produced} if self.ledger.produced else {}
+            if self.ledger.received_from:
+                counts["received_from"] = {str(k): v for k, v in self.ledger.received_from.items()}
+            control.isend(*protocol.heartbeat(step, **counts, **extra), self.collector)
+            return
+        for rank in range(self.comm.size):
+            if rank != self.rank and rank not in self.finished and self.may_send_to(rank):
+                control.isend(*protocol.heartbeat(step), rank)
+
+    def heard_final(self, rank: int) -> None:
+        """On the collector: ``rank``'s final report arrived (it hears no more beats)."""
+        self.finished.add(rank)
+
+    def may_send_to(self, rank: int) -> bool:
+        """False for a rank the run goes on without, and for every actor while a death is not yet named."""
+        if rank in self.lost:
+            return False
+        return not (self.deaths.unnamed.is_set() and self.context.layout.role_of(rank) is Role.ACTOR)
+
+    def await_named_death(self) -> None:
+        """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named."""
+        deadline = time.monotonic() + self.settings.named_death_wait_s
+        while self.deaths.unnamed.is_set() and time.monotonic() < deadline:
+            self.heartbeat(-1)
+            self.check_control()
+            time.sleep(0.01)
+
+    def reset(self) -> None:
+        """Start the liveness clocks now (after every rank finished its setup)."""
+        self._collector_seen = time.monotonic()
+        self._last_beat = 0.0
+
+    def check_control(self) -> bool:
+        """Read what the collector sent me (beats, ``stop``, ``lost``) and my buffer's refusals; True once the
+        run should stop.
+
+        Raises :class:`~gflowdist.errors.PeerLostError` naming the collector when
+        it has been silent for longer than ``faults.peer_timeout_s``, and
+        :class:`~gflowdist.errors.BadBatchError` when my buffer refused a batch
+        of mine under ``faults.on_bad_batch: fail``.
+        """
+        if self.rank == self.collector:
+            return bool(self.stop)
+        now, control = time.monotonic(), self.channels.control
+        msg = control.try_recv(self.collector)
+        while msg is not None:
+            self._collector_seen = now
+            self._obey(msg)
+            msg = control.try_recv(self.collector)
+        buffer = getattr(self.context.placement, "buffer", None)
+        if buffer is not None and buffer != self.collector:
+            msg = control.try_recv(buffer)
+            while msg is not None:
+                self._obey(msg)
+                msg = control.try_recv(buffer)
+        silent, settings = now - self._collector_seen, self.settings
+        # an actor hears no beats while a death is not yet named (may_send_to): it allows twice the time
+        if silent > (settings.silence_after_death_s if self.deaths.unnamed.is_set() else settings.collector_silence_s):
+            layout = self.context.layout
+            raise PeerLostError(
+                self.collector,
+                role=layout.role_of(self.collector).value,
+                host=layout.host_of(self.collector),
+                reason=f"no heartbeat for {silent:.1f} s (faults.peer_timeout_s = {settings.peer_timeout_s:g})",
+            )
+        return bool(self.stop)
+
+    def _obey(self, msg: Any) -> None:
+        command = protocol.command_of(msg)
+        if command is Command.STOP and not self.replaying:  # replayed: Choices.stop_seen()
+            self.stop.set(msg.body.get("reason", "coordinator"))
+        elif command is Command.LOST:
+            self.go_on_without(int(msg.body["rank"]), str(msg.body["reason"]))
+        elif command is Command.REFUSED:
+            self.refused(msg.body)
+        elif command is Command.POSTMORTEM and not msg.body.get("written"):
+            raise PostMortemCalled()
+
+    def refused(self, body: Mapping[str, Any]) -> None:
+        """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
+        refusals = self.refusals
+        refusals.heard += 1
+        if body.get("seq") in refusals.mine:  # I refused it myself already (and went on: on_bad_batch drop)
+            refusals.mine.discard(body["seq"])
+            return
+        self.note("batch refused", "fault", seq=body.get("seq"))
+        step = refusals.shipped_at.get(body["seq"]) if "seq" in body else None
+        on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=step)
+
+    def hear_refusals(self, count: int) -> None:
+        """Listen until I have heard ``count`` refusals from my buffer (a checkpoint's ack counts them; each
+        was sent before it, on the control channel): under ``faults.on_bad_batch: fail`` the first raises."""
+        backoff, deadline = Backoff(), time.monotonic() + self.settings.refusals_wait_s
+        while self.refusals.heard < count:
+            self.check_control()
+            if self.refusals.heard >= count:
+                return
+            if time.monotonic() > deadline:
+                raise GflowdistError(
+                    f"my buffer refused {count} of my batches, but only {self.refusals.heard} "
+                    f"refusals reached rank {self.rank} within faults.peer_timeout_s"
+                )
+            backoff.pause()
+
+    def go_on_without(self, rank: int, reason: str) -> None:
+        """Rank ``rank`` is lost and the run goes on (``faults.on_actor_loss: continue``): send it nothing more."""
+        self.lost[rank] = reason
+        self.note("rank lost", "fault", rank=rank, reason=reason)
+        self.deaths.named(rank)
+        self.channels.forget(rank)
+        log.warning("going on without rank %d: %s", rank, reason)
+
+    def heartbeat_while_waiting(self) -> None:
+        """While a collective waits (e.g. on a dead agent-group peer), keep heartbeating and listening.
+
+        Without this a rank blocked on a dead peer falls silent too, and could be
+        reported as the lost one.
+        """
+        for name in COMM_NAMES:
+            comm = self.context.comm(name)
+            if comm is not None:
+                comm.wait_hook = self.keep_alive
+
+    def poll_while_waiting(self, poll: Callable[[], Any]) -> None:
+        """On the collector: while a collective waits, also ``poll`` (the collector's, so that a failure
+        elsewhere is heard while a collective waits for the failed rank)."""
+        self._on_wait = poll
+
+    def keep_alive(self) -> None:
+        """While waiting: heartbeat, and hear the collector (on the collector: its poll, if given)."""
+        self.heartbeat(-1)
+        if self.rank != self.collector:
+            self.check_control()
+        elif self._on_wait is not None:
+            self._on_wait()
