@@ -2,8 +2,9 @@
 broken ones.
 
 The real run is the README's main command, ``gflowdist run examples/hypergrid/config.yaml``
-(40 steps, 4 ranks, with ``run.tensorboard=true`` and ``run.trace=true``). It starts once per
-module in its own session with a deadline; its process group is killed whatever happens.
+(40 steps, 4 ranks, with ``run.tensorboard=true`` and ``run.trace=true``), once per module, on the
+``local`` engine (its ranks as threads of this process, tests/support/local_jobs.py: the report, the
+figure and the event files are the collector's, whatever the engine).
 Besides the report, its run directory is checked for ``report.png``, the TensorBoard event
 files, and a timeline drawn from its ``trace.json``.
 """
@@ -20,9 +21,9 @@ import pytest
 
 from gflowdist.cli import main
 from gflowdist.timing import Report
+from tests.support.jobs import HYPERGRID
 from tests.support.launching import REPO, base_env, kill_session
-
-RUN_TIMEOUT_S = 240
+from tests.support.local_jobs import LocalJob
 
 
 def gflowdist(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,43 +47,19 @@ def gflowdist(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run directory of ``gflowdist run examples/hypergrid/config.yaml`` (40 steps)."""
-    out = tmp_path_factory.mktemp("runs")
-    cmd = [
-        sys.executable,
-        "-m",
-        "gflowdist",
-        "run",
-        "examples/hypergrid/config.yaml",
+    """The run directory of ``gflowdist run examples/hypergrid/config.yaml`` (40 steps) on the local engine."""
+    job = LocalJob(
+        tmp_path_factory.mktemp("job"),
         "run.steps=40",
         "run.log_every=10",
-        f"run.out_dir={out}",
         "run.tensorboard=true",
         "run.trace=true",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=base_env(),
-        cwd=REPO,
-        start_new_session=True,
+        config=HYPERGRID,
     )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        kill_session(proc)
-        proc.wait()
-        pytest.fail(f"the example run did not finish in {RUN_TIMEOUT_S} s:\n{proc.stdout.read()}")
-    finally:
-        kill_session(proc)
-        proc.wait()
-    assert proc.returncode == 0, output
-    dirs = [d for d in out.iterdir() if d.is_dir()]
-    assert len(dirs) == 1, (dirs, output)
-    (dirs[0] / "launcher.out").write_text(output)
-    return dirs[0]
+    assert job.returncode == 0, job.output
+    run = job.run_dir()
+    (run / "launcher.out").write_text(job.output)
+    return run
 
 
 @pytest.fixture
