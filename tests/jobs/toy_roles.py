@@ -12,11 +12,14 @@ final summary sleeps: a stop that cannot finish soon), ``nan_rank``/``nan_at``
 trainer's ``loss()`` raises from that step on), ``mistake_rank``/``mistake``[/``mistake_at``] (that trainer's
 rollout makes a user's mistake from that policy version on: ``list`` returns a list of tensors, ``rows``
 gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4, ``nan`` puts a NaN in
-``log_rewards``' row 2).
+``log_rewards``' row 2); ``exit_marks`` (a folder: how a rank's process ends, see :func:`_exit_marks`).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
 import time
 
 import torch
@@ -38,6 +41,31 @@ def _setup_pause(role):
         time.sleep(float(role.params.get("setup_s", 60)))
 
 
+def _exit_marks(role):
+    """``params.exit_marks`` (a folder): a non-daemon thread that writes ``thread-N`` there 0.5 s after the run's
+    ledger.json appeared (the job is over: every rank is ending), and an atexit handler that writes ``atexit-N``
+    saying whether ``thread-N`` was there by then."""
+    folder, run_dir = role.params.get("exit_marks"), os.environ.get("GFLOWDIST_RUN_DIR")
+    if not folder or not run_dir:
+        return
+    mark = os.path.join(folder, f"thread-{role.rank}")
+
+    def after_the_job():
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(run_dir, "ledger.json")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        _write(mark, "done")
+
+    threading.Thread(target=after_the_job, daemon=False).start()
+    atexit.register(lambda: _write(os.path.join(folder, f"atexit-{role.rank}"), f"thread mark {os.path.exists(mark)}"))
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def _delay(params, generator):
     delay = float(params.get("delay_s", 0.0))
     if delay:
@@ -47,6 +75,7 @@ def _delay(params, generator):
 class ToyTrainer(Trainer):
     def setup(self):
         _setup_pause(self)
+        _exit_marks(self)
         self.steps_seen = 0  # loss() calls: the step, in this run and the runs it resumed
         self.model = torch.nn.Linear(4, 1, bias=False)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
@@ -130,6 +159,7 @@ class ToyActor(Actor):
 class ToyBuffer(BufferManager):
     def setup(self):
         _setup_pause(self)
+        _exit_marks(self)
         self.admitted = 0
 
     def on_admitted(self, batch):
@@ -146,6 +176,7 @@ class ToyBuffer(BufferManager):
 class ToyCoordinator(Coordinator):
     def setup(self):
         _setup_pause(self)
+        _exit_marks(self)
         self.summaries = 0
 
     def on_summary(self, rank, summary):

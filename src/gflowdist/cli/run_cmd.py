@@ -29,6 +29,7 @@ from gflowdist.cli.arguments import (
     restart_count,
     split_late_options,
 )
+from gflowdist.cli.rank_end import finalize_mpi, run_then_end
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
 from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
@@ -160,10 +161,10 @@ def run(args: argparse.Namespace) -> int:
         # this process becomes the rank's keeper; the rank continues in a child
         keep(bound_s=Settings.of(config).keeper_bound_s)
         _watch_launcher(config, args.resume)
-        return _run_here(config, args.resume)
+        run_then_end(_run_here, config, args.resume)
     if in_torch_job():
         _watch_launcher(config, args.resume)
-        return _run_here(config, args.resume)
+        run_then_end(_run_here, config, args.resume)
     nprocs = args.nprocs if args.nprocs is not None else config.launch.nprocs
     if args.resume:
         from gflowdist.cli.resuming import resumed_rank_count
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     attempts: list[tuple[Ended, float]] = []
 
     def launch(argv: list[str], extra: dict) -> Ended:
-        env = dict(_child_env(), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
+        env = dict(_child_env(run_dir), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
         began = time.time()
         if engine is TORCH:
             grace = Settings.of(config).launcher_grace_s
@@ -308,25 +309,13 @@ def _run_here(config, resume) -> int:
 
     job.run_job(config, resume_dir=resume)  # bounds the end of this process (runtime.process.end_within)
     release_world_comm()  # collective: every rank that returns here got through the same last step
-    _finalize_mpi()
+    finalize_mpi()  # now, while the bound on this process's end holds (gflowdist.cli.rank_end)
     return 0
 
 
-def _finalize_mpi() -> None:
-    """MPI_Finalize now, while the bound on this process's end still holds (an MPI rank only).
-
-    mpi4py would call it at the very end of the interpreter's shutdown, after
-    Python has cancelled faulthandler's timer, and with a lost rank it never
-    returns (``gflowdist.runtime.process.end_within``).
-    """
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-
-
-def _child_env() -> dict:
+def _child_env(run_dir: str) -> dict:
     env = dict(os.environ)
-    env[FAILURE_FILE_VARIABLE] = failure_file()
+    env[FAILURE_FILE_VARIABLE] = failure_file(run_dir)
     env[CONSOLE_VARIABLE] = _console()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")

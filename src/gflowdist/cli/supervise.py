@@ -25,7 +25,15 @@ from gflowdist.cli.restarts import Ended
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.process_tree import DescendantTracker, kill_group
 
-__all__ = ["supervise", "failure_file", "final_saved", "say", "FORCE_AFTER_SIGNALS", "SIGNAL_BURST_S"]
+__all__ = [
+    "supervise",
+    "failure_file",
+    "FAILURE_FILE_NAME",
+    "final_saved",
+    "say",
+    "FORCE_AFTER_SIGNALS",
+    "SIGNAL_BURST_S",
+]
 
 _FAILURE_FILES: list[str] = []
 
@@ -35,14 +43,18 @@ _FAILURE_FILES: list[str] = []
 POSTMORTEM_GRACE_S = 60.0
 
 
-def failure_file() -> str:
-    if not _FAILURE_FILES:
-        import tempfile
+#: The failure file's name in the run directory: written (appended) by a failing rank only, read and removed by
+#: the launcher at the end of each launch; a run that does not fail never has one.
+FAILURE_FILE_NAME = ".failures.txt"
 
-        fd, path = tempfile.mkstemp(prefix="gflowdist-failure-", suffix=".txt")
-        os.close(fd)
+
+def failure_file(run_dir: str | os.PathLike[str]) -> str:
+    """Where this launch's ranks write their failure messages (``$GFLOWDIST_FAILURE_FILE``): a file in the run
+    directory, made by the first rank that fails (nothing is left in ``/tmp``, also when the launcher is killed)."""
+    path = os.path.join(run_dir, FAILURE_FILE_NAME)
+    if path not in _FAILURE_FILES:
         _FAILURE_FILES.append(path)
-    return _FAILURE_FILES[0]
+    return path
 
 
 def _failure_messages() -> list[str]:

@@ -226,14 +226,19 @@ def announce_failure(message: str, *, detail: str | None = None) -> None:
     # The failure file first: if mpiexec is already gone, writing to stderr may fail.
     failure_file = os.environ.get(FAILURE_FILE_VARIABLE)
     if failure_file:
-        with open(failure_file, "a") as f:
-            f.write(message.rstrip() + "\n\0")
+        try:
+            with open(failure_file, "a") as f:
+                f.write(message.rstrip() + "\n\0")
+        except OSError as err:  # the run directory is not on this host: the whole message goes to stderr
+            log.warning("failure file %s not written: %s", failure_file, err)
+            failure_file = None
     log.error("%s", message)
     if detail is not None:
         log.error("%s", detail)
     try:
         if os.environ.get(STDERR_RELAY_VARIABLE) == "1":
-            sys.stderr.write(FAILURE_MARK + message.splitlines()[0] + "\n")
+            first, *rest = message.rstrip().splitlines()
+            sys.stderr.write(FAILURE_MARK + first + "\n" + ("" if failure_file else "".join(f"{r}\n" for r in rest)))
         elif not failure_file:
             sys.stderr.write(message.rstrip() + "\n")
         sys.stderr.flush()
