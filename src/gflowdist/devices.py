@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gflowdist.engines import ENGINES
 from gflowdist.errors import ConfigError
 
 __all__ = [
@@ -167,8 +168,8 @@ class AveragingChoice:
         return f"{where[self.path]}: {self.reason}"
 
 
-#: The engine that carries host averaging, by ``launch.engine`` as resolved.
-HOST_ENGINES = {"mpi": "mpi", "torch": "gloo", "local": "local"}
+#: The engine that carries host averaging, by ``launch.engine`` as resolved (each engine's descriptor says).
+HOST_ENGINES = {name: engine.host_averaging for name, engine in ENGINES.items()}
 
 
 def choose_averaging(engine: str, members: Sequence[tuple[int, str, str]]) -> AveragingChoice:
@@ -197,7 +198,7 @@ def choose_averaging(engine: str, members: Sequence[tuple[int, str, str]]) -> Av
                 host_engine,
                 f"ranks {other} and {rank} share {device} on {host or 'one host'} (nccl refuses two ranks on one GPU)",
             )
-    if engine != "torch":
+    if not (engine in ENGINES and ENGINES[engine].averages_on_nccl):
         return AveragingChoice(
             "host",
             host_engine,

@@ -36,6 +36,10 @@ class Engine:
     ranks_are_threads: bool  # every rank is a thread of the launcher's process
     #: can go on without a lost actor (``faults.on_actor_loss: continue``); else why not
     survives_lost_peer: bool
+    #: what carries an agent group's averaging through host memory (``mpi``, ``gloo``, ``local``)
+    host_averaging: str
+    #: an agent group whose trainers each have a GPU of their own can average on nccl
+    averages_on_nccl: bool = False
     no_lost_peer_because: str = ""
 
     def refuses_actor_loss_continue(self) -> str | None:
@@ -50,6 +54,7 @@ MPI = Engine(
     uses_mpiexec=True,
     ranks_are_threads=False,
     survives_lost_peer=True,
+    host_averaging="mpi",
 )
 TORCH = Engine(
     "torch",
@@ -58,6 +63,8 @@ TORCH = Engine(
     uses_mpiexec=False,
     ranks_are_threads=False,
     survives_lost_peer=False,
+    host_averaging="gloo",
+    averages_on_nccl=True,
     no_lost_peer_because="gloo cannot go on without a rank (its first send to the lost actor fails and ends the job)",
 )
 LOCAL = Engine(
@@ -67,6 +74,7 @@ LOCAL = Engine(
     uses_mpiexec=False,
     ranks_are_threads=True,
     survives_lost_peer=False,
+    host_averaging="local",
     no_lost_peer_because="its ranks are threads of one process, which cannot lose one and go on",
 )
 

@@ -15,6 +15,7 @@ import sys
 import time
 
 from gflowdist.cli.doctor_check import FAILED, OK, Check, Launched, Result, child_env, last_line
+from gflowdist.engines import MPI, TORCH
 from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port
 
 __all__ = [
@@ -47,7 +48,7 @@ def _ping_command(engine: str) -> list[str]:
 
 
 def start_mpi_ping(mpiexec: str, mpiexec_args: tuple[str, ...], timeout: float) -> Launched:
-    argv = [mpiexec, "-n", "2", *mpiexec_args, *_ping_command("mpi")]
+    argv = [mpiexec, "-n", "2", *mpiexec_args, *_ping_command(MPI.name)]
     return Launched([(argv, child_env())], timeout)
 
 
@@ -72,7 +73,7 @@ def mpi_ping_verdict(results: list[Result], timeout: float) -> Check:
 def start_gloo_ping(timeout: float) -> Launched:
     env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
     return Launched(
-        [(_ping_command("torch"), dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)], timeout
+        [(_ping_command(TORCH.name), dict(env, RANK=str(rank), LOCAL_RANK=str(rank))) for rank in range(2)], timeout
     )
 
 
@@ -122,12 +123,12 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
     receive has a ``timeout`` (a :class:`~gflowdist.errors.DeadlineError` ends
     the process with a traceback and a non-zero status).
     """
-    if engine == "mpi":
-        from mpi4py import MPI
+    if engine == MPI.name:
+        from mpi4py import MPI as mpi4py
 
         from gflowdist.comm.mpi import MPIComm
 
-        comm = MPIComm(MPI.COMM_WORLD)
+        comm = MPIComm(mpi4py.COMM_WORLD)
     else:
         from datetime import timedelta
 
@@ -187,7 +188,7 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
             )
     finally:
         comm.free()
-        if engine != "mpi":
+        if engine != MPI.name:
             import torch.distributed as dist
 
             dist.destroy_process_group()

@@ -27,6 +27,7 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import as_byte_array
+from gflowdist.engines import LOCAL
 
 __all__ = ["LocalComm"]
 
@@ -38,7 +39,7 @@ def _copy(x):
 class LocalComm(Communicator):
     """Rank 0 of a world of size 1."""
 
-    engine = "local"
+    engine = LOCAL.name
 
     def __init__(self) -> None:
         self.rank = 0

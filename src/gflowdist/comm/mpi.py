@@ -38,9 +38,10 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import BufferPool, as_byte_array
-from gflowdist.comm.native import register
 from gflowdist.comm.polling import Backoff, poll_until
+from gflowdist.comm.registry import register
 from gflowdist.comm.staging import like, numpy_view
+from gflowdist.engines import MPI as MPI_ENGINE
 from gflowdist.errors import ProtocolError
 
 __all__ = ["MPIComm", "wire_tag"]
@@ -95,7 +96,7 @@ class _MPISendHandle(AsyncSendHandle):
 class MPIComm(Communicator):
     """A communicator over an mpi4py ``Comm`` (it is given, never ``COMM_WORLD`` implicitly)."""
 
-    engine = "mpi"
+    engine = MPI_ENGINE.name
 
     def __init__(self, comm: MPI.Comm, *, chunk_bytes: int | None = None, max_recv_bytes: int | None = None):
         self._comm = comm

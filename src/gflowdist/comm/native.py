@@ -7,8 +7,8 @@ turns any of them (or a gflowdist :class:`Communicator`, returned as it is)
 into the gflowdist communicator over that group:
 
 - every :class:`~gflowdist.comm.mpi.MPIComm` and
-  :class:`~gflowdist.comm.torch_dist.TorchComm` announces itself here when it
-  is made (:func:`register`), so a group gflowdist created — a context's
+  :class:`~gflowdist.comm.torch_dist.TorchComm` is entered in
+  :mod:`gflowdist.comm.registry` when it is made (:func:`register`), so a group gflowdist created — a context's
   sub-group, the job's world — maps back to the communicator that owns it,
   with its helper threads, buffer pools and fast paths;
 - a group made elsewhere is wrapped once, on first use, and the wrapper is
@@ -31,10 +31,11 @@ some other group or do nothing.
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 from gflowdist.comm.base import Communicator
+from gflowdist.comm.registry import known, native_key, register, unregister
+from gflowdist.engines import MPI
 from gflowdist.errors import GflowdistError
 
 __all__ = [
@@ -58,11 +59,6 @@ class NotAMemberError(GflowdistError):
     """A collective was asked of a group this rank is not a member of."""
 
 
-#: (engine, key) -> (the native group object, its communicator)
-_KNOWN: dict[tuple[str, int], tuple[Any, Communicator]] = {}
-_LOCK = threading.Lock()
-
-
 def _torch_dist():
     """``torch.distributed`` when it is imported and initialised, else None (importing nothing)."""
     dist = sys.modules.get("torch.distributed")
@@ -74,48 +70,6 @@ def _torch_dist():
 def _mpi():
     """``mpi4py.MPI`` when the program imported it, else None (never initialises MPI)."""
     return sys.modules.get("mpi4py.MPI")
-
-
-def _key(group: Any) -> tuple[str, int] | None:
-    """The registry key of a native group, or None when ``group`` is not one."""
-    mpi = _mpi()
-    if mpi is not None and isinstance(group, mpi.Comm):
-        return ("mpi", group.handle)
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and isinstance(group, dist.ProcessGroup):
-        return ("torch", id(group))
-    return None
-
-
-def register(comm: Communicator, group: Any) -> None:
-    """Remember that ``comm`` is the communicator over the native ``group`` (engines call this)."""
-    key = _key(group)
-    if key is not None:
-        with _LOCK:
-            _KNOWN[key] = (group, comm)
-
-
-def unregister(comm: Communicator) -> None:
-    """Forget ``comm`` (freed): the registry holds no reference to its native group any more."""
-    with _LOCK:
-        for key in [key for key, (_, known) in _KNOWN.items() if known is comm]:
-            del _KNOWN[key]
-
-
-def _known(group: Any, key: tuple[str, int]) -> Communicator | None:
-    with _LOCK:
-        entry = _KNOWN.get(key)
-    if entry is None:
-        return None
-    native, comm = entry
-    alive = not getattr(comm, "_freed", False)
-    same = native is group if key[0] == "torch" else (native == group and native.handle == key[1])
-    if alive and same:
-        return comm
-    with _LOCK:  # freed, or an old handle value the MPI library gave to a new communicator
-        if _KNOWN.get(key) is entry:
-            del _KNOWN[key]
-    return None
 
 
 def is_non_member(group: Any) -> bool:
@@ -135,7 +89,7 @@ def is_non_member(group: Any) -> bool:
 
 def is_native_group(group: Any) -> bool:
     """True for a torch process group, an mpi4py communicator, or a non-member's handle of either."""
-    return _key(group) is not None or is_non_member(group)
+    return native_key(group) is not None or is_non_member(group)
 
 
 def rank_and_size(group: Any) -> tuple[int, int]:
@@ -144,10 +98,10 @@ def rank_and_size(group: Any) -> tuple[int, int]:
         return group.rank, group.size
     if is_non_member(group):
         return -1, -1
-    key = _key(group)
+    key = native_key(group)
     if key is None:
         raise _not_a_group(group, "rank_and_size")
-    if key[0] == "mpi":
+    if key[0] == MPI.name:
         return group.Get_rank(), group.Get_size()
     dist = _torch_dist()
     if dist is None:
@@ -164,10 +118,10 @@ def as_communicator(group: Any, what: str = "this call") -> Communicator:
             f"{what}: this rank is not a member of the group it was given "
             f"({_describe(group)}); only the group's members may use it"
         )
-    key = _key(group)
+    key = native_key(group)
     if key is None:
         raise _not_a_group(group, what)
-    found = _known(group, key)
+    found = known(group, key)
     if found is not None:
         return found
     comm = _wrap(group, key[0])
@@ -176,7 +130,7 @@ def as_communicator(group: Any, what: str = "this call") -> Communicator:
 
 
 def _wrap(group: Any, engine: str) -> Communicator:
-    if engine == "mpi":
+    if engine == MPI.name:
         mpi = _mpi()
         if not isinstance(group, mpi.Intracomm):
             raise TypeError(f"an mpi4py {type(group).__name__} cannot be used as a group: pass an Intracomm")

@@ -11,7 +11,7 @@ job that silently fell back to a world of one is easy to diagnose.
 from __future__ import annotations
 
 from gflowdist.comm.base import Communicator
-from gflowdist.engines import CHOICES
+from gflowdist.engines import CHOICES, LOCAL, MPI, TORCH
 from gflowdist.errors import ConfigError, GflowdistError
 from gflowdist.jobenv import (  # noqa: F401
     MPI_JOB_VARIABLES,
@@ -55,7 +55,7 @@ def world_comm(engine: str = "auto", *, cuda: bool | None = None) -> Communicato
         raise ConfigError(f"unknown engine {engine!r}; expected {', '.join(CHOICES)}", key="launch.engine")
     if engine == "auto":
         engine = detect_engine()
-    if engine == "torch":
+    if engine == TORCH.name:
         import torch.distributed as dist
 
         from gflowdist.comm.rendezvous import init_default_group
@@ -65,12 +65,12 @@ def world_comm(engine: str = "auto", *, cuda: bool | None = None) -> Communicato
             on_gpu = _cuda_for_local_rank() if cuda is None else cuda
             init_default_group("nccl" if on_gpu else "gloo")
         _WORLD = TorchComm()
-    elif engine == "mpi":
-        from mpi4py import MPI
+    elif engine == MPI.name:
+        from mpi4py import MPI as mpi4py
 
         from gflowdist.comm.mpi import MPIComm
 
-        world = MPIComm(MPI.COMM_WORLD)
+        world = MPIComm(mpi4py.COMM_WORLD)
         mismatch = mpi_world_mismatch(world.size)
         if mismatch is not None:
             raise GflowdistError(mismatch)
@@ -108,12 +108,12 @@ def detect_engine() -> str:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return "torch"
+            return TORCH.name
     if in_mpi_job():
-        return "mpi"
+        return MPI.name
     if in_torch_job():
-        return "torch"
-    return "local"
+        return TORCH.name
+    return LOCAL.name
 
 
 def _cuda_for_local_rank() -> bool:

@@ -42,6 +42,7 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import as_byte_array
+from gflowdist.engines import LOCAL
 from gflowdist.errors import DeadlineError
 
 __all__ = ["ThreadWorld", "ThreadComm", "JobAborted"]
@@ -123,7 +124,7 @@ class ThreadWorld:
 class ThreadComm(Communicator):
     """One rank of a :class:`ThreadWorld` (or of a group split from it)."""
 
-    engine = "local"
+    engine = LOCAL.name
     ranks_are_threads = True
 
     def __init__(self, group: _Group, rank: int) -> None:

@@ -53,8 +53,9 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import as_byte_array, read_only_tensor
-from gflowdist.comm.native import register, unregister
+from gflowdist.comm.registry import register, unregister
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
+from gflowdist.engines import TORCH
 from gflowdist.errors import DeadlineError, TransportError
 
 __all__ = ["TorchComm"]
@@ -77,7 +78,7 @@ _OPS = {
 class TorchComm(Communicator):
     """A communicator over a torch.distributed process group (None: the default group)."""
 
-    engine = "torch"
+    engine = TORCH.name
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gflowdist.comm.base import ReduceOp
+from gflowdist.engines import TORCH
 
 __all__ = ["needs_per_tensor", "average_each"]
 
@@ -29,7 +30,7 @@ def needs_per_tensor(comm: Any) -> bool:
     (MPICH's algorithms pair ranks alike for every element, and two ranks
     sum ``a + b`` either way: there one flat reduction gives the same bits.)
     """
-    return comm.engine == "torch" and comm.size > 2
+    return comm.engine == TORCH.name and comm.size > 2
 
 
 def average_each(

@@ -45,6 +45,7 @@ from gflowdist.comm.select import reset_world_comm
 from gflowdist.compat.torchgfn_groups import engine_of, forget_world, native_handle, torch_initialized, world_for
 from gflowdist.compat.torchgfn_layout import as_layout
 from gflowdist.context import DistributedContext as CoreContext
+from gflowdist.engines import LOCAL, MPI, TORCH
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
 from gflowdist.layout import Layout, Role
 
@@ -284,7 +285,7 @@ class DistributedContext(_RankFacts):
 
     def get_train_group(self, backend: str = "mpi") -> Any:
         """The trainers' group of ``backend``: ``"mpi"`` -> ``dc_mpi4py``'s, ``"torch"`` -> this context's."""
-        if engine_of(backend) == "torch":
+        if engine_of(backend) == TORCH.name:
             return self.train_global_group
         if self.dc_mpi4py is not None:
             return self.dc_mpi4py.train_global_group
@@ -323,7 +324,7 @@ def initialize_distributed_compute_mpi4py(
     A torch.distributed job that no MPI launcher started raises.
     """
     torchgfn_layout_config(num_remote_buffers, num_agent_groups, num_coordinators)  # validates
-    world = world_for("mpi")
+    world = world_for(MPI.name)
     if layout is None or world.size == 1:
         core = _create_core(world, num_remote_buffers, num_agent_groups, num_coordinators)
     else:
@@ -370,7 +371,7 @@ def _rendezvous_over_mpi() -> str:
     only, so ``127.0.1.1`` from ``/etc/hosts`` would be unreachable from the
     other hosts); when there is none, every rank raises :class:`ConfigError`.
     """
-    mpi_world = world_for("mpi")
+    mpi_world = world_for(MPI.name)
     hosts = [h.decode() for h in mpi_world.all_gather_bytes(mpi_world.host.encode())]
     mine = b""
     if mpi_world.rank == 0:
@@ -429,7 +430,7 @@ def _release_process_group() -> None:
     if not _OWNS_PROCESS_GROUP:
         return
     _OWNS_PROCESS_GROUP = False
-    torch_world = forget_world("torch")
+    torch_world = forget_world(TORCH.name)
     if torch_world is not None:
         torch_world.free()
     if torch_initialized():
@@ -461,9 +462,9 @@ def initialize_distributed_compute(
         size = launcher_world_size()
         if size <= 1:
             core = _create_core(world_comm(), num_remote_buffers, num_agent_groups, coordinators)
-            return DistributedContext(training_ranks=[0], **_context_fields(core, "local"))
+            return DistributedContext(training_ranks=[0], **_context_fields(core, LOCAL.name))
         _init_process_group(dist_backend, size)
-    world = world_for("torch")
+    world = world_for(TORCH.name)
     core = _create_core(world, num_remote_buffers, num_agent_groups, coordinators)
     dc = None
     if world.size > 1 and in_mpi_job():

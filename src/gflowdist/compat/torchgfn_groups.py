@@ -21,12 +21,13 @@ from typing import Any
 
 from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, world_comm
 from gflowdist.comm.native import as_communicator
+from gflowdist.engines import LOCAL, MPI, TORCH
 from gflowdist.errors import ConfigError, GflowdistError
 
 __all__ = ["BACKENDS", "engine_of", "world_for", "forget_world", "resolve_group", "native_handle", "torch_initialized"]
 
 #: torchgfn's ``backend`` names and the gflowdist engine each one means.
-BACKENDS = {"mpi": "mpi", "torch": "torch"}
+BACKENDS = {"mpi": MPI.name, "torch": TORCH.name}
 
 #: World communicator per engine, once resolved (the same object for every call).
 _WORLDS: dict[str, Communicator] = {}
@@ -66,21 +67,21 @@ def world_for(engine: str) -> Communicator:
     if known is not None:
         return known
     current = world_comm()
-    if current.engine == "local" and not (engine == "torch" and torch_initialized()):
+    if current.engine == LOCAL.name and not (engine == TORCH.name and torch_initialized()):
         return current  # not remembered: the job may set up an engine later
     if current.engine == engine:
         comm = current
-    elif engine == "mpi":
+    elif engine == MPI.name:
         if not in_mpi_job():
             raise GflowdistError(
                 f"backend 'mpi' was requested, but this is a {current.engine} job of {current.size} "
                 "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)"
             )
-        from mpi4py import MPI
+        from mpi4py import MPI as mpi4py
 
         from gflowdist.comm.mpi import MPIComm
 
-        comm = MPIComm(MPI.COMM_WORLD)
+        comm = MPIComm(mpi4py.COMM_WORLD)
     else:
         if not (torch_initialized() or in_torch_job()):
             raise GflowdistError(
@@ -88,9 +89,9 @@ def world_for(engine: str) -> Communicator:
                 "has no torch.distributed process group; call initialize_distributed_compute(...) "
                 "first, or pass backend='mpi'"
             )
-        if current.engine == "mpi":
-            _WORLDS.setdefault("mpi", current)
-        comm = world_comm("torch")
+        if current.engine == MPI.name:
+            _WORLDS.setdefault(MPI.name, current)
+        comm = world_comm(TORCH.name)
     _WORLDS[engine] = comm
     return comm
 
@@ -103,10 +104,10 @@ def forget_world(engine: str) -> Communicator | None:
 def _is_world_object(group: Any) -> str | None:
     """``"torch"`` for ``dist.group.WORLD``, ``"mpi"`` for ``MPI.COMM_WORLD``, else None."""
     if torch_initialized() and group is sys.modules["torch.distributed"].group.WORLD:
-        return "torch"
+        return TORCH.name
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and isinstance(group, mpi.Comm) and group == mpi.COMM_WORLD:
-        return "mpi"
+        return MPI.name
     return None
 
 
@@ -139,11 +140,11 @@ def native_handle(comm: Communicator | None, engine: str) -> Any:
     "local"``) there is no native group: None, which every function here
     reads as the world of one.
     """
-    if engine == "mpi":
-        from mpi4py import MPI
+    if engine == MPI.name:
+        from mpi4py import MPI as mpi4py
 
-        return MPI.COMM_NULL if comm is None else comm.mpi_comm
-    if engine == "torch":
+        return mpi4py.COMM_NULL if comm is None else comm.mpi_comm
+    if engine == TORCH.name:
         import torch.distributed as dist
 
         if comm is None:

@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from gflowdist.engines import TORCH
 from gflowdist.errors import ConfigError, PeerLostError
 from gflowdist.jobenv import free_port
 from gflowdist.launch.jobs import existing_job
@@ -134,9 +135,9 @@ def _worker(
         reset_world_comm()  # whatever world this process saw before belongs to no job
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        world_comm("torch").barrier()
+        world_comm(TORCH.name).barrier()
         job_fn(*args)
-        world_comm("torch").barrier()
+        world_comm(TORCH.name).barrier()
         release_world_comm()
         dist.destroy_process_group()
     except BaseException:

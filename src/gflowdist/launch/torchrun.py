@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 
+from gflowdist.engines import MPI, TORCH
 from gflowdist.errors import GflowdistError
 from gflowdist.launch.binding import BIND_VARIABLE, bind_from_environment
 from gflowdist.launch.jobs import current_command, existing_job
@@ -62,7 +63,7 @@ def ensure_process_group(device: str = "cpu") -> str:
     from gflowdist.comm.select import reset_world_comm, world_comm
 
     job = existing_job()
-    if job == "torch":
+    if job == TORCH.name:
         import torch.distributed as dist
 
         from gflowdist.comm.rendezvous import init_default_group
@@ -70,9 +71,9 @@ def ensure_process_group(device: str = "cpu") -> str:
         if not dist.is_initialized():
             init_default_group("gloo" if device == "cpu" else "nccl")
             reset_world_comm()  # a cached world of one must not outlive the new group
-        world_comm("torch")
-    elif job == "mpi":
-        world_comm("mpi")
+        world_comm(TORCH.name)
+    elif job == MPI.name:
+        world_comm(MPI.name)
     else:
         raise GflowdistError("ensure_process_group: this process is not part of a job")
     return job
