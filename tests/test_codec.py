@@ -66,6 +66,8 @@ def test_message_type_values_are_fixed():
         "USER": 9,
         "PING": 10,
         "PRIORITIES": 11,
+        "INFER_REQUEST": 12,
+        "INFER_REPLY": 13,
     }
 
 

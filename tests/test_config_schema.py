@@ -213,6 +213,15 @@ MALFORMED = [
     ("run: {seed: -1}", "run.seed", ["expected an integer >= 0", "int -1"]),
     ("run: {name: a/b}", "run.name", ["without '/'", "str 'a/b'"]),
     ("run: {name: ''}", "run.name", ["non-empty name"]),
+    ("inference: {max_delay_ms: -1}", "inference.max_delay_ms", ["expected a finite number >= 0.0", "int -1"]),
+    ("inference: {max_delay_ms: .nan}", "inference.max_delay_ms", ["expected a finite number", "float nan"]),
+    ("inference: {max_batch: 0}", "inference.max_batch", ["expected an integer >= 1", "int 0"]),
+    ("layout: {inference: -1}", "layout.inference", ["expected an integer >= 0", "int -1"]),
+    (
+        "layout: {inference: 1}\nrun: {record: true}",
+        "run.record",
+        ["cannot record a run with inference ranks (layout.inference is 1)", "record without them"],
+    ),
     (
         "launch: {engine: tourch}",
         "launch.engine",

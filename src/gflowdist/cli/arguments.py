@@ -44,7 +44,7 @@ OVERRIDES_HELP = (
     "(the value is YAML; options may come in between)"
 )
 
-_SECTIONS = ("run", "launch", "layout", "roles", "replay", "sync", "faults", "report", "params")
+_SECTIONS = ("run", "launch", "layout", "roles", "replay", "sync", "faults", "report", "inference", "params")
 
 
 class HelpFormatter(argparse.HelpFormatter):

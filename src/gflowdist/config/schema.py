@@ -42,6 +42,7 @@ from gflowdist.config.sections import (
     ACTOR_LOSS_REFUSED,
     SECTIONS,
     FaultsConfig,
+    InferenceConfig,
     LaunchConfig,
     LayoutConfig,
     LearnerConfig,
@@ -86,6 +87,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     params: Mapping[str, Any] = field(default_factory=FrozenMapping)
     file: str | None = field(default=None, compare=False, repr=False)
 
@@ -106,6 +108,13 @@ class Config:
             raise ConfigError(
                 ACTOR_LOSS_REFUSED.format(engine=f"launch.engine is {self.launch.engine}", why=why),
                 key="faults.on_actor_loss",
+                file=self.file,
+            )
+        if self.layout.inference and self.run.record:
+            raise ConfigError(
+                f"cannot record a run with inference ranks (layout.inference is {self.layout.inference}): which "
+                "requests an inference rank batches together is not recorded yet; record without them",
+                key="run.record",
                 file=self.file,
             )
         object.__setattr__(self, "params", _frozen_params(self.params))

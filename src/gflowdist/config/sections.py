@@ -42,6 +42,7 @@ __all__ = [
     "LearnerConfig",
     "FaultsConfig",
     "ReportConfig",
+    "InferenceConfig",
     "SECTIONS",
     "REST",
     "MIB",
@@ -188,6 +189,12 @@ class LayoutConfig(_Section):
         1, CountCheck(), "Replay-buffer ranks; each serves the trainers and actors assigned to it."
     )
     coordinator: bool = setting(True, BoolCheck(), "Whether the last rank is a coordinator.")
+    inference: int = setting(
+        0,
+        IntCheck(low=0),
+        "Inference ranks (placed before the coordinator): each runs the policy of its share of the actors, "
+        "batched across them (section `inference`); the trainer's weights go to them, not to the actors.",
+    )
     agent_groups: int = setting(
         1,
         IntCheck(low=1),
@@ -562,6 +569,24 @@ class ReportConfig(_Section):
     )
 
 
+@dataclass(frozen=True)
+class InferenceConfig(_Section):
+    """The inference ranks' dynamic batching (``layout.inference``; docs/inference.md)."""
+
+    section: ClassVar[str] = "inference"
+
+    max_batch: int = setting(
+        256,
+        IntCheck(low=1),
+        "An inference rank runs a batch once it holds this many observations (an actor's request is never split).",
+    )
+    max_delay_ms: float = setting(
+        2.0,
+        FloatCheck(0.0, 10000.0),
+        "...or once its oldest request has waited this long (milliseconds), or once every actor it serves is waiting.",
+    )
+
+
 SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "launch": LaunchConfig,
@@ -572,5 +597,6 @@ SECTIONS: dict[str, type] = {
     "learner": LearnerConfig,
     "faults": FaultsConfig,
     "report": ReportConfig,
+    "inference": InferenceConfig,
 }
 """Section name -> dataclass, in file order. ``params`` is the one free-form section."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gflowdist.errors import LayoutError
@@ -26,6 +27,8 @@ class Role(enum.Enum):
     ACTOR = "actor"
     BUFFER = "buffer"
     COORDINATOR = "coordinator"
+    #: runs the actors' policy for them, batched (``layout.inference``; :mod:`gflowdist.runtime.loops.inference`)
+    INFERENCE = "inference"
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,11 @@ class RankPlacement:
     Fields that do not apply to the rank's role are ``None`` or empty:
     ``buffer`` for trainers and actors (``None`` when the layout has no buffers),
     ``clients`` for buffers, ``group``/``group_members`` for trainers and actors
-    (an actor belongs to its trainer's group), ``trainer`` for actors,
-    ``actors`` for trainers.
+    (an actor belongs to its trainer's group), ``trainer`` for actors and
+    inference ranks, ``actors`` for trainers. With ``layout.inference``:
+    ``inference`` is an actor's inference rank, ``served`` an inference rank's
+    actors and ``inference_ranks`` a trainer's inference ranks (its weights go
+    to them instead of its actors).
     """
 
     rank: int
@@ -50,6 +56,9 @@ class RankPlacement:
     actors: tuple[int, ...]
     coordinator: int | None
     pop_ranks: tuple[int, ...]
+    inference: int | None = None
+    served: tuple[int, ...] = ()
+    inference_ranks: tuple[int, ...] = ()
 
     @property
     def is_pop_rank(self) -> bool:
@@ -64,8 +73,10 @@ class Layout:
     Mappings are read-only. ``buffer_of`` has an entry for every trainer and
     actor when there are buffers (none otherwise); ``clients_of`` for every
     buffer; ``group_of`` and ``actors_of`` for every trainer (``actors_of`` may
-    map to ``()``); ``trainer_of`` for every actor. ``note`` says when a
-    requested placement was replaced (``fallback_to_block``).
+    map to ``()``); ``trainer_of`` for every actor and inference rank. ``note`` says when a
+    requested placement was replaced (``fallback_to_block``). With inference
+    ranks (``layout.inference``): ``inference_of`` maps each actor to the rank
+    that runs its policy, ``served_by`` each inference rank to its actors.
     """
 
     world_size: int
@@ -83,6 +94,9 @@ class Layout:
     hosts: tuple[str, ...] | None
     placement: str
     note: str | None = None
+    inference: tuple[int, ...] = ()
+    inference_of: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    served_by: Mapping[int, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     # --- per-rank questions ----------------------------------------------
 
@@ -116,6 +130,8 @@ class Layout:
         """All ranks with ``role``, in placement order."""
         if role is Role.COORDINATOR:
             return () if self.coordinator is None else (self.coordinator,)
+        if role is Role.INFERENCE:
+            return self.inference
         return {Role.TRAINER: self.trainers, Role.ACTOR: self.actors, Role.BUFFER: self.buffers}[role]
 
     @property
@@ -139,6 +155,9 @@ class Layout:
             actors=self.actors_of.get(rank, ()),
             coordinator=self.coordinator,
             pop_ranks=self.pop_ranks,
+            inference=self.inference_of.get(rank),
+            served=self.served_by.get(rank, ()),
+            inference_ranks=tuple(i for i in self.inference if self.trainer_of.get(i) == rank),
         )
 
     # --- output ----------------------------------------------------------
@@ -154,7 +173,8 @@ class Layout:
         return (
             f"world of {count(self.world_size, 'rank')}: "
             f"{count(len(self.trainers), 'trainer')}, {count(len(self.actors), 'actor')}, "
-            f"{count(len(self.buffers), 'buffer')}, {coordinator}; "
+            f"{count(len(self.buffers), 'buffer')}, "
+            f"{count(len(self.inference), 'inference rank') + ', ' if self.inference else ''}{coordinator}; "
             f"{groups} agent group{'s' if groups != 1 else ''}; placement {self.placement}"
         )
 
@@ -163,7 +183,10 @@ class Layout:
         if role is Role.BUFFER:
             return "clients " + ",".join(map(str, self.clients_of[rank]))
         if role is Role.ACTOR:
-            return f"trainer {self.trainer_of[rank]}"
+            inference = self.inference_of.get(rank)
+            return f"trainer {self.trainer_of[rank]}" + ("" if inference is None else f", inference {inference}")
+        if role is Role.INFERENCE:
+            return f"trainer {self.trainer_of[rank]}, actors " + ",".join(map(str, self.served_by[rank]))
         if role is Role.TRAINER and self.actors_of.get(rank):
             return "actors " + ",".join(map(str, self.actors_of[rank]))
         return ""
@@ -218,4 +241,7 @@ class Layout:
             "pop_ranks": list(self.pop_ranks),
             "hosts": list(self.hosts) if self.hosts is not None else None,
             "note": self.note,
+            "inference": list(self.inference),
+            "inference_of": dict(self.inference_of),
+            "served_by": {rank: list(actors) for rank, actors in self.served_by.items()},
         }

@@ -5,12 +5,12 @@ on the same inputs and get the same answer, and tests run it for thousands of
 shapes in one process.
 
 Notation: ``W`` ranks, ``T`` trainers, ``A`` actors, ``B`` buffers,
-``C`` coordinators (0 or 1), ``K = T + A`` clients (ranks a buffer serves),
+``I`` inference ranks, ``C`` coordinators (0 or 1), ``K = T + A`` clients (ranks a buffer serves),
 ``G`` agent groups. ``split(n, m)`` is ``m`` near-equal parts of ``n``, the
 first ``n mod m`` one larger: ``split(5, 3) = [2, 2, 1]``.
 
-1. **Counts.** ``W = T + A + B + C``. At most one count is ``"rest"``, which
-   gets ``W - C - (the other two)``.
+1. **Counts.** ``W = T + A + B + I + C``. At most one count is ``"rest"``, which
+   gets ``W - I - C - (the other two)``.
 2. **Chunks.** The ranks other than the coordinator are cut into ``B`` chunks
    (one chunk without a buffer when ``B = 0``); a chunk is some client ranks
    followed by its buffer rank.
@@ -73,6 +73,7 @@ class LayoutCounts:
     actors: int
     buffers: int
     coordinator: bool
+    inference: int = 0
 
     @property
     def clients(self) -> int:
@@ -105,11 +106,14 @@ def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
         if value != REST and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise LayoutError(f"the number of {name} must be an integer >= 0 or 'rest', found {value!r}")
     coordinators = 1 if layout_cfg.coordinator else 0
+    inference = int(getattr(layout_cfg, "inference", 0))
     fixed = {name: int(configured[name]) for name in _ROLE_NAMES if name not in rest}
     terms = [_count(number, name[:-1]) for name, number in fixed.items() if number or name == "trainers"]
+    if inference:
+        terms.append(_count(inference, "inference rank"))
     if coordinators:
         terms.append("1 coordinator")
-    needed = sum(fixed.values()) + coordinators
+    needed = sum(fixed.values()) + inference + coordinators
     if rest:
         left = world_size - needed
         if left < 0:
@@ -127,8 +131,13 @@ def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
             f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} but the job has {world_size}",
             fix=f"give one count as 'rest' or start {needed} ranks",
         )
-    counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators))
+    counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators), inference)
     _check_counts(world_size, counts, layout_cfg.agent_groups, rest[0] if rest else None)
+    if inference > counts.actors:
+        raise LayoutError(
+            f"layout.inference is {inference} but the layout has {_count(counts.actors, 'actor')}: "
+            "every inference rank serves at least one actor"
+        )
     return counts
 
 
@@ -306,9 +315,6 @@ def _assemble(
         roles[rank] = Role.BUFFER
     if coordinator is not None:
         roles[coordinator] = Role.COORDINATOR
-    unassigned = [rank for rank, role in enumerate(roles) if role is None]
-    if unassigned:
-        raise LayoutError(f"internal error: ranks {unassigned} got no role")
     size = len(trainers) // groups
     agent_groups = tuple(tuple(trainers[index * size : (index + 1) * size]) for index in range(groups))
     group_of = {rank: index for index, group in enumerate(agent_groups) for rank in group}
@@ -317,6 +323,10 @@ def _assemble(
     for actor in actors:
         served[trainer_of[actor]].append(actor)
     actors_of = {trainer: tuple(its_actors) for trainer, its_actors in served.items()}
+    inference = _place_inference(world_size, counts, coordinator, actors_of, roles, trainer_of)
+    unassigned = [rank for rank, role in enumerate(roles) if role is None]
+    if unassigned:
+        raise LayoutError(f"internal error: ranks {unassigned} got no role")
     return Layout(
         world_size=world_size,
         roles=tuple(role for role in roles if role is not None),  # all set, checked above
@@ -333,7 +343,55 @@ def _assemble(
         hosts=hosts,
         placement=placement,
         note=note,
+        inference=tuple(inference.ranks),
+        inference_of=MappingProxyType(inference.of),
+        served_by=MappingProxyType(inference.served),
     )
+
+
+@dataclass
+class _Inference:
+    ranks: list[int] = field(default_factory=list)
+    of: dict[int, int] = field(default_factory=dict)  # actor -> its inference rank
+    served: dict[int, tuple[int, ...]] = field(default_factory=dict)  # inference rank -> its actors
+
+
+def _place_inference(
+    world_size: int,
+    counts: LayoutCounts,
+    coordinator: int | None,
+    actors_of: dict[int, tuple[int, ...]],
+    roles: list[Role | None],
+    trainer_of: dict[int, int],
+) -> _Inference:
+    """Rule 6 of the module docstring; sets the inference ranks' roles and trainers."""
+    placed = _Inference()
+    if not counts.inference:
+        return placed
+    end = coordinator if coordinator is not None else world_size
+    placed.ranks = list(range(end - counts.inference, end))
+    feeding = [trainer for trainer, actors in actors_of.items() if actors]
+    if counts.inference < len(feeding):
+        raise LayoutError(
+            f"layout.inference is {counts.inference} but {_count(len(feeding), 'trainer')} have actors: an "
+            "inference rank holds one trainer's weights, so each such trainer needs at least one"
+        )
+    ranks = iter(placed.ranks)
+    for trainer, share in zip(feeding, split_evenly(counts.inference, len(feeding)), strict=True):
+        if share > len(actors_of[trainer]):
+            raise LayoutError(
+                f"layout.inference is {counts.inference}: trainer {trainer} would get {share} inference ranks "
+                f"for its {_count(len(actors_of[trainer]), 'actor')}; every inference rank serves at least one actor"
+            )
+        start = 0
+        for size in split_evenly(len(actors_of[trainer]), share):
+            rank = next(ranks)
+            roles[rank] = Role.INFERENCE
+            trainer_of[rank] = trainer
+            placed.served[rank] = actors_of[trainer][start : start + size]
+            placed.of.update({actor: rank for actor in placed.served[rank]})
+            start += size
+    return placed
 
 
 def plan_layout(
@@ -360,6 +418,11 @@ def plan_layout(
     coordinator = world_size - 1 if counts.coordinator else None
     note = None
     placement = config.placement
+    if placement == "node-local" and counts.inference:
+        raise LayoutError(
+            f"layout.inference is {counts.inference}: inference ranks take block placement only "
+            "(placement 'node-local' does not place them yet)"
+        )
     if placement == "node-local":
         try:
             chunks = _node_local_chunks(world_size, counts, host_names, coordinator)

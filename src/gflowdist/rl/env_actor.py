@@ -111,6 +111,6 @@ class EnvironmentActor(VectorEnvActor):
 
     def step_environments(self) -> None:
         """One step of every environment with :meth:`act`'s actions."""
-        actions = self.act(self.obs_tensor(), self.epsilon).numpy()
+        actions = self.policy(self.obs_tensor(), self.epsilon).numpy()
         step = self.step_with(actions)
         self.transitions.push(step.obs, actions, step.reward, step.next_obs, step.terminated, step.truncated)

@@ -151,6 +151,13 @@ class VectorEnvActor(Actor):
             self.episodes += 1
         return VectorStep(obs, actions, reward, next_obs, terminated, truncated)
 
+    def policy(self, obs: torch.Tensor, *args: torch.Tensor) -> Any:
+        """``act(obs, *args)``, run here, or on my inference rank when I have one (``layout.inference``:
+        ``self.remote``, set by the actor loop), batched there with other actors' requests."""
+        if self.remote is not None:
+            return self.remote(obs, *args)
+        return self.act(obs, *args)  # type: ignore[attr-defined]
+
     def obs_tensor(self, obs: np.ndarray | None = None) -> torch.Tensor:
         """``obs`` (default: the current observations) as a float32 tensor ``[E, *obs_shape]``."""
         return torch.from_numpy(np.asarray(self.obs if obs is None else obs, dtype=np.float32))

@@ -136,9 +136,11 @@ class UnrollActor(VectorEnvActor):
         if self.held(policy_version):
             return None
         for t in range(self.unroll_length):
-            out = self.act(self.obs_tensor())
+            out = self.policy(self.obs_tensor())
             action = out["action"].detach().cpu()
             step = self.step_with(action.numpy())
             self.recorder.record(t, step, out)
         self.unrolls_sent += self.num_envs
-        return self.recorder.take(np.asarray(self.obs), policy_version)
+        # acting through an inference rank: the unrolls carry the oldest version that acted in them
+        stamp = self.remote.stamp() if self.remote is not None else policy_version
+        return self.recorder.take(np.asarray(self.obs), stamp)

@@ -1,4 +1,5 @@
-"""The protocol's three channels on a rank's world (data, control, weights), built with one message size limit.
+"""The protocol's four channels on a rank's world (data, control, weights, inference), built with one message size
+limit.
 
 Every message on them is defined in :mod:`gflowdist.runtime.protocol`.
 """
@@ -22,15 +23,18 @@ LIMIT_KEY = "faults.max_message_bytes"
 #: Unacknowledged sends per peer on the control and weights channels (the data channel's is replay.max_in_flight).
 CONTROL_IN_FLIGHT = 64
 WEIGHTS_IN_FLIGHT = 2
+#: ... on the inference channel (an actor has one request out at a time; its inference rank one reply to each)
+INFERENCE_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
 class Channels:
-    """The data, control and weights channels of one rank (:class:`~gflowdist.runtime.protocol.Tags`)."""
+    """The data, control, weights and inference channels of one rank (:class:`~gflowdist.runtime.protocol.Tags`)."""
 
     data: Channel
     control: Channel
     weights: Channel
+    inference: Channel  # actors <-> their inference rank (layout.inference)
 
     @classmethod
     def open(cls, comm: Communicator, settings: Settings, trace: TraceRecorder | None = None) -> Channels:
@@ -55,6 +59,7 @@ class Channels:
             data=channel(Tags.DATA, settings.max_in_flight),
             control=channel(Tags.CONTROL, CONTROL_IN_FLIGHT),
             weights=channel(Tags.WEIGHTS, WEIGHTS_IN_FLIGHT),
+            inference=channel(Tags.INFERENCE, INFERENCE_IN_FLIGHT),
         )
         if trace is not None:
             observer = TraceObserver(trace)
@@ -62,8 +67,8 @@ class Channels:
                 ch.observer = observer
         return channels
 
-    def all(self) -> tuple[Channel, Channel, Channel]:
-        return (self.data, self.control, self.weights)
+    def all(self) -> tuple[Channel, Channel, Channel, Channel]:
+        return (self.data, self.control, self.weights, self.inference)
 
     def forget(self, rank: int) -> None:
         """Drop what is pending to or from ``rank`` (a rank the run goes on without) on every channel."""

@@ -287,6 +287,9 @@ def _report(
     )
     if notes or failure:
         report = dataclasses.replace(report, notes=(*notes, *report.notes), failure=tuple(failure))
+    served = {r: f["inference"] for r, f in finals.items() if isinstance(f.get("inference"), dict)}
+    if served:
+        report = dataclasses.replace(report, inference=served)
     if facts is not None:
         report = dataclasses.replace(
             report,

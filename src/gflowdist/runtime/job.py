@@ -58,6 +58,7 @@ from gflowdist.runtime.device_record import device_notes, write_devices
 from gflowdist.runtime.generations import generation_note, restart_record
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.loops import run_actor, run_buffer, run_coordinator, run_trainer
+from gflowdist.runtime.loops.inference import InferenceStats, run_inference
 from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_trace
 from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
@@ -73,6 +74,7 @@ log = logging.getLogger("gflowdist.runtime")
 DEFAULT_CLASSES = {
     Role.TRAINER: roles.Trainer,
     Role.ACTOR: roles.Actor,
+    Role.INFERENCE: roles.Actor,  # an inference rank runs the actor class's policy (roles.actor)
     Role.BUFFER: roles.BufferManager,
     Role.COORDINATOR: roles.Coordinator,
 }
@@ -109,6 +111,7 @@ class Rank:
     resumed_from: str | None
     resumed_step: int | None  # the step of the checkpoint resumed from (its manifest's)
     skipped: list[str]  # newer checkpoints not resumed from, each naming the file and what is wrong
+    inference: InferenceStats | None = None  # an inference rank's batches and queueing delays
 
 
 def _run(process: RankProcess, config: Config, resume_dir: str | None, out: TextIO) -> JobResult | None:
@@ -163,18 +166,20 @@ def _run_to_end(
 def make_role(
     ctx: DistributedContext, config: Config, generator: torch.Generator, device: str = "cpu"
 ) -> roles.BaseRole:
-    """The configured class of this rank's role (``roles.<role>``), instantiated and ``setup()``."""
-    cls = config.role_class(ctx.role.value) or DEFAULT_CLASSES[ctx.role]
+    """The configured class of this rank's role (``roles.<role>``), instantiated and ``setup()``; an inference
+    rank's is the actor class (``roles.actor``), whose ``act`` it runs."""
+    key = Role.ACTOR.value if ctx.role is Role.INFERENCE else ctx.role.value
+    cls = config.role_class(key) or DEFAULT_CLASSES[ctx.role]
     if inspect.isabstract(cls):
         missing = " and ".join(f"{name}()" for name in sorted(cls.__abstractmethods__))
         if cls is DEFAULT_CLASSES[ctx.role]:
             raise GflowdistError(
-                f"roles.{ctx.role.value} is not set: a {ctx.role.value} needs your class with "
+                f"roles.{key} is not set: a {ctx.role.value} needs your class with "
                 f"{missing} (see gflowdist.runtime.roles)"
             )
         raise GflowdistError(
-            f"roles.{ctx.role.value}: {cls.__module__}.{cls.__qualname__} does not implement "
-            f"{missing}, which every {ctx.role.value} needs (see gflowdist.runtime.roles)"
+            f"roles.{key}: {cls.__module__}.{cls.__qualname__} does not implement "
+            f"{missing}, which every {key} needs (see gflowdist.runtime.roles)"
         )
     role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx, device=device)
     role.setup()
@@ -275,6 +280,8 @@ def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
         run_actor(rank.role, rank.w, rank.state)
     elif role is Role.BUFFER:
         run_buffer(rank.role, rank.w, rank.state, rank.replay)
+    elif role is Role.INFERENCE:
+        rank.inference = run_inference(rank.role, rank.w, rank.state)
     else:
         run_coordinator(rank.role, rank.w, collector)
 
@@ -292,6 +299,8 @@ def _final_extras(rank: Rank, checkpoint_file: dict) -> dict:
     }
     if rank.replay is not None:
         extra["replay"] = rank.replay.stats()
+    if rank.inference is not None:
+        extra["inference"] = rank.inference.to_dict()
     return extra
 
 

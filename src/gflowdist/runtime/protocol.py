@@ -1,13 +1,14 @@
 """The runtime's protocol: every message one rank sends another, in one place.
 
-Three channels, each a tag on the world communicator (:class:`Tags`). On one
+Four channels, each a tag on the world communicator (:class:`Tags`). On one
 channel, messages between two ranks arrive in the order they were sent.
 
 | channel | between |
 |---|---|
 | `DATA` | a client (trainer or actor) and its buffer: trajectories, sample requests and replies, priority updates, checkpoint markers, `done` |
 | `CONTROL` | every rank and the collector (the coordinator, else rank 0): heartbeats, metrics, summaries, `saved`, `stop`, `lost`, final reports; a buffer and a client whose batch it refused: `refused` |
-| `WEIGHTS` | a trainer and its actors: weights, checkpoint markers, `stop` |
+| `WEIGHTS` | a trainer and its actors: weights, checkpoint markers, `stop`; a trainer and its inference ranks (`layout.inference`): weights, `stop` |
+| `INFERENCE` | an actor and its inference rank: observations, the actions for them, `done` |
 
 Every message: its constructor here, its
 :class:`~gflowdist.transport.MessageType` (and :class:`Command`), its channel,
@@ -22,7 +23,12 @@ who sends it to whom, and where it is sent and handled.
 | :func:`done` | CONTROL `done` | DATA | client -> its buffer, after its last trajectory | :func:`client.finish` / :meth:`BufferLoop.handle` |
 | :func:`checkpoint` | CONTROL `checkpoint` | DATA, WEIGHTS | client -> its buffer, trainer -> its actors: the cut of a periodic checkpoint | :func:`client.checkpoint_cut` / :meth:`BufferLoop.handle`, :func:`actor.read_inbox` |
 | :func:`checkpointed` | CONTROL `checkpointed` | DATA | buffer -> each client, once it saved at the cut | :meth:`BufferLoop.save_complete_cuts` / :func:`client.checkpoint_cut` |
-| :func:`weights` | WEIGHTS | WEIGHTS, CONTROL | trainer -> its actors (WEIGHTS); the first trainer -> the coordinator (CONTROL, every `sync.weights_to_coordinator_every` steps) | :meth:`TrainerLoop.send_weights`, :meth:`TrainerLoop.publish` / :func:`actor.read_inbox`, :meth:`Collector.poll` |
+| :func:`infer_request` | INFER_REQUEST | INFERENCE | actor -> its inference rank: observations to act on | :class:`RemotePolicy` / :meth:`InferenceLoop.gather` |
+| :func:`infer_reply` | INFER_REPLY | INFERENCE | inference rank -> the actor that asked: the policy's outputs, its version, the batch | :meth:`InferenceLoop.serve` / :class:`RemotePolicy` |
+| :func:`infer_refused` | INFER_REPLY | INFERENCE | inference rank -> an actor whose request it cannot batch (its shapes changed) | :meth:`InferenceLoop.gather` / :class:`RemotePolicy` |
+| :func:`done` | CONTROL `done` | INFERENCE | actor -> its inference rank, after its last request | :meth:`RemotePolicy.finish` / :meth:`InferenceLoop.gather` |
+| :func:`policy_version` | CONTROL `version` | WEIGHTS | trainer -> its actors that have an inference rank, with each send of weights to it: how far learning is (their pacing) | :meth:`TrainerLoop.send_weights` / :func:`actor.read_inbox` |
+| :func:`weights` | WEIGHTS | WEIGHTS, CONTROL | trainer -> its actors, or its inference ranks when it has them (WEIGHTS); the first trainer -> the coordinator (CONTROL, every `sync.weights_to_coordinator_every` steps) | :meth:`TrainerLoop.send_weights`, :meth:`TrainerLoop.publish` / :func:`actor.read_inbox`, :meth:`Collector.poll` |
 | :func:`stop` | CONTROL `stop` | CONTROL, WEIGHTS | coordinator -> trainers and actors; trainer -> its actors | :func:`coordinator.run_coordinator`, :meth:`TrainerLoop.finish` / :meth:`Liveness.check_control`, :func:`actor.read_inbox` |
 | :func:`heartbeat` | HEARTBEAT | CONTROL | every rank <-> the collector | :meth:`Liveness.heartbeat` / :meth:`Collector.poll`, :meth:`Liveness.check_control` |
 | :func:`metrics` | METRICS | CONTROL | trainer, actor -> collector | :meth:`TrainerLoop.publish`, :func:`actor.run_actor` / :meth:`Collector.poll` |
@@ -87,6 +93,10 @@ __all__ = [
     "postmortem",
     "partial",
     "final_report",
+    "infer_request",
+    "infer_reply",
+    "infer_refused",
+    "policy_version",
     "command_of",
     "is_command",
 ]
@@ -101,6 +111,7 @@ class Tags:
     DATA = 1
     CONTROL = 2
     WEIGHTS = 3
+    INFERENCE = 5
     #: not a channel: raw ping-pongs at start-up measuring clock offsets for trace.json (runtime.observing)
     CLOCK = 4
 
@@ -120,6 +131,8 @@ class Command(enum.Enum):
     STOP = "stop"
     #: buffer -> a client (CONTROL): your batch could not be stored (``text`` says why)
     REFUSED = "refused"
+    #: trainer -> its actors whose policy runs on an inference rank (WEIGHTS): my policy is at ``version`` now
+    VERSION = "version"
     #: collector -> the trainer and buffer of a lost actor (CONTROL): go on without ``rank``
     LOST = "lost"
     #: a failing rank -> collector (CONTROL): its ``failure`` and the ``state`` it holds (the post-mortem's)
@@ -260,6 +273,30 @@ def partial(state: Mapping[str, Any]) -> Outgoing:
 def final_report(report: Mapping[str, Any]) -> Outgoing:
     """My last message: role, host, ledger, timers, channel statistics and the role's extras."""
     return MessageType.LEDGER, report
+
+
+def policy_version(version: int) -> Outgoing:
+    """My policy is at ``version`` (to an actor whose policy runs on an inference rank: it paces itself by it)."""
+    return _command(Command.VERSION, version=version)
+
+
+def infer_request(obs: torch.Tensor, args: list[torch.Tensor], seq: int) -> Outgoing:
+    """Act on ``obs`` (``[n, *obs_shape]``) with the per-row ``args`` (e.g. each row's epsilon); ``seq``
+    numbers my requests."""
+    return MessageType.INFER_REQUEST, {"obs": obs, "args": list(args), "seq": seq}
+
+
+def infer_reply(
+    out: torch.Tensor | Mapping[str, torch.Tensor], *, version: int, seq: int, batch: int, size: int
+) -> Outgoing:
+    """The policy's outputs for request ``seq`` (its rows only), made by policy ``version`` in the inference
+    rank's batch number ``batch`` of ``size`` observations."""
+    return MessageType.INFER_REPLY, {"out": out, "version": version, "seq": seq, "batch": batch, "size": size}
+
+
+def infer_refused(text: str, seq: int) -> Outgoing:
+    """Request ``seq`` cannot be batched; ``text`` names the actor, the field, expected vs got."""
+    return MessageType.INFER_REPLY, {"refused": text, "seq": seq}
 
 
 # -- predicates ---------------------------------------------------------------------------------

@@ -104,7 +104,13 @@ class Reporting:
             "ledger": self.ledger.to_dict(),
             "timing": self.timer.to_dict(),
             "clock_offset": self.clock_offset,
-            "channels": {"data": self.channels.data.stats.to_dict(), "control": self.channels.control.stats.to_dict()},
+            "channels": {
+                "data": self.channels.data.stats.to_dict(),
+                "control": self.channels.control.stats.to_dict(),
+                **(
+                    {"inference": self.channels.inference.stats.to_dict()} if self.channels.inference.stats.sent else {}
+                ),
+            },
             **extra,
         }
         if self.timer.trace is not None:  # the collector writes it to trace.json, not to finals.json

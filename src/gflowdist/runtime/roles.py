@@ -128,6 +128,9 @@ class Actor(BaseRole):
     """Samples trajectories with ``self.model`` (see the module docstring)."""
 
     model: torch.nn.Module | None = None
+    #: Set by the actor loop when my policy runs on an inference rank (``layout.inference``): a
+    #: :class:`~gflowdist.runtime.remote_policy.RemotePolicy` that returns what ``act`` would; None otherwise.
+    remote: Any = None
     #: What one item of a batch is, in the progress line's rate and the final line: ``trajectories``,
     #: ``transitions`` (:class:`~gflowdist.rl.EnvironmentActor`), ``unrolls``... (the producing class's).
     unit: ClassVar[str] = "trajectories"

@@ -19,6 +19,8 @@ a named property with its multiple of ``faults.peer_timeout_s`` (or of
 | ``postmortem_wait_s`` | min(peer_timeout_s, 10 s) | the collector gathering a post-mortem |
 | ``launcher_grace_s`` | 2 * peer_timeout_s + 10 s | ``gflowdist run`` after the job's end began |
 | ``keeper_bound_s`` | peer_timeout_s + 2 s | a rank's keeper after its launcher died |
+| ``inference_reply_s`` | peer_timeout_s | an actor waiting for its inference rank's reply |
+| ``inference_done_s`` | peer_timeout_s | an inference rank, after its trainer's stop, waiting for its actors' ``done`` |
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class Settings:
     replayed_per_step: Callable[[int | None], int]
     # report
     curves: tuple[str, ...]
+    # inference (layout.inference)
+    inference_max_batch: int
+    inference_max_delay_ms: float
     # the sections a component reads whole (frozen themselves)
     sync: SyncConfig
     learner: LearnerConfig
@@ -99,6 +104,8 @@ class Settings:
             min_size_to_sample=replay.min_size_to_sample,
             replayed_per_step=replay.replayed_per_step,
             curves=tuple(config.report.curves),
+            inference_max_batch=config.inference.max_batch,
+            inference_max_delay_ms=float(config.inference.max_delay_ms),
             sync=config.sync,
             learner=config.learner,
         )
@@ -163,3 +170,13 @@ class Settings:
     def keeper_bound_s(self) -> float:
         """How long a rank's keeper lets it run once its launcher is gone."""
         return self.peer_timeout_s + KEEPER_MARGIN_S
+
+    @property
+    def inference_reply_s(self) -> float:
+        """An actor waiting for its inference rank's answer to one request (then the inference rank is lost)."""
+        return self.peer_timeout_s
+
+    @property
+    def inference_done_s(self) -> float:
+        """An inference rank, once its trainer said stop, waiting for each of its actors' ``done``."""
+        return self.peer_timeout_s

@@ -79,6 +79,7 @@ def state_for(role: Role) -> RunState:
     return {
         Role.TRAINER: TrainerState,
         Role.ACTOR: ActorState,
+        Role.INFERENCE: ActorState,  # the policy version it acts with
         Role.BUFFER: BufferState,
         Role.COORDINATOR: CoordinatorState,
     }[role]()

@@ -1,7 +1,7 @@
 """What the role loops share, by concern, built complete by :meth:`Wiring.build`.
 
 - :attr:`Wiring.settings`: what the runtime reads of the config, resolved once (:mod:`~gflowdist.runtime.settings`);
-- :attr:`Wiring.channels`: the protocol's data, control and weights channels (:mod:`~gflowdist.runtime.channels`;
+- :attr:`Wiring.channels`: the protocol's data, control, weights and inference channels (:mod:`~gflowdist.runtime.channels`;
   every message is in :mod:`gflowdist.runtime.protocol`);
 - :attr:`Wiring.liveness`: the stop flag, heartbeats, what the collector tells every rank, the ranks the run
   goes on without (:mod:`~gflowdist.runtime.liveness`);
@@ -120,6 +120,10 @@ class Wiring:
     @property
     def weights(self) -> Channel:
         return self.channels.weights
+
+    @property
+    def inference(self) -> Channel:
+        return self.channels.inference
 
     @property
     def lost(self) -> dict[int, str]:

@@ -25,13 +25,14 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gflowdist.errors import GflowdistError
 from gflowdist.timing.collectives import CollectiveWaits, collective_lines, collective_waits
 from gflowdist.timing.imbalance import PhaseImbalance, WaitMatrix, imbalance_by_phase, wait_matrix
+from gflowdist.timing.inference_lines import inference_lines, inference_stragglers
 from gflowdist.timing.summaries import (
     LedgerSummary,
     MetricSummary,
@@ -125,6 +126,8 @@ class Report:
     shown_curves: tuple[str, ...] = ()
     #: a failed run's report is partial: the failure's lines, shown first (empty: the run ended normally)
     failure: tuple[str, ...] = ()
+    #: each inference rank's batches and queueing delays (``layout.inference``; timing.inference_lines)
+    inference: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     # --- plain data -----------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class Report:
             "unit": self.unit,
             "shown_curves": list(self.shown_curves),
             **({"partial": True, "failure": list(self.failure)} if self.failure else {}),
+            **({"inference": {str(r): dict(s) for r, s in self.inference.items()}} if self.inference else {}),
         }
 
     @classmethod
@@ -183,6 +187,7 @@ class Report:
             unit=str(data.get("unit", "trajectories")),
             shown_curves=tuple(str(c) for c in data.get("shown_curves", ())),
             failure=tuple(str(line) for line in data.get("failure", ())),
+            inference={int(r): dict(s) for r, s in data.get("inference", {}).items()},
         )
 
     def to_json(self, *, indent: int | None = 1) -> str:
@@ -209,6 +214,8 @@ class Report:
             lines += ["", *generation_lines(self.generations)]
         lines += ["", *self._imbalance_lines()]
         lines += ["", *self._straggler_lines()]
+        if self.inference:
+            lines += ["", *inference_lines(self.inference, self.hosts)]
         lines += ["", *self._wait_lines()]
         lines += ["", *self._staleness_lines()]
         lines += ["", *self._ledger_lines()]
@@ -284,6 +291,7 @@ class Report:
                     f"{_secs(p.busy[p.straggler])} s vs mean {_secs(mean_busy)} s"
                 )
         lines += collective_lines(list(self.collectives), self.hosts)
+        lines += inference_stragglers(self.inference, self.hosts)
         if len(lines) == 1:
             lines.append("  none (no phase had ranks with different times)")
         return lines

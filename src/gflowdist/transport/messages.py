@@ -23,6 +23,8 @@ class MessageType(enum.IntEnum):
     USER = 9
     PING = 10
     PRIORITIES = 11
+    INFER_REQUEST = 12
+    INFER_REPLY = 13
 
 
 #: Wire value -> member, the decoder's lookup (a dict get is cheaper than ``MessageType(value)``).

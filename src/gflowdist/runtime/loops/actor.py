@@ -19,6 +19,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.batches import check_batch, role_method
 from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
 from gflowdist.runtime.protocol import Command, MessageType, command_of, is_command
+from gflowdist.runtime.remote_policy import RemotePolicy
 from gflowdist.runtime.roles import Actor
 from gflowdist.runtime.state import ActorState
 from gflowdist.runtime.tape import Site
@@ -33,14 +34,25 @@ class Inbox:
     """What my trainer sent since the last step: the newest weights, checkpoint names, whether to stop."""
 
     weights: Message | None = None
+    announced: int | None = None  # the newest policy version my trainer announced (I act through an inference rank)
     cuts: list[str] = field(default_factory=list)
     stopped: bool = False
 
 
 def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
-    """Run the actor loop until my trainer says stop; ``state`` is updated in place and returned."""
+    """Run the actor loop until my trainer says stop; ``state`` is updated in place and returned.
+
+    With an inference rank (``layout.inference``) my policy runs there: ``actor.remote`` is a
+    :class:`~gflowdist.runtime.remote_policy.RemotePolicy`, no weights come from my trainer, and each
+    rollout is stamped with the oldest policy version among its replies (the newest answered before it when it
+    asked nothing); my trainer's announced versions (:func:`~gflowdist.runtime.protocol.policy_version`) pace it.
+    """
     placement = w.context.placement
     trainer, buffer = placement.trainer, placement.buffer
+    remote = RemotePolicy(w, placement.inference) if placement.inference is not None else None
+    if remote is not None:
+        remote.version = state.version
+        actor.remote = remote
     inbox = Inbox()
     rollouts = turn = 0
     idle = Backoff(spin_s=0.0, first_sleep_s=1e-4, max_sleep_s=0.01)
@@ -51,8 +63,13 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
             checkpoint_cut(w, buffer, (), name)
         if inbox.stopped:
             break
+        if remote is not None:
+            remote.announced = max(remote.announced, inbox.announced or 0)
+            remote.mark()
         with w.timer.phase("rollout"):
-            batch = actor.rollout(state.version)
+            batch = actor.rollout(state.version if remote is None else remote.pace_version)
+        if remote is not None:
+            state.version = remote.stamp()
         if batch is None:  # nothing to send now (e.g. pacing itself): keep listening, ask again soon
             with w.timer.phase("idle"):
                 idle.pause()
@@ -68,6 +85,8 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
         turn += 1
     if not inbox.stopped:
         await_trainer_stop(w, trainer)
+    if remote is not None:
+        remote.finish()
     finish(w, buffer)
     return state
 
@@ -89,6 +108,8 @@ def read_inbox(w: Wiring, trainer: int, point: int) -> Inbox:
             inbox.cuts.append(msg.body["name"])
         elif command is Command.STOP:
             inbox.stopped = True
+        elif command is Command.VERSION:
+            inbox.announced = max(inbox.announced or 0, int(msg.body["version"]))
         elif msg.type is MessageType.WEIGHTS:
             inbox.weights = msg  # only the newest counts
         msg = w.choices.take(Site.INBOX, w.weights, point, source=trainer, wait=True)

@@ -37,7 +37,13 @@ def _checked(values: Any, count: int, source: str) -> torch.Tensor:
 
 
 def initial_priorities(producer, batch: Mapping[str, torch.Tensor], n: int) -> torch.Tensor | None:
-    """``producer.initial_priorities(batch)`` as ``n`` float32 values on the host, or None."""
+    """``producer.initial_priorities(batch)`` as ``n`` float32 values on the host, or None.
+
+    None also for an actor whose policy runs on an inference rank (``producer.remote``): it holds no
+    current weights, so its items enter with the buffer's largest priority.
+    """
+    if getattr(producer, "remote", None) is not None:
+        return None
     values = producer.initial_priorities(batch)
     return None if values is None else _checked(values, n, f"{type(producer).__name__}.initial_priorities")
 

@@ -109,6 +109,8 @@ class TrainerLoop:
         self.settings = w.settings
         placement = w.context.placement
         self.buffer, self.actors = placement.buffer, placement.actors
+        #: ranks that run my actors' policy (layout.inference): my weights and stop go to them, not to my actors
+        self.inference = tuple(placement.inference_ranks)
         self.group = AgentGroup(w.context.agent_group, self.settings.sync, w.timer)
         settings = self.settings
         replays = self.buffer is not None and (settings.replay_fraction > 0 or settings.learner_batch)
@@ -248,7 +250,7 @@ class TrainerLoop:
 
     def publish(self, values: dict[str, float]) -> None:
         """Weights to my actors (every ``sync.weights_to_actors_every`` versions), metrics to the collector."""
-        if self.live_actors and self.state.version % self.settings.sync.weights_to_actors_every == 0:
+        if self.weight_receivers and self.state.version % self.settings.sync.weights_to_actors_every == 0:
             self.send_weights()
         if self.evaluator is not None and self.state.version % self.settings.sync.weights_to_coordinator_every == 0:
             with self.w.timer.phase("publish"):
@@ -287,10 +289,11 @@ class TrainerLoop:
             self.requests.settle()
         if self.actors:
             self.w.liveness.await_named_death()  # every live actor must get the stop
-        drain_live(self.w, self.w.weights, self.actors)  # room for the stop; a lost actor is not waited for
-        for actor in self.live_actors:
+        told = (*self.actors, *self.inference)
+        drain_live(self.w, self.w.weights, told)  # room for the stop; a lost actor is not waited for
+        for actor in (*self.live_actors, *self.inference):
             self.w.weights.isend(*protocol.stop(), actor)
-        drain_live(self.w, self.w.weights, self.actors)
+        drain_live(self.w, self.w.weights, told)
         finish(self.w, self.buffer)
 
     @property
@@ -303,8 +306,14 @@ class TrainerLoop:
         """My live actors, none while a rank's death is not yet named (:meth:`Liveness.may_send_to <gflowdist.runtime.liveness.Liveness.may_send_to>`)."""
         return [actor for actor in self.live_actors if self.w.liveness.may_send_to(actor)]
 
+    @property
+    def weight_receivers(self) -> list[int]:
+        """Who gets my weights: my inference ranks when I have them (layout.inference), else my reachable actors."""
+        return list(self.inference) if self.inference else self.reachable_actors
+
     def send_weights(self) -> None:
-        """My model's weights, stamped with my policy version, to each of my (live) actors.
+        """My model's weights, stamped with my policy version, to each of my (live) actors, or to my inference
+        ranks instead when I have them (their actors get no weights).
 
         An actor whose earlier weights are all still in flight (``max_in_flight`` of the
         WEIGHTS channel) gets none this time: only the newest weights matter, and waiting
@@ -313,7 +322,7 @@ class TrainerLoop:
         channel = self.w.weights
         ready = [
             a
-            for a in self.reachable_actors  # a timed choice: recorded, replayed
+            for a in self.weight_receivers  # a timed choice: recorded, replayed
             if not self.w.choices.decide(Site.WEIGHTS, self.turn, channel.in_flight(a) >= channel.max_in_flight, who=a)
         ]
         if not ready:
@@ -322,3 +331,7 @@ class TrainerLoop:
             weights = self.device_path.host_weights(self.trainer.model, self.state.version)
             for actor in ready:
                 channel.isend(*protocol.weights(weights, self.state.version), actor)
+            if self.inference:  # my actors act through them: they only hear how far I am (their pacing)
+                for actor in self.reachable_actors:
+                    if channel.in_flight(actor) < channel.max_in_flight:
+                        channel.isend(*protocol.policy_version(self.state.version), actor)

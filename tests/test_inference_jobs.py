@@ -1,0 +1,138 @@
+"""Inference ranks (layout.inference) on real ranks under mpiexec: the Ape-X and IMPALA examples with their
+config_inference.yaml (scaled down), a request whose observation shape changes, a lost inference rank, and
+the same job on the local engine.
+
+What is checked: the actors get no weights (no load_weights phase; their policy runs on the inference
+rank, which loads the learner's weights), every request is answered in some batch, the ledger balances,
+the report has the inference section, the unrolls' policy versions stay within replay.max_staleness.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.support.jobs import pid_of_rank, read_json
+from tests.support.launching import REPO
+
+JOBS = REPO / "tests" / "jobs"
+APEX = REPO / "examples" / "apex_cartpole"
+IMPALA = REPO / "examples" / "impala_cartpole"
+
+
+def _finals(run) -> dict[int, dict]:
+    return {int(rank): final for rank, final in read_json(run / "finals.json").items()}
+
+
+def _check_served(finals: dict[int, dict], run) -> dict:
+    """The inference rank answered every actor request, the actors loaded no weights; its stats."""
+    (server,) = [f for f in finals.values() if f["role"] == "inference"]
+    actors = [f for f in finals.values() if f["role"] == "actor"]
+    stats = server["inference"]
+    assert stats["batches"] > 0 and stats["requests"] >= stats["batches"] and stats["refused"] == 0
+    assert sum(int(size) * n for size, n in stats["sizes"].items()) == stats["observations"]
+    assert sum(stats["closed_by"].values()) == stats["batches"]
+    assert all(int(size) <= stats["max_batch"] for size in stats["sizes"])
+    assert "load_weights" in server["timing"]["phases"]  # the learner's weights reach the inference rank
+    assert all("load_weights" not in a["timing"]["phases"] for a in actors)  # and never an actor
+    # every request an actor waited for was answered (its waits on the inference rank are in its timer)
+    rank = next(r for r, f in finals.items() if f["role"] == "inference")
+    assert all(a["timing"]["waits"][str(rank)]["inference"] > 0 for a in actors)
+    text = (run / "report.txt").read_text()
+    assert "Inference (actors' policy run centrally" in text and f"  rank {rank} on " in text
+    return stats
+
+
+def test_apex_example_with_an_inference_rank(job_factory):
+    steps = 200
+    job = job_factory(
+        f"run.steps={steps}",
+        "run.log_every=20",
+        "replay.capacity=4000",
+        "replay.min_size_to_sample=256",
+        "replay.learner_batch=32",
+        "sync.weights_to_coordinator_every=100",
+        "params.eval_episodes=2",
+        "params.hidden=32",
+        "params.target_return=100000",
+        config=APEX / "config_inference.yaml",
+    )
+    assert job.wait(200) == 0, job.output
+    run = job.run_dir()
+    assert read_json(run / "ledger.json")["balanced"]
+    finals = _finals(run)
+    stats = _check_served(finals, run)
+    learner = next(f for f in finals.values() if f["role"] == "trainer")
+    buffer = next(f for f in finals.values() if f["role"] == "buffer")["replay"]
+    assert learner["step"] == steps
+    produced = sum(f["ledger"]["produced"] for f in finals.values() if f["role"] == "actor")
+    # one request per vector step of 4 environments, each step's transitions shipped (n-step: all but the last 2)
+    assert produced <= stats["observations"] and buffer["admitted"] == produced > 0
+    assert buffer["initial_priorities"] == 0  # actors without weights send no |td|: the buffer's largest priority
+    assert job.no_process_left()
+
+
+def test_impala_example_with_an_inference_rank(job_factory):
+    steps, stale = 120, 6
+    job = job_factory(
+        f"run.steps={steps}",
+        "run.log_every=10",
+        "replay.capacity=32",
+        "replay.learner_batch=8",
+        f"replay.max_staleness={stale}",
+        "sync.weights_to_coordinator_every=60",
+        "params.envs_per_actor=4",
+        "params.unroll_length=16",
+        "params.eval_episodes=2",
+        "params.target_return=100000",
+        config=IMPALA / "config_inference.yaml",
+    )
+    assert job.wait(240) == 0, job.output
+    run = job.run_dir()
+    assert read_json(run / "ledger.json")["balanced"]
+    finals = _finals(run)
+    stats = _check_served(finals, run)
+    learner = next(f for f in finals.values() if f["role"] == "trainer")
+    assert learner["step"] == steps
+    lags = {int(k): v for k, v in learner["staleness"].items()}
+    assert sum(lags.values()) == steps * 8 and max(lags) <= stale
+    produced = sum(f["ledger"]["produced"] for f in finals.values() if f["role"] == "actor")
+    assert stats["observations"] == produced * 16  # one observation per unroll step, each acted on centrally
+    assert job.no_process_left()
+
+
+def test_a_request_whose_observation_shape_changes_is_refused_naming_the_actor(job_factory):
+    job = job_factory("params.shift_rank=2", "params.shift_after=16", config=JOBS / "inference.yaml")
+    assert job.wait(120) != 0
+    assert (
+        "inference rank 4 refused a request: actor rank 2 sent request 8 with observation shape (5,) float32, "
+        "expected (4,) float32" in job.output
+    ), job.output
+    assert "rank 2 (actor on " in job.output
+    assert job.no_process_left()
+
+
+def test_a_lost_inference_rank_is_named(job_factory):
+    timeout = 3.0
+    job = job_factory(
+        "run.steps=100000", f"faults.peer_timeout_s={timeout}", "run.log_every=2", config=JOBS / "inference.yaml"
+    )
+    run = job.wait_for_metrics(4)
+    os.kill(pid_of_rank(run, 4), signal.SIGKILL)
+    killed = time.monotonic()
+    code = job.wait(90)
+    assert code != 0
+    assert "lost rank 4 (inference on" in job.output, job.output
+    assert time.monotonic() - killed < 3 * timeout + 40
+    assert job.no_process_left()
+
+
+def test_the_same_job_on_the_local_engine(job_factory):
+    job = job_factory("launch.engine=local", config=JOBS / "inference.yaml")
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    assert read_json(run / "ledger.json")["balanced"]
+    finals = _finals(run)
+    _check_served(finals, run)
+    assert finals[0]["step"] == 60
