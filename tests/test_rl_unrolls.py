@@ -103,3 +103,26 @@ def test_an_unroll_actor_holds_back_while_its_queue_is_full_and_gives_up_at_the_
     )
     resumed.load_state_dict(a.state_dict())  # a checkpoint keeps what was sent: the pacing goes on from there
     assert resumed.unrolls_sent == 76 and resumed.rollout(4) is not None and resumed.rollout(4) is None  # 80 at v 4
+
+
+@pytest.mark.parametrize("stale", [0, 1])
+def test_an_unroll_actor_sends_no_unroll_that_would_be_learned_from_more_than_max_staleness_versions_later(stale):
+    a = actor(
+        {"env_id": "CartPole-v1", "envs_per_actor": 4, "unroll_length": 4},
+        replay={"sampler": "queue", "capacity": 32, "learner_batch": 8, "max_staleness": stale, "prefetch": 0},
+    )
+    # alone on its buffer the learner at version u takes unrolls 8u .. 8u + 7: at version v I may have
+    # sent those of versions up to v + stale, (v + stale + 1) * 8, below the queue's ceil(32) + (v + 1) * 8
+    for version in (0, 1, 5):
+        while a.rollout(version) is not None:
+            pass
+        assert a.unrolls_sent == (version + stale + 1) * 8
+
+
+def test_a_queue_asked_further_ahead_than_max_staleness_is_refused():
+    with pytest.raises(ConfigError, match=r"replay\.prefetch: is 1, above replay\.max_staleness 0: .* set replay"):
+        Config.from_dict({"replay": {"sampler": "queue", "learner_batch": 8, "max_staleness": 0}})
+    Config.from_dict({"replay": {"sampler": "queue", "learner_batch": 8, "max_staleness": 0, "prefetch": 0}})
+    Config.from_dict(
+        {"replay": {"sampler": "uniform", "max_staleness": 0}}
+    )  # not a queue: nothing asked ahead is dropped

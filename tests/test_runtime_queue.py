@@ -1,5 +1,6 @@
 """A buffer rank's queue (one process, the loop's own methods): stale unrolls dropped and counted, a full
-queue parking batches instead of overwriting, and an unroll whose length changed refused naming the sender."""
+queue parking batches instead of overwriting (and keeping them across a checkpoint), and an unroll whose
+length changed refused naming the sender."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from gflowdist.rl import UnrollActor, categorical_actions
 from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.runtime.settings import Settings
+from gflowdist.runtime.state import BufferState
 from gflowdist.timing.summaries import LEDGER_KEYS, ledger_summary
 from gflowdist.transport import Message, MessageType
 
@@ -40,14 +43,14 @@ def buffer_loop(capacity: int, max_staleness: int | None):
             placement=SimpleNamespace(clients=(0, 1, 2)), describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"
         ),
         lost={},
-        config=SimpleNamespace(replay=SimpleNamespace(max_staleness=max_staleness)),
+        settings=SimpleNamespace(max_staleness=max_staleness),
         data=SimpleNamespace(isend=lambda kind, body, to: sent.append((kind, body, to))),
         control=SimpleNamespace(isend=lambda kind, body, to: told.append((kind, body, to))),
         timer=SimpleNamespace(phase=lambda name: contextlib.nullcontext()),
         note=lambda event, category, **args: None,
     )
     manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
-    loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), ReplayBuffer.queue(capacity))
+    loop = BufferLoop(manager, w, BufferState(), ReplayBuffer.queue(capacity))
     return loop, w, sent, told
 
 
@@ -85,7 +88,10 @@ def test_a_queue_drops_stale_unrolls_parks_what_does_not_fit_and_its_ledger_bala
     summary = ledger_summary(
         {r: {k: v for k, v in item.to_dict().items() if k in LEDGER_KEYS} for r, item in ledgers.items()}
     )
-    assert summary.balanced and "dropped 6 - expired 4 (admitted, then dropped as stale)" in summary.balance_line()
+    assert (
+        summary.balanced
+        and "dropped 6 - expired 4 (admitted, then dropped: stale, unlearned)" in summary.balance_line()
+    )
 
 
 def test_what_a_full_queue_still_parks_at_the_end_is_dropped_as_queue_full():
@@ -108,3 +114,64 @@ def test_an_unroll_whose_length_changed_is_refused_naming_sender_field_expected_
         "buffer rank 3 (buffer on vm) refused a batch of 2 trajectories (seq 0-1) from rank 2 (actor on vm): "
         "field 'obs': got per-item shape [6, 4] torch.float32, the storage holds [8, 4] torch.float32"
     )
+
+
+def test_a_checkpoint_keeps_the_parked_batches_and_the_resumed_queue_serves_them_with_the_ledger_exact(tmp_path):
+    actor = unroll_maker(4)
+    batches = [actor.rollout(v) for v in (0, 0, 1, 1)]  # 8 unrolls for a queue of 4: two batches parked
+
+    def fill(loop):
+        for index, batch in enumerate(batches):
+            send(loop, 1 + index % 2, index, batch, index // 2)
+
+    def drain(loop, sent):
+        served = []
+        for version in (1, 2, 3):
+            ask(loop, 2, version)
+            served.append(sent[-1][1]["batch"]["obs"])
+        loop.drop_parked()
+        return torch.cat(served)
+
+    straight, w, sent, _ = buffer_loop(capacity=4, max_staleness=None)  # the run without a cut
+    fill(straight)
+    expected = drain(straight, sent)
+    cut, w_cut, _, _ = buffer_loop(capacity=4, max_staleness=None)
+    fill(cut)
+    assert len(cut.parked) == 2 and w_cut.ledger.received == 8 and w_cut.ledger.admitted == 4
+    part = tmp_path / "rank-00003.pt"  # what the checkpoint saver writes and a resume loads
+    torch.save(
+        {"runtime": cut.state.to_dict(), "replay": cut.replay.state_dict(), "ledger": w_cut.ledger.to_dict()}, part
+    )
+    saved = torch.load(part, weights_only=True)
+    resumed, w_resumed, sent_resumed, _ = buffer_loop(capacity=4, max_staleness=None)
+    resumed.state.load(saved["runtime"])
+    resumed.replay.load_state_dict(saved["replay"])
+    w_resumed.ledger = Ledger.from_dict(saved["ledger"])
+    assert [m.sender for m in resumed.parked] == [1, 2] and [m.body["seq"] for m in resumed.parked] == [2, 3]
+    assert torch.equal(drain(resumed, sent_resumed), expected)  # the same unrolls, in the same order
+    assert w_resumed.ledger.admitted == w.ledger.admitted == 8 and not w_resumed.ledger.dropped
+    check_ledgers({1: Ledger(produced=4, sent=4), 2: Ledger(produced=4, sent=4), 3: w_resumed.ledger})
+
+
+def test_a_prefetched_queue_reply_read_at_a_cut_is_counted_unlearned_and_the_ledger_stays_exact():
+    from gflowdist.runtime.loops.trainer import ReplayRequests
+
+    loop, w_buffer, sent, _ = buffer_loop(capacity=8, max_staleness=None)
+    actor = unroll_maker(4)
+    send(loop, 1, 0, actor.rollout(0), 0)
+    send(loop, 1, 2, actor.rollout(0), 0)
+    ask(loop, 2, version=0)  # a learner's prefetched request: served once, then read and dropped at the cut
+    replies = [Message(MessageType.SAMPLE_REPLY, 3, 0, sent[-1][1])]
+    for sampler, counted in (("queue", 2), ("uniform", 0)):
+        trainer = SimpleNamespace(
+            ledger=Ledger(),
+            settings=Settings.of(Config.from_dict({"replay": {"sampler": sampler, "learner_batch": 2}})),
+            data=SimpleNamespace(recv=lambda source, timeout: replies[0]),
+        )
+        requests = ReplayRequests(trainer, buffer=3)
+        requests.outstanding = 1
+        requests.settle()
+        assert requests.outstanding == 0
+        assert trainer.ledger.dropped.get("unlearned", 0) == counted and trainer.ledger.expired == counted
+        ledgers = {1: Ledger(produced=4, sent=4), 3: w_buffer.ledger, 0: trainer.ledger}
+        assert check_ledgers(ledgers)["dropped"] == counted  # served, then dropped by the learner: balanced

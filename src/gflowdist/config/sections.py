@@ -349,6 +349,14 @@ class ReplayConfig(_Section):
                 f"is {self.capacity}, smaller than one learner batch (replay.learner_batch = "
                 f"{self.learner_batch}): the queue could never serve a batch",
             )
+        if sampler["name"] == "queue" and self.max_staleness is not None and self.max_staleness < self.prefetch:
+            raise self.fail(
+                "prefetch",
+                f"is {self.prefetch}, above replay.max_staleness {self.max_staleness}: a batch asked for "
+                f"{self.prefetch} steps ahead holds unrolls at least {self.prefetch} versions old when it is "
+                f"learned from, so the queue would drop every one as stale; set replay.prefetch <= "
+                f"{self.max_staleness}",
+            )
 
     def _fold_flat_keys(self) -> None:
         """The old flat keys into the nested specs, checked against the registry (:func:`fold_flat_keys`)."""

@@ -31,7 +31,16 @@ are at or above::
 
 where ``L`` is the number of trainers sampling from that buffer and ``v`` the
 newest policy version it holds. So the actors together never get more than
-a queue's worth ahead of the learners. An actor that has waited this way for
+a queue's worth ahead of the learners. With ``replay.max_staleness`` ``S`` it
+also holds them at::
+
+    (v + S + 1) * replay.learner_batch * L / N
+
+so that no unroll it sends is learned from more than ``S`` versions after the
+one that made it (the learner at version ``u`` takes, oldest first, the
+unrolls numbered from ``u x learner_batch``): nothing is made only to be
+dropped as stale, and ``S`` 0 keeps IMPALA on-policy (each batch made by the
+policy that learns from it; the actors wait for every learner step). An actor that has waited this way for
 ``faults.peer_timeout_s`` seconds without its policy version moving raises
 :class:`~gflowdist.errors.DeadlineError` (its learner stopped consuming).
 
@@ -90,8 +99,9 @@ class UnrollActor(VectorEnvActor):
         self.pace = self._queue_pace()
         self._held_since: tuple[float, int] | None = None  # (when, version) the current wait began
 
-    def _queue_pace(self) -> tuple[float, float] | None:
-        """``(unrolls allowed before learning, unrolls per policy version)`` when my buffer is a queue."""
+    def _queue_pace(self) -> tuple[float, float, float] | None:
+        """``(unrolls allowed before learning, unrolls per policy version, unrolls allowed by
+        replay.max_staleness before learning)`` when my buffer is a queue."""
         replay, sync = getattr(self.config, "replay", None), getattr(self.config, "sync", None)
         if replay is None or replay.sampler_name != "queue" or not replay.learner_batch:
             return None
@@ -104,11 +114,12 @@ class UnrollActor(VectorEnvActor):
             learners = max(1, sum(layout.role_of(r) is LayoutRole.TRAINER for r in clients))
         lead = sync.weights_to_actors_every if sync is not None else 1
         per_version = replay.learner_batch * learners / actors
-        return math.ceil(replay.capacity / actors) + lead * per_version, per_version
+        staleness = math.inf if replay.max_staleness is None else (replay.max_staleness + 1) * per_version
+        return math.ceil(replay.capacity / actors) + lead * per_version, per_version, staleness
 
     def held(self, policy_version: int) -> bool:
         """Whether my next unroll would overfill my queue (module docstring); raises at the deadline."""
-        if self.pace is None or self.unrolls_sent + self.num_envs <= self.pace[0] + self.pace[1] * policy_version:
+        if self.pace is None or self.unrolls_sent + self.num_envs <= self.allowed(policy_version):
             self._held_since = None
             return False
         now = time.monotonic()
@@ -122,6 +133,13 @@ class UnrollActor(VectorEnvActor):
                 f"taken about {self.pace[1] * policy_version:.0f}; they stopped consuming"
             )
         return True
+
+    def allowed(self, policy_version: int) -> float:
+        """How many unrolls I may have sent by now, at ``policy_version`` (module docstring)."""
+        if self.pace is None:
+            return math.inf
+        ahead, per_version, staleness = self.pace
+        return min(ahead, staleness) + per_version * policy_version
 
     def state_dict(self) -> dict:
         """The model's, and the unrolls sent so far (the queue pacing goes on from there after a resume)."""

@@ -12,6 +12,9 @@ Each rank counts, per trajectory (not per message):
   (admitted items a queue later dropped as too stale to serve: counted in
   ``dropped["stale"]`` too, and taken out of the balance, which counts each
   item's fate on receipt once);
+- trainers of a queue: ``dropped["unlearned"]`` and ``expired`` for the items of
+  a prefetched reply read and dropped at a checkpoint cut or the end (served
+  once by the queue, never learned from);
   ``malformed`` messages per sender (rejected before anything in them could be
   counted as a trajectory; reported, not part of the balance); and
   ``refused`` batches per sender (well-formed messages whose batch the

@@ -67,6 +67,8 @@ class Settings:
     replay_fraction: float
     learner_batch: int | None
     min_size_to_sample: int
+    #: ``replay.sampler``'s name (``queue``: each item served once)
+    sampler_name: str
     #: replayed trajectories to add to ``fresh`` ones (``replay.replay_fraction``; see ReplayConfig)
     replayed_per_step: Callable[[int | None], int]
     # report
@@ -102,6 +104,7 @@ class Settings:
             replay_fraction=replay.replay_fraction,
             learner_batch=replay.learner_batch,
             min_size_to_sample=replay.min_size_to_sample,
+            sampler_name=replay.sampler_name,
             replayed_per_step=replay.replayed_per_step,
             curves=tuple(config.report.curves),
             inference_max_batch=config.inference.max_batch,

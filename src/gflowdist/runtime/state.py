@@ -13,13 +13,17 @@ next one: what a client stamps on a batch (the ``seq`` of
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
+
 from gflowdist.layout import Role
+from gflowdist.transport.messages import Message, MessageType
 
 __all__ = ["RunState", "TrainerState", "ActorState", "BufferState", "CoordinatorState", "state_for"]
 
@@ -64,9 +68,38 @@ class ActorState(RunState):
 
 @dataclass
 class BufferState(RunState):
-    """The newest policy version a buffer has heard of, from which ``replay.max_staleness`` counts."""
+    """The newest policy version a buffer has heard of, from which ``replay.max_staleness`` counts, and the
+    batches a full queue parked (both checkpointed).
+
+    A parked batch was received (the ledger counted it) but not yet admitted; a checkpoint
+    keeps it, in arrival order, so that the resumed queue admits it (or drops it, with its
+    reason) as the uninterrupted run would have, and the ledger stays exact across the cut.
+    """
 
     latest_version: int = 0  # the newest policy version my clients told me of (replay.max_staleness counts from it)
+    #: a queue's received batches waiting for room, oldest first (``replay.sampler: queue``)
+    parked: collections.deque[Message] = field(default_factory=collections.deque)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["parked"] = [{"sender": m.sender, "seq": m.seq, "body": _owned(m.body)} for m in self.parked]
+        return out
+
+    def load(self, saved: Mapping[str, Any]) -> None:
+        super().load(saved)
+        self.parked = collections.deque(
+            Message(MessageType.TRAJECTORIES, int(p["sender"]), int(p["seq"]), p["body"])
+            for p in saved.get("parked", ())
+        )
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every tensor copied out of the buffer it was received in (a message's arrays are views)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {k: _owned(v) for k, v in value.items()}
+    return value
 
 
 @dataclass

@@ -241,7 +241,7 @@ class LedgerSummary:
         t = self.total
         verdict = "balanced" if self.balanced else (f"UNBALANCED: {self.unaccounted:+d} trajectories unaccounted for")
         used = f"used here {t.used_locally} + " if t.used_locally else ""
-        expired = f" - expired {t.expired} (admitted, then dropped as stale)" if t.expired else ""
+        expired = f" - expired {t.expired} (admitted, then dropped: stale, unlearned)" if t.expired else ""
         return (
             f"balance: produced {t.produced} = {used}admitted {t.admitted} + dropped "
             f"{t.dropped_total}{expired} + in flight {t.in_flight} -> {verdict}; "

@@ -11,7 +11,9 @@ tape records which client's message came next, and when a summary went out.
 A queue (``replay.sampler: queue``) never overwrites an unserved item: a batch
 that does not fit is parked, in arrival order, and admitted as sampling makes
 room (its producers pace themselves so that this stays rare, see
-:class:`gflowdist.rl.UnrollActor`); what is still parked when every client is
+:class:`gflowdist.rl.UnrollActor`); a checkpoint keeps the parked batches
+(:class:`~gflowdist.runtime.state.BufferState`) and a resumed queue admits
+them in the same order; what is still parked when every client is
 done is dropped, reason ``queue_full``. Before serving a sample, a queue drops
 the items whose policy lag at the requesting learner's version exceeds
 ``replay.max_staleness`` (the ledger: dropped, reason ``stale``, and
@@ -62,7 +64,11 @@ class BufferLoop:
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
         self.idle_end = 0.0  # when its last pause ended (the trace's idle event ends there)
         self.taken = 0  # messages taken (malformed ones too): where this loop is
-        self.parked: collections.deque[Message] = collections.deque()  # a full queue's batches, in arrival order
+
+    @property
+    def parked(self) -> collections.deque[Message]:
+        """A full queue's batches, in arrival order: my state's, so that a checkpoint keeps them."""
+        return self.state.parked
 
     @property
     def finished_clients(self) -> set[int]:

@@ -90,9 +90,19 @@ class ReplayRequests:
         return replayed
 
     def settle(self) -> None:
-        """Read (and drop) every reply still owed, so none is in flight across a checkpoint cut or the end."""
+        """Read (and drop) every reply still owed, so none is in flight across a checkpoint cut or the end.
+
+        A queue served those items once and no longer holds them: each is counted in my ledger as
+        dropped, reason ``unlearned``, and ``expired`` (admitted, then dropped), so the ledger stays
+        exact across the cut. Items of other samplers stay in their buffer: nothing is lost.
+        """
+        queue = self.w.settings.sampler_name == "queue"
         for _ in range(self.outstanding):
-            reply_from(self.w, self.buffer, self.w.settings.reply_timeout_s)
+            reply = reply_from(self.w, self.buffer, self.w.settings.reply_timeout_s)
+            versions = reply.body.get("versions")
+            if queue and versions is not None and len(versions):
+                self.w.ledger.drop("unlearned", len(versions))
+                self.w.ledger.expired += len(versions)
         self.outstanding = 0
 
     def _ask(self, n: int, version: int, step: int) -> None:
