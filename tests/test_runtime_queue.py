@@ -48,6 +48,7 @@ def buffer_loop(capacity: int, max_staleness: int | None):
         control=SimpleNamespace(isend=lambda kind, body, to: told.append((kind, body, to))),
         timer=SimpleNamespace(phase=lambda name: contextlib.nullcontext()),
         note=lambda event, category, **args: None,
+        reports=SimpleNamespace(note=lambda event, category, **args: None),
     )
     manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
     loop = BufferLoop(manager, w, BufferState(), ReplayBuffer.queue(capacity))
