@@ -1,15 +1,21 @@
 """The engines a job runs on, one descriptor each: what ``launch.engine`` chooses and what each engine can do.
 
-=========  ====================================  ===============================  ===================
-engine     communicator                          ``gflowdist run`` starts ranks   goes on without a
-                                                                                  lost actor
-=========  ====================================  ===============================  ===================
-``mpi``    mpi4py (MPICH, Open MPI)              with ``mpiexec``                 yes
-``torch``  torch.distributed (gloo; nccl for     as gloo workers it spawns        no
+=========  ====================================  ===============================  ===================  ==================
+engine     communicator                          ``gflowdist run`` starts ranks   goes on without a    replaces a lost
+                                                                                  lost actor           actor
+=========  ====================================  ===============================  ===================  ==================
+``mpi``    mpi4py (MPICH, Open MPI)              with ``mpiexec``                 yes                  yes (MPI_Comm_spawn)
+``torch``  torch.distributed (gloo; nccl for     as gloo workers it spawns        no                   no
            agent groups on GPUs of their own)
-``local``  threads of one process, in-memory     as threads of its own process    no
+``local``  threads of one process, in-memory     as threads of its own process    no                   no
            queues (for debuggers and tests)
-=========  ====================================  ===============================  ===================
+=========  ====================================  ===============================  ===================  ==================
+
+Replacing a lost actor (``faults.on_actor_loss: replace``) needs MPI's
+dynamic processes besides: ``gflowdist run`` also checks before launch that
+its mpiexec is one known to support ``MPI_Comm_spawn`` (MPICH's hydra, Open
+MPI), and a rank checks that its MPI library is MPI-2 or newer
+(:func:`gflowdist.runtime.replacing.spawn_unsupported`).
 
 ``launch.engine: auto`` lets the job's own launcher decide (a rank started by
 mpiexec is on ``mpi``, one started by torchrun on ``torch``) and makes
@@ -41,10 +47,21 @@ class Engine:
     #: an agent group whose trainers each have a GPU of their own can average on nccl
     averages_on_nccl: bool = False
     no_lost_peer_because: str = ""
+    #: can start a new actor in place of a lost one (``faults.on_actor_loss: replace``); else why not
+    replaces_lost_actor: bool = False
+    no_replacement_because: str = ""
 
     def refuses_actor_loss_continue(self) -> str | None:
         """Why ``faults.on_actor_loss: continue`` cannot work on this engine (None: it can)."""
         return None if self.survives_lost_peer else self.no_lost_peer_because
+
+    def refuses_actor_loss(self, policy: str) -> str | None:
+        """Why ``faults.on_actor_loss: <policy>`` cannot work on this engine (None: it can; ``fail`` always can)."""
+        if policy == "continue":
+            return self.refuses_actor_loss_continue()
+        if policy == "replace":
+            return None if self.replaces_lost_actor else self.no_replacement_because
+        return None
 
 
 MPI = Engine(
@@ -55,6 +72,7 @@ MPI = Engine(
     ranks_are_threads=False,
     survives_lost_peer=True,
     host_averaging="mpi",
+    replaces_lost_actor=True,
 )
 TORCH = Engine(
     "torch",
@@ -66,6 +84,8 @@ TORCH = Engine(
     host_averaging="gloo",
     averages_on_nccl=True,
     no_lost_peer_because="gloo cannot go on without a rank (its first send to the lost actor fails and ends the job)",
+    no_replacement_because="a gloo group's world size is fixed when it starts: torch.distributed cannot add a "
+    "process to it, nor go on without the lost one",
 )
 LOCAL = Engine(
     "local",
@@ -76,6 +96,7 @@ LOCAL = Engine(
     survives_lost_peer=False,
     host_averaging="local",
     no_lost_peer_because="its ranks are threads of one process, which cannot lose one and go on",
+    no_replacement_because="its ranks are threads of one process, which cannot lose one and go on",
 )
 
 #: Every engine by name.

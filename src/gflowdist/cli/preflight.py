@@ -13,6 +13,8 @@ directory), found in this order, cheapest first:
    package's top-level module exists (:func:`gflowdist.config.check_class_ref`);
 4. ``gflowdist run`` only, when it starts ``mpiexec`` itself: the launcher
    exists and answers ``--version`` within :data:`LAUNCHER_PROBE_TIMEOUT_S`;
+   under ``faults.on_actor_loss: replace`` it must be one known to serve
+   ``MPI_Comm_spawn`` (:func:`check_launcher_spawns`);
 5. the role modules import and each class subclasses its role and implements
    what the role needs: in a child Python (:mod:`gflowdist.cli.role_check`),
    so the torch a role module imports, and anything else it does at import
@@ -53,6 +55,7 @@ __all__ = [
     "resolve_roles",
     "check_roles_import",
     "check_launcher",
+    "check_launcher_spawns",
     "LauncherFacts",
     "devices_judged_here",
     "check_devices",
@@ -345,6 +348,25 @@ class LauncherFacts:
     def is_hydra(self) -> bool:
         """MPICH's hydra (it takes ``-disable-auto-cleanup``)."""
         return "HYDRA" in self.version.upper()
+
+    @property
+    def spawns(self) -> bool:
+        """Known to start processes for ``MPI_Comm_spawn``: MPICH's hydra, Open MPI's mpirun (PRRTE, ORTE)."""
+        return self.is_hydra or any(name in self.version for name in ("Open MPI", "OpenRTE", "PRRTE", "prterun"))
+
+
+def check_launcher_spawns(config, launcher: LauncherFacts) -> None:
+    """Step 4b: ``faults.on_actor_loss: replace`` needs an mpiexec that serves ``MPI_Comm_spawn``."""
+    if config.faults.on_actor_loss != "replace" or launcher.spawns:
+        return
+    first = (launcher.version.splitlines() or [""])[0].strip()
+    raise ConfigError(
+        f"is replace, but the mpiexec {launcher.path} ({first!r}) is not one known to serve MPI_Comm_spawn "
+        "(MPICH's hydra and Open MPI's mpirun are): a replacement could not be started; use the mpiexec "
+        "next to this Python (`pip install mpich`), or on_actor_loss: continue",
+        key="faults.on_actor_loss",
+        file=config.file,
+    )
 
 
 def check_launcher(config, find_mpiexec) -> LauncherFacts:

@@ -62,9 +62,9 @@ class Ended:
     def judged_by(self, run_dir: Path, *, since: float) -> Ended:
         """A non-zero exit that only a rank lost and gone on without explains is a success.
 
-        ``faults.on_actor_loss: continue``: the run finished and its ledger
+        ``faults.on_actor_loss: continue`` (or ``replace``): the run finished and its ledger
         balanced (``ledger.json``, written after ``since``, names the lost
-        ranks), no rank reported a failure, and the launcher's status is the
+        or replaced ranks), no rank reported a failure, and the launcher's status is the
         lost rank's (137 for kill -9).
         """
         if self.code == 0 or self.failure or self.interrupted:
@@ -74,8 +74,15 @@ class Ended:
             ledger = json.loads(path.read_text()) if path.stat().st_mtime >= since else {}
         except (OSError, ValueError):
             return self
-        if not (ledger.get("balanced") and ledger.get("lost_ranks")):
+        if not (ledger.get("balanced") and (ledger.get("lost_ranks") or ledger.get("replaced_ranks"))):
             return self
+        if not ledger.get("lost_ranks"):  # every lost actor was replaced (faults.on_actor_loss: replace)
+            replaced = ", ".join(f"rank {rank}" for rank in ledger["replaced_ranks"])
+            sys.stderr.write(
+                f"gflowdist: finished with {replaced} replaced (faults.on_actor_loss = replace); exit status 0, "
+                f"not {self.code}: that came from the lost process\n"
+            )
+            return Ended(0)
         lost = ", ".join(f"rank {rank}" for rank in ledger["lost_ranks"])
         sys.stderr.write(
             f"gflowdist: finished without {lost} (faults.on_actor_loss = continue); exit status 0, "

@@ -296,6 +296,8 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
     resolved = preflight.resolve_roles(config)
     uses_mpiexec = nprocs > 1 and launched_engine(config.launch.engine).uses_mpiexec
     launcher = preflight.check_launcher(config, find_mpiexec) if uses_mpiexec else None
+    if launcher is not None:
+        preflight.check_launcher_spawns(config, launcher)
     judge_devices = preflight.devices_judged_here(config, nprocs)
     gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=judge_devices)
     if judge_devices:

@@ -12,6 +12,14 @@ size; messages for other tags found on the way wait in an inbox.
 
 Point-to-point traffic runs on a duplicate of the communicator, so it never
 matches a user's own MPI receives or a collective.
+
+A rank replaced by a process started with ``MPI_Comm_spawn``
+(``faults.on_actor_loss: replace``, :mod:`gflowdist.runtime.replacing`) is
+reached through an intercommunicator instead, with the same framing:
+:meth:`MPIComm.route` sends to that rank there and probes it for messages
+from that rank; a stand-in process's own communicator
+(:meth:`MPIComm.standing_in`) reaches every peer that way. Collectives never
+include a replacement.
 """
 
 from __future__ import annotations
@@ -117,7 +125,29 @@ class MPIComm(Communicator):
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
         self._freed = False
+        #: peers reached through an intercommunicator (their remote rank 0): replacements, or all of a stand-in's
+        self._routes: dict[int, MPI.Comm] = {}
+        self._stand_in = False
         register(self, comm)  # found again from the mpi4py communicator
+
+    @classmethod
+    def standing_in(cls, rank: int, size: int, routes: dict[int, MPI.Comm], **kwargs: Any) -> MPIComm:
+        """The world of a process started in place of lost rank ``rank`` of a ``size``-rank job: it is ``rank``, and
+        reaches each peer of ``routes`` through that peer's intercommunicator (no collectives)."""
+        comm = cls(MPI.COMM_SELF, **kwargs)
+        comm.rank, comm.size, comm._stand_in = rank, size, True
+        for peer, inter in routes.items():
+            comm.route(peer, inter)
+        return comm
+
+    def route(self, rank: int, inter: MPI.Comm) -> None:
+        """From now on reach ``rank`` through intercommunicator ``inter`` (its remote rank 0), both ways."""
+        self._routes[rank] = inter
+
+    @property
+    def routed(self) -> tuple[int, ...]:
+        """The ranks reached through an intercommunicator (:meth:`route`)."""
+        return tuple(self._routes)
 
     @property
     def mpi_comm(self) -> MPI.Comm:
@@ -129,7 +159,7 @@ class MPIComm(Communicator):
         return MPI.Get_processor_name()
 
     def world_rank(self, rank: int) -> int:
-        if self._comm == MPI.COMM_WORLD:
+        if self._comm == MPI.COMM_WORLD or self._stand_in:
             return rank
         return self._comm.Get_group().Translate_ranks([rank], MPI.COMM_WORLD.Get_group())[0]
 
@@ -215,16 +245,17 @@ class MPIComm(Communicator):
                 file_in_inbox(self._inbox, tag, (dst, torch.from_numpy(payload.copy()), kind))
             return CompletedSend(dst, tag, nbytes)
         wire = wire_tag(tag, kind)
+        p2p, to = (self._routes[dst], 0) if dst in self._routes else (self._p2p, dst)
         if nbytes <= self.chunk_bytes:
-            request = self._p2p.Isend([payload, MPI.BYTE], dst, wire)
+            request = p2p.Isend([payload, MPI.BYTE], to, wire)
             handle = _MPISendHandle(dst, tag, nbytes, [request], [payload, data])
         else:
             header = np.array([nbytes], dtype=np.int64)
             with self._send_lock:  # the parts of one message must not interleave with another's
-                requests = [self._p2p.Isend([header, MPI.BYTE], dst, wire | _CHUNKED)]
+                requests = [p2p.Isend([header, MPI.BYTE], to, wire | _CHUNKED)]
                 for start in range(0, nbytes, self.chunk_bytes):
                     part = payload[start : start + self.chunk_bytes]
-                    requests.append(self._p2p.Isend([part, MPI.BYTE], dst, wire | _CHUNKED))
+                    requests.append(p2p.Isend([part, MPI.BYTE], to, wire | _CHUNKED))
             handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload, data])
         if not handle.is_complete():
             if len(self._in_flight) >= 64:
@@ -254,15 +285,15 @@ class MPIComm(Communicator):
             and (kind == 0 or kind == 1)
         ):
             self._check_send(dst, tag, kind)  # raises, naming what is wrong (or accepts numpy integers)
-        if nbytes <= self.eager_bytes and dst != self.rank:  # small: one blocking Send, no wait loop
+        if nbytes <= self.eager_bytes and dst != self.rank and dst not in self._routes:  # small: one blocking Send
             self._p2p.Send([buffer, _BYTE], dst, (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT))
         else:
             self.isend(data, dst, tag, kind=kind).wait(timeout)
 
     def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
         found = self.try_recv_kind(src, tag)  # fast path: the message is already here
-        if found is not None:
-            return found
+        if found is not None or self._routes:  # routed peers: the general wait probes each of them
+            return found if found is not None else super().recv_kind(src, tag, timeout=timeout)
         # A reply that is on its way usually lands within microseconds: probe for it in a tight
         # loop first, then wait the general way (spin, back off, keep-alive hook, deadline).
         spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
@@ -286,6 +317,8 @@ class MPIComm(Communicator):
                 if queued is not None:
                     return queued
             status = self._status
+            if self._routes and (src is None or src in self._routes):
+                return self._try_routes(src, tag, status)
             while True:
                 message = self._improbe(_ANY_SOURCE if src is None else src, _ANY_TAG, status)
                 if message is None:
@@ -294,15 +327,44 @@ class MPIComm(Communicator):
                 if found is not None:
                     return found
 
-    def _take(self, message: MPI.Message, status: MPI.Status, src: int | None, tag: int):
+    def _try_routes(self, src: int | None, tag: int, status: MPI.Status):
+        """:meth:`try_recv_kind` with routed peers (caller holds ``_recv_lock``): my communicator, then each route."""
+        places: list[tuple[int | None, MPI.Comm]] = [
+            (peer, inter) for peer, inter in self._routes.items() if src is None or peer == src
+        ]
+        if src is None and not self._stand_in:
+            places.insert(0, (None, self._p2p))
+        for peer, p2p in places:
+            while True:
+                message = p2p.Improbe(_ANY_SOURCE if peer is None else 0, _ANY_TAG, status)
+                if message is None:
+                    break
+                found = self._take(message, status, src, tag, sender=peer, p2p=None if peer is None else p2p)
+                if found is not None:
+                    return found
+        return None
+
+    def _take(
+        self,
+        message: MPI.Message,
+        status: MPI.Status,
+        src: int | None,
+        tag: int,
+        *,
+        sender: int | None = None,
+        p2p: MPI.Comm | None = None,
+    ):
         """Receive a probed message (caller holds ``_recv_lock``): ``(sender, payload, kind)`` if it is
-        the oldest one for ``(src, tag)``, else None (it waits in the inbox)."""
-        sender, wire = status.Get_source(), status.Get_tag()
+        the oldest one for ``(src, tag)``, else None (it waits in the inbox). ``sender``: the rank a routed
+        message came from (:meth:`route`; its ``p2p`` intercommunicator)."""
+        wire = status.Get_tag()
+        if sender is None:
+            sender = status.Get_source()
         if wire & _CHUNKED:
             if (sender, wire) in self._draining:
                 self._drain_part(message, status, sender, wire)  # a part of a refused message: discard
                 return None
-            payload = self._recv_chunked(message, status, sender, wire)
+            payload = self._recv_chunked(message, status, sender, wire, p2p)
         else:
             count = status.Get_count(_BYTE)
             buffer = _new_bytes(count, _U8) if count < self._pool_min else self._pool.take(count)
@@ -316,7 +378,9 @@ class MPIComm(Communicator):
             found = take_from_inbox(self._inbox, src, tag)
         return found
 
-    def _recv_chunked(self, message: MPI.Message, status: MPI.Status, sender: int, wire: int) -> torch.Tensor:
+    def _recv_chunked(
+        self, message: MPI.Message, status: MPI.Status, sender: int, wire: int, p2p: MPI.Comm | None = None
+    ) -> torch.Tensor:
         count = status.Get_count(MPI.BYTE)  # the probe's status: the caller's own when it probed outside the lock
         if count != 8:
             message.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])  # take it off the wire, then refuse
@@ -333,7 +397,7 @@ class MPIComm(Communicator):
         buffer = self._pool.take(total)
         offset = 0
         while offset < total:  # chunk sizes are the sender's: read what each part holds
-            part = self._probe_from(sender, wire)
+            part = self._probe_from(sender, wire, p2p=p2p)
             count = self._status.Get_count(MPI.BYTE)
             if count == 0 or offset + count > total:
                 part.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])
@@ -342,9 +406,11 @@ class MPIComm(Communicator):
             offset += count
         return torch.from_numpy(buffer)
 
-    def _probe_from(self, sender: int, wire: int, timeout: float = 60.0) -> MPI.Message:
+    def _probe_from(self, sender: int, wire: int, timeout: float = 60.0, p2p: MPI.Comm | None = None) -> MPI.Message:
+        source = sender if p2p is None else 0
+        p2p = self._p2p if p2p is None else p2p
         return poll_until(
-            lambda: self._p2p.Improbe(sender, wire, self._status),
+            lambda: p2p.Improbe(source, wire, self._status),
             timeout=timeout,
             what="next chunk of a chunked message",
             peer=sender,

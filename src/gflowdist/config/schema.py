@@ -103,10 +103,19 @@ class Config:
                 key="sync.weights_to_coordinator_every",
                 file=self.file,
             )
-        why = None if self.launch.engine == "auto" else engine_named(self.launch.engine).refuses_actor_loss_continue()
-        if self.faults.on_actor_loss == "continue" and why:
+        policy = self.faults.on_actor_loss
+        why = None if self.launch.engine == "auto" else engine_named(self.launch.engine).refuses_actor_loss(policy)
+        if why:
             raise ConfigError(
-                ACTOR_LOSS_REFUSED.format(engine=f"launch.engine is {self.launch.engine}", why=why),
+                ACTOR_LOSS_REFUSED.format(policy=policy, engine=f"launch.engine is {self.launch.engine}", why=why),
+                key="faults.on_actor_loss",
+                file=self.file,
+            )
+        if policy == "replace" and self.run.record:
+            raise ConfigError(
+                "is replace, but run.record is true (--record): a replacement actor is a process the recording "
+                "did not start, so gflowdist replay could not make its choices again; record with on_actor_loss: "
+                "continue or fail, or run without --record",
                 key="faults.on_actor_loss",
                 file=self.file,
             )

@@ -484,8 +484,9 @@ class LearnerConfig(_Section):
         return self.epochs * self.minibatches
 
 
-#: Why ``faults.on_actor_loss: continue`` is refused on the torch engine (``{engine}``: how it was chosen).
-ACTOR_LOSS_REFUSED = "is continue, but {engine}: {why}; use launch.engine: mpi, or on_actor_loss: fail"
+#: Why ``faults.on_actor_loss: continue`` (or ``replace``: ``{policy}``) is refused on the torch or local engine
+#: (``{engine}``: how it was chosen).
+ACTOR_LOSS_REFUSED = "is {policy}, but {engine}: {why}; use launch.engine: mpi, or on_actor_loss: fail"
 
 
 @dataclass(frozen=True)
@@ -543,12 +544,21 @@ class FaultsConfig(_Section):
     )
     on_actor_loss: str = setting(
         "fail",
-        ChoiceCheck("fail", "continue"),
-        "A lost actor: fail the run, or continue without it (its undelivered "
-        "trajectories count as dropped, reason lost_rank).",
+        ChoiceCheck("fail", "continue", "replace"),
+        "A lost actor: fail the run, continue without it (its undelivered "
+        "trajectories count as dropped, reason lost_rank), or replace it with a new actor "
+        "started by MPI_Comm_spawn (MPI engine; at most max_restarts per job; one that fails "
+        "to start is named and the run continues without it).",
     )
 
     def check_together(self) -> None:
+        if self.on_actor_loss == "replace" and self.max_restarts == 0:
+            raise self.fail(
+                "on_actor_loss",
+                "is replace, but faults.max_restarts is 0: under replace, max_restarts also bounds the actors "
+                "one job replaces (each replacement counts as a restart), so none could be replaced; set "
+                "faults.max_restarts to 1 or more, or on_actor_loss: continue",
+            )
         if self.peer_timeout_s <= self.heartbeat_s:
             raise self.fail(
                 "peer_timeout_s",

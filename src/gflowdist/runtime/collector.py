@@ -37,6 +37,7 @@ from gflowdist.runtime.history import GenerationFacts
 from gflowdist.runtime.lost_actors import LostActors
 from gflowdist.runtime.progress import progress_line
 from gflowdist.runtime.protocol import Command, MessageType, command_of
+from gflowdist.runtime.replacing import Replacer
 from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
 
@@ -98,6 +99,7 @@ class Collector:
         self.run_dir = run_dir
         self.saved: dict[str, dict[int, dict]] = {}  # periodic checkpoint name -> rank -> its file's size, digest
         self.lost_actors = LostActors(w, out)
+        self.replacer = Replacer(w, out, run_dir)
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
         self.line = progress_line(w, out, start_step=start_step, producer=producer)
@@ -172,10 +174,13 @@ class Collector:
             self.finals[msg.sender] = body
             self.w.liveness.heard_final(msg.sender)
         elif msg.type is MessageType.HEARTBEAT:
+            self.replacer.heard(msg.sender)
             self.lost_actors.heard(msg.sender, body)
             self.line.heard(msg.sender, int(body.get("produced", 0)))
             if self.layout.role_of(msg.sender) is Role.TRAINER and isinstance(body.get("step"), int):
                 self.reach.note(msg.sender, body["step"])
+        elif command_of(msg) is Command.ADOPTED:
+            self.replacer.adopted(msg.sender, body)
         elif command_of(msg) is Command.SAVED:
             self.note_saved(body["name"], msg.sender, body["file"])
         elif command_of(msg) is Command.REFUSED:  # I am a trainer too, and my buffer refused my batch
@@ -240,6 +245,10 @@ class Collector:
                     rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank), reason=reason
                 )
             self.lost_actors.go_on_without(rank, reason)
+            if self.replacer.may_replace(rank):
+                self.replacer.replace(rank, reason, int(self.lost_actors.beats.pop(rank, {}).get("produced", 0)))
+        for rank in self.replacer.poll():  # a replacement's first heartbeat may take its role's setup time
+            self.last_seen[rank] = time.monotonic() + self.replacer.grace_s()
 
     def all_reported(self) -> bool:
         """Every other rank sent its final report, or is lost and gone on without."""

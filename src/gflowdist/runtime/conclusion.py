@@ -71,6 +71,8 @@ def conclude(
     """
     facts = facts if facts is not None else GenerationFacts(generation=generation)
     lost = {r: f["lost"] for r, f in sorted(finals.items()) if f.get("lost")}
+    # actors lost and replaced (faults.on_actor_loss: replace): why each incarnation before the last was lost
+    replaced = {r: [e["reason"] for e in f["replaced"]] for r, f in sorted(finals.items()) if f.get("replaced")}
     checkpoints.write_manifest(
         run_dir,
         final_name,
@@ -90,6 +92,7 @@ def conclude(
     (run_dir / "finals.json").write_text(json.dumps({str(r): finals[r] for r in sorted(finals)}, indent=1))
     ledgers = {r: Ledger.from_dict(f["ledger"]) for r, f in finals.items()}
     notes = [*notes, *facts.warnings, *(f"went on without rank {r}: {why}" for r, why in lost.items())]
+    notes += [f"replaced rank {r} (lost: {why})" for r, whys in replaced.items() for why in whys]
     made = sum(item.produced for item in ledgers.values()) - facts.produced_before
     history = record_generation(
         run_dir,
@@ -106,7 +109,7 @@ def conclude(
     report = _report(run_dir, finals, ledgers, notes, facts, history)
     if tensorboard:
         _write_tensorboard(run_dir, out)
-    totals = _check_ledgers(run_dir, ledgers, stop_reason, lost, facts.unit)
+    totals = _check_ledgers(run_dir, ledgers, stop_reason, lost, facts.unit, replaced)
     _say_end(out, report, run_dir, totals["final_line"], facts, made, stop_reason)
     return JobResult(
         run_dir=str(run_dir),
@@ -331,9 +334,17 @@ def _write_tensorboard(run_dir: Path, out: TextIO) -> None:
 
 
 def _check_ledgers(
-    run_dir: Path, ledgers: dict[int, Ledger], stop_reason: str, lost: Mapping[int, str], unit: str = "trajectories"
+    run_dir: Path,
+    ledgers: dict[int, Ledger],
+    stop_reason: str,
+    lost: Mapping[int, str],
+    unit: str = "trajectories",
+    replaced: Mapping[int, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises."""
+    """Check the job's ledger and write ledger.json; returns ``{"totals", "final_line"}`` or raises.
+
+    ``replaced``: the ranks whose actor was lost and replaced, with why (ledger.json's ``replaced_ranks``)."""
+    replaced = replaced or {}
     per_rank = {str(r): item.to_dict() for r, item in ledgers.items()}
     lost_ranks = {str(r): why for r, why in lost.items()}
     try:
@@ -351,11 +362,19 @@ def _check_ledgers(
         f"{totals['dropped']} dropped{_expired(totals)}, ledger balanced"
         f"{f'; {malformed} malformed messages rejected' if malformed else ''}"
         f"{_refused(ledgers)}"
-        f"{f'; went on without rank {_ranks(lost)}' if lost else ''}; run directory {run_dir}"
+        f"{f'; went on without rank {_ranks(lost)}' if lost else ''}"
+        f"{f'; replaced rank {_ranks(replaced)}' if replaced else ''}; run directory {run_dir}"
     )
     (run_dir / "ledger.json").write_text(
         json.dumps(
-            {"balanced": True, "totals": totals, "final_line": line, "lost_ranks": lost_ranks, "per_rank": per_rank},
+            {
+                "balanced": True,
+                "totals": totals,
+                "final_line": line,
+                "lost_ranks": lost_ranks,
+                **({"replaced_ranks": {str(r): whys for r, whys in replaced.items()}} if replaced else {}),
+                "per_rank": per_rank,
+            },
             indent=1,
         )
     )
@@ -379,7 +398,7 @@ def _refused(ledgers: Mapping[int, Ledger]) -> str:
     return f"; {sum(senders.values())} batches refused (from {by})"
 
 
-def _ranks(lost: Mapping[int, str]) -> str:
+def _ranks(lost: Mapping[int, Any]) -> str:
     return ", ".join(str(r) for r in sorted(lost))
 
 

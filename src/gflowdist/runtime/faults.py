@@ -17,10 +17,10 @@ storage holds) refuses it, counts it against the sender (the ledger's
 :class:`~gflowdist.errors.BadBatchError` with the buffer's words (``fail``)
 or logs them and goes on (``drop``).
 
-``faults.on_actor_loss: continue`` needs the MPI engine:
-:func:`check_engine_allows` refuses it on a job that runs on torch
+``faults.on_actor_loss: continue`` and ``replace`` need the MPI engine:
+:func:`check_engine_allows` refuses them on a job that runs on torch
 (``launch.engine: auto`` under a torch launcher; the config itself refuses
-``launch.engine: torch``).
+``launch.engine: torch`` and ``local``).
 """
 
 from __future__ import annotations
@@ -69,12 +69,13 @@ def on_refused(text: str, *, mode: str, step: int | None = None, origin: str = "
 
 
 def check_engine_allows(config: Config, engine: str) -> None:
-    """Refuse ``faults.on_actor_loss: continue`` when the job runs on an ``engine`` that cannot go on without a
-    rank (:meth:`gflowdist.engines.Engine.refuses_actor_loss_continue`; see the module docs)."""
-    why = engine_named(engine).refuses_actor_loss_continue()
-    if config.faults.on_actor_loss == "continue" and why:
+    """Refuse ``faults.on_actor_loss: continue`` or ``replace`` when the job runs on an ``engine`` that cannot go
+    on without a rank or replace one (:meth:`gflowdist.engines.Engine.refuses_actor_loss`; see the module docs)."""
+    policy = config.faults.on_actor_loss
+    why = engine_named(engine).refuses_actor_loss(policy)
+    if why:
         raise ConfigError(
-            ACTOR_LOSS_REFUSED.format(engine=f"this job runs on the {engine} engine", why=why),
+            ACTOR_LOSS_REFUSED.format(policy=policy, engine=f"this job runs on the {engine} engine", why=why),
             key="faults.on_actor_loss",
             file=config.file,
         )

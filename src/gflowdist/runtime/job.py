@@ -309,6 +309,7 @@ def _conclude(
 ) -> JobResult:
     """On the collector: every rank's final report, the progress line's last word, the run's end."""
     finals = collector.wait_finals()
+    collector.replacer.merge(finals)  # the ledgers of actors lost and replaced (faults.on_actor_loss: replace)
     rank.w.tape.finish()  # the final reports were my last recorded choices
     final["ledger"] = rank.w.ledger.to_dict()  # with what the collector refused while it waited
     finals[process.world.rank] = final

@@ -234,6 +234,10 @@ class Liveness:
             self.stop.set(msg.body.get("reason", "coordinator"))
         elif command is Command.LOST:
             self.go_on_without(int(msg.body["rank"]), str(msg.body["reason"]))
+        elif command is Command.REPLACED:  # faults.on_actor_loss: replace (gflowdist.runtime.replacing)
+            from gflowdist.runtime.replacing import adopt
+
+            adopt(self, int(msg.body["rank"]), str(msg.body["port"]))
         elif command is Command.REFUSED:
             self.refused(msg.body)
         elif command is Command.POSTMORTEM and not msg.body.get("written"):

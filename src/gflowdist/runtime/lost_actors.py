@@ -46,7 +46,7 @@ class LostActors:
         self.w = w
         self.out = out
         self.layout = w.context.layout
-        self.allowed = w.settings.on_actor_loss == "continue"
+        self.allowed = w.settings.on_actor_loss in ("continue", "replace")  # replace: continue, then replace
         self.beats: dict[int, dict] = {}  # rank -> its last heartbeat's body
 
     @property
@@ -68,7 +68,8 @@ class LostActors:
         for other in range(self.w.comm.size):
             if other not in (self.w.rank, rank) and other not in self.w.liveness.finished and other not in self.lost:
                 self.w.control.isend(*protocol.lost(rank, text), other)
-        self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = continue)\n")
+        policy = self.w.settings.on_actor_loss
+        self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy})\n")
         self.out.flush()
 
     def received_from(self, rank: int, finals: Mapping[int, dict] | None = None) -> int:

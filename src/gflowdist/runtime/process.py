@@ -101,7 +101,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         world.world.stop_flags.append(stop)  # type: ignore[attr-defined]  # a ThreadComm's ThreadWorld
     else:
         _ignore_peer_death_signal(
-            deaths if config.faults.on_actor_loss == "continue" else None
+            deaths if config.faults.on_actor_loss != "fail" else None
         )  # after MPI_Init and its handlers
         stop.install_signal_handlers()
         on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal

@@ -37,6 +37,8 @@ who sends it to whom, and where it is sent and handled.
 | :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Reporting.send_final` / :meth:`Collector.poll` |
 | :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Liveness.check_control` |
 | :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Liveness.check_control` |
+| :func:`replaced` | CONTROL `replaced` | CONTROL | collector -> the trainer and buffer of a lost actor it replaced (`faults.on_actor_loss: replace`) | :meth:`Replacer.poll` / :meth:`Liveness.check_control` (:func:`replacing.adopt`) |
+| :func:`adopted` | CONTROL `adopted` | CONTROL | that trainer or buffer -> collector, once it reaches the replacement | :func:`replacing.adopt` / :meth:`Collector.poll` |
 | :func:`failed` | CONTROL `failed` | CONTROL | a failing rank -> collector: its failure and what it holds | :func:`postmortem.end_failed` / :meth:`Collector.poll` (and the post-mortem's gathering) |
 | :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Liveness.check_control` |
 | :func:`partial` | CONTROL `partial` | CONTROL | each rank -> collector, the answer to `postmortem`: what it holds | :func:`postmortem.end_failed` / the post-mortem's gathering |
@@ -82,6 +84,8 @@ __all__ = [
     "checkpoint",
     "checkpointed",
     "weights",
+    "replaced",
+    "adopted",
     "stop",
     "heartbeat",
     "metrics",
@@ -141,6 +145,10 @@ class Command(enum.Enum):
     POSTMORTEM = "postmortem"
     #: rank -> collector (CONTROL): the ``state`` I hold, for the post-mortem
     PARTIAL = "partial"
+    #: collector -> the trainer and buffer of a lost actor (CONTROL): its replacement listens on ``port``
+    REPLACED = "replaced"
+    #: trainer or buffer -> collector (CONTROL): I reach replacement ``rank`` now; ``received`` from the lost one
+    ADOPTED = "adopted"
 
 
 _COMMANDS = {command.value: command for command in Command}
@@ -251,6 +259,16 @@ def refused(text: str, seq: int) -> Outgoing:
 def lost(rank: int, reason: str) -> Outgoing:
     """The collector lost actor ``rank`` (``reason``) and the run goes on without it."""
     return _command(Command.LOST, rank=rank, reason=reason)
+
+
+def replaced(rank: int, port: str) -> Outgoing:
+    """Lost actor ``rank`` has a replacement (``faults.on_actor_loss: replace``), listening on MPI port ``port``."""
+    return _command(Command.REPLACED, rank=rank, port=port)
+
+
+def adopted(rank: int, received: int) -> Outgoing:
+    """I reach the replacement of ``rank`` now; ``received``: the trajectories I received from the lost one."""
+    return _command(Command.ADOPTED, rank=rank, received=received)
 
 
 def failed(failure: Mapping[str, Any], state: Mapping[str, Any]) -> Outgoing:

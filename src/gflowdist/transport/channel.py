@@ -216,6 +216,13 @@ class Channel:
         """
         return len(self._pending.pop(dst, ()))
 
+    def new_peer(self, rank: int) -> None:
+        """Rank ``rank`` is a new process in place of a lost one (``faults.on_actor_loss: replace``): the
+        messages each of us sends the other are numbered from 0 again."""
+        self._pending.pop(rank, None)
+        self._next_seq.pop(rank, None)
+        self._expected_seq.pop(rank, None)
+
     # -- receiving --------------------------------------------------------------
     def try_recv(self, src: int | None = None, *, copy: bool = False) -> Message | None:
         """The next message if one has arrived, else None (never blocks)."""
