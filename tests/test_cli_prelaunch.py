@@ -208,6 +208,33 @@ CASES = {
         NO_GPU,
         ["config.yaml: launch.devices: asks for cuda, but this host sees no CUDA device"],
     ),
+    "replace with --record": (
+        {},
+        ["run", "config.yaml", "--record", "faults.on_actor_loss=replace", "faults.max_restarts=1"],
+        {},
+        ["faults.on_actor_loss: is replace, but run.record is true (--record): a replacement actor"],
+    ),
+    "replace on torch": (
+        {},
+        ["run", "config.yaml", "--engine", "torch", "faults.on_actor_loss=replace", "faults.max_restarts=1"],
+        {},
+        ["faults.on_actor_loss: is replace, but launch.engine is torch: a gloo group's world size is fixed"],
+    ),
+    "replace without restarts": (
+        {},
+        ["run", "config.yaml", "faults.on_actor_loss=replace"],
+        {},
+        ["faults.on_actor_loss: is replace, but faults.max_restarts is 0", "set faults.max_restarts to 1 or more"],
+    ),
+    "replace, launcher without spawn": (
+        {},
+        ["run", "config.yaml", "faults.on_actor_loss=replace", "faults.max_restarts=1", "launch.mpiexec=/bin/echo"],
+        {},
+        [
+            "config.yaml: faults.on_actor_loss: is replace, but the mpiexec /bin/echo ('echo (GNU coreutils)",
+            "MPI_Comm_spawn",
+        ],
+    ),
     "layout checks devices": (
         {},
         ["layout", "config.yaml", "launch.devices=cuda"],

@@ -30,3 +30,12 @@ def test_only_mpi_goes_on_without_a_lost_rank_and_the_others_say_why():
     for engine in (TORCH, LOCAL):
         assert engine.refuses_actor_loss_continue() and not engine.survives_lost_peer
     assert set(ENGINES) == {"mpi", "torch", "local"}
+
+
+def test_only_mpi_replaces_a_lost_actor_and_the_others_say_why():
+    assert MPI.replaces_lost_actor and MPI.refuses_actor_loss("replace") is None
+    assert MPI.refuses_actor_loss("continue") is None and MPI.refuses_actor_loss("fail") is None
+    assert "world size is fixed" in TORCH.refuses_actor_loss("replace")
+    assert "threads of one process" in LOCAL.refuses_actor_loss("replace")
+    for engine in (TORCH, LOCAL):
+        assert not engine.replaces_lost_actor and engine.refuses_actor_loss("fail") is None

@@ -166,3 +166,38 @@ def test_a_checkpoint_ack_that_counts_a_refusal_not_heard_yet_waits_for_it_and_f
     with pytest.raises(GflowdistError, match="refused 1 of my batches, but only 0 refusals reached rank 1"):
         me.liveness.hear_refusals(1)
     beats.join()
+
+
+def test_replacing_a_lost_actor_is_refused_before_launch_where_it_cannot_be_honoured():
+    replace = {"on_actor_loss": "replace", "max_restarts": 1}
+    with pytest.raises(ConfigError, match=r"is replace, but launch.engine is torch: a gloo group's world size") as err:
+        Config.from_dict({"faults": replace, "launch": {"engine": "torch"}}, file="c.yaml")
+    assert err.value.key == "faults.on_actor_loss" and err.value.file == "c.yaml"
+    with pytest.raises(ConfigError, match=r"is replace, but launch.engine is local: its ranks are threads"):
+        Config.from_dict({"faults": replace, "launch": {"engine": "local"}})
+    with pytest.raises(
+        ConfigError, match=r"is replace, but faults.max_restarts is 0: .* set faults.max_restarts"
+    ) as err:
+        Config.from_dict({"faults": {"on_actor_loss": "replace"}})
+    assert err.value.key == "faults.on_actor_loss"
+    with pytest.raises(ConfigError, match=r"is replace, but run.record is true \(--record\): a replacement actor"):
+        Config.from_dict({"faults": replace, "run": {"record": True}})
+    config = Config.from_dict({"faults": replace})  # engine auto: decided at start-up
+    with pytest.raises(ConfigError, match="is replace, but this job runs on the torch engine: a gloo group's"):
+        check_engine_allows(config, "torch")
+    check_engine_allows(config, "mpi")
+
+
+def test_a_launcher_not_known_to_serve_spawn_is_refused_under_replace_only():
+    from gflowdist.cli.preflight import LauncherFacts, check_launcher_spawns
+
+    replace = Config.from_dict({"faults": {"on_actor_loss": "replace", "max_restarts": 1}}, file="c.yaml")
+    srun = LauncherFacts("/usr/bin/srun", "slurm 23.02.7")
+    with pytest.raises(
+        ConfigError, match=r"is replace, but the mpiexec /usr/bin/srun \('slurm 23.02.7'\) is not"
+    ) as err:
+        check_launcher_spawns(replace, srun)
+    assert err.value.key == "faults.on_actor_loss"
+    check_launcher_spawns(Config.from_dict({"faults": {"on_actor_loss": "continue"}}), srun)
+    for version in ("HYDRA build details:\n    Version: 5.0.2", "mpirun (Open MPI) 5.0.3", "prterun (PMIx) 3.0"):
+        check_launcher_spawns(replace, LauncherFacts("/x/mpiexec", version))

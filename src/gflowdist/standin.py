@@ -37,7 +37,10 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["main", "HANDSHAKE_TAG"]
+__all__ = ["main", "HANDSHAKE_TAG", "STANDIN_VARIABLE"]
+
+#: Set in a replacement's environment: which replacement of its rank it is (1, 2, ...). A role may read it.
+STANDIN_VARIABLE = "GFLOWDIST_STANDIN"
 
 #: The MPI tag of the raw handshake messages on a replacement's intercommunicators (before any channel uses them).
 HANDSHAKE_TAG = 32000
@@ -121,6 +124,7 @@ def _run(spec: dict, routes: dict[int, Any]) -> None:
     stop = StopFlag()
     stop.install_signal_handlers()
     incarnation = int(spec["incarnation"])
+    os.environ[STANDIN_VARIABLE] = str(incarnation)
     seed = rank_seed(config.run.seed, rank * 1_000_003 + incarnation)  # not the lost actor's stream again
     seed_all(seed)
     generator = torch.Generator().manual_seed(seed)

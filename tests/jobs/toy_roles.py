@@ -12,7 +12,9 @@ final summary sleeps: a stop that cannot finish soon), ``nan_rank``/``nan_at``
 trainer's ``loss()`` raises from that step on), ``mistake_rank``/``mistake``[/``mistake_at``] (that trainer's
 rollout makes a user's mistake from that policy version on: ``list`` returns a list of tensors, ``rows``
 gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4, ``nan`` puts a NaN in
-``log_rewards``' row 2); ``exit_marks`` (a folder: how a rank's process ends, see :func:`_exit_marks`).
+``log_rewards``' row 2); ``exit_marks`` (a folder: how a rank's process ends, see :func:`_exit_marks`);
+``fail_standin`` (an actor that replaces a lost one, ``faults.on_actor_loss: replace``, fails in its
+setup()); ``actor_metrics`` (actors report metrics rows: their trajectory count and weight updates).
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ class ToyActor(Actor):
         self.model = torch.nn.Linear(4, 1, bias=False)
         self.n = int(self.params.get("n", 8))
         self.versions_seen = []
+        if self.params.get("fail_standin") and os.environ.get("GFLOWDIST_STANDIN"):  # a replacement (gflowdist.standin)
+            raise RuntimeError("the toy actor's replacement fails on purpose")
 
     def rollout(self, policy_version):
         _delay(self.params, self.generator)
@@ -151,6 +155,9 @@ class ToyActor(Actor):
     def load_weights(self, state, version):
         super().load_weights(state, version)
         self.versions_seen.append(version)
+
+    def metrics(self):
+        return {"weight_updates": len(self.versions_seen)} if self.params.get("actor_metrics") else {}
 
     def summary(self):
         return {"weight_updates": len(self.versions_seen), "device": str(self.device)}

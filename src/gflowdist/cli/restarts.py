@@ -65,9 +65,10 @@ class Ended:
         ``faults.on_actor_loss: continue`` (or ``replace``): the run finished and its ledger
         balanced (``ledger.json``, written after ``since``, names the lost
         or replaced ranks), no rank reported a failure, and the launcher's status is the
-        lost rank's (137 for kill -9).
+        lost rank's (137 for kill -9). Stopped by SIGINT/SIGTERM, such a run ends
+        with the signal's status (130, 143), as one without a lost rank does.
         """
-        if self.code == 0 or self.failure or self.interrupted:
+        if self.code == 0 or self.failure or self.overran or self.code in (130, 143):
             return self
         path = Path(run_dir) / "ledger.json"
         try:
@@ -76,6 +77,11 @@ class Ended:
             return self
         if not (ledger.get("balanced") and (ledger.get("lost_ranks") or ledger.get("replaced_ranks"))):
             return self
+        if self.interrupted:  # the stop's own status; the run says which signal stopped it
+            stopped_by = re.search(r"\(signal (SIGINT|SIGTERM)\)", str(ledger.get("final_line", "")))
+            if stopped_by is None:
+                return self
+            return Ended(130 if stopped_by[1] == "SIGINT" else 143, interrupted=True)
         if not ledger.get("lost_ranks"):  # every lost actor was replaced (faults.on_actor_loss: replace)
             replaced = ", ".join(f"rank {rank}" for rank in ledger["replaced_ranks"])
             sys.stderr.write(

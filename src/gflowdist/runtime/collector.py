@@ -240,6 +240,7 @@ class Collector:
             if rank in self.finals or rank in self.w.lost or now - seen <= limit:
                 continue
             reason = f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {limit:g})"
+            reason = self.replacer.silence(rank, reason)
             if not self.lost_actors.may_go_on_without(rank):
                 raise PeerLostError(
                     rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank), reason=reason

@@ -309,7 +309,6 @@ def _conclude(
 ) -> JobResult:
     """On the collector: every rank's final report, the progress line's last word, the run's end."""
     finals = collector.wait_finals()
-    collector.replacer.merge(finals)  # the ledgers of actors lost and replaced (faults.on_actor_loss: replace)
     rank.w.tape.finish()  # the final reports were my last recorded choices
     final["ledger"] = rank.w.ledger.to_dict()  # with what the collector refused while it waited
     finals[process.world.rank] = final
@@ -318,6 +317,8 @@ def _conclude(
         finals[lost]["checkpoint_file"] = checkpoints.save_rank(
             process.run_dir, final_name, lost, collector.lost_actors.payload(lost)
         )
+    # the ledgers of actors lost and replaced (faults.on_actor_loss: replace)
+    collector.replacer.merge(finals, collector.lost_actors.beats)
     collector.progress(force=True)
     collector.finish_line()
     collector.metrics_file.close()

@@ -9,7 +9,7 @@ with MPI's dynamic processes, under the same mpiexec:
 
 1. ``MPI_Comm_spawn`` (``COMM_SELF``: the dead rank is still in the world
    communicator, so no collective over it could finish) starts
-   ``python -m gflowdist.standin`` (:mod:`gflowdist.standin`),
+   ``python -m gflowdist.standin``,
    which gets an intercommunicator to the collector, opens an MPI port and
    sends its name back; the collector sends it the layout and the run
    directory;
@@ -218,6 +218,16 @@ class Replacer:
                 record.first_heartbeat - record.started,
             )
 
+    def silence(self, rank: int, reason: str) -> str:
+        """Why ``rank`` is lost: a replacement that never sent a heartbeat is named as one that did not start."""
+        record = self.pending.pop(rank, None)
+        if record is None:
+            return reason
+        return (
+            f"its replacement sent no heartbeat within faults.startup_timeout_s "
+            f"({self.grace_s():g} s; its log: logs/rank-{rank}.log)"
+        )
+
     def adopted(self, sender: int, body: Mapping[str, Any]) -> None:
         """A trainer or buffer reaches replacement ``body["rank"]``; a buffer says what it got from the lost one."""
         rank = int(body["rank"])
@@ -230,25 +240,40 @@ class Replacer:
         """How long a replacement may take to send its first heartbeat."""
         return self.w.config.faults.startup_timeout_s
 
-    def merge(self, finals: dict[int, dict]) -> None:
-        """Add each lost actor's ledger to its replacement's final report (or to the slot of a rank gone without)."""
-        before: dict[tuple[int, int], int] = {}  # (rank, buffer) -> received from earlier incarnations
+    def merge(self, finals: dict[int, dict], beats: Mapping[int, Mapping[str, Any]]) -> None:
+        """Add each lost actor's ledger to the final report of its rank's last process.
+
+        That process is its replacement (its own final report), or, when it was lost too and not replaced, the
+        collector's account of it (``lost`` in its final): that one is written again here from what the buffers
+        received beyond the earlier processes, and from its last heartbeat (``beats``).
+        """
+        before: dict[tuple[int, int], int] = {}  # (rank, buffer) -> received from earlier processes of the rank
+        by_rank: dict[int, list[Replacement]] = {}
         for record in self.done:
             cumulative = dict(record.received)  # a buffer reports all it received from the rank so far
             record.received = {b: n - before.get((record.rank, b), 0) for b, n in cumulative.items()}
             before.update({(record.rank, b): n for b, n in cumulative.items()})
-            final = finals.get(record.rank)
+            by_rank.setdefault(record.rank, []).append(record)
+        for rank, records in by_rank.items():
+            final = finals.get(rank)
             if final is None:
                 continue
             ledger = Ledger.from_dict(final["ledger"])
-            lost = record.ledger()
-            ledger.produced += lost.produced
-            ledger.sent += lost.sent
-            ledger.dropped.update(lost.dropped)
+            if final.get("lost"):  # final_of counted every process's deliveries as this one's
+                received = ledger.produced - ledger.dropped.get("lost_rank", 0)
+                received -= sum(sum(r.received.values()) for r in records)
+                produced = max(int(beats.get(rank, {}).get("produced", 0)), received)
+                ledger = Ledger(produced=produced, sent=produced)
+                ledger.drop("lost_rank", produced - received)
+            for record in records:
+                lost = record.ledger()
+                ledger.produced += lost.produced
+                ledger.sent += lost.sent
+                ledger.dropped.update(lost.dropped)
+                final.setdefault("replaced", []).append(
+                    {"reason": record.reason, "ledger": lost.to_dict(), "seconds_to_heartbeat": record.seconds()}
+                )
             final["ledger"] = ledger.to_dict()
-            final.setdefault("replaced", []).append(
-                {"reason": record.reason, "ledger": lost.to_dict(), "seconds_to_heartbeat": record.seconds()}
-            )
 
     def _say(self, text: str) -> None:
         self.w.reports.note("rank replaced", "fault", text=text)

@@ -1,0 +1,118 @@
+"""``faults.on_actor_loss: replace`` with real ranks: the real CLI under mpiexec, an actor killed with kill -9.
+
+Two toy jobs side by side (trainers 0-1, actor 2, buffer 3, coordinator 4), the actor of each killed once
+the trainers are training:
+
+- ``replaced``: a new actor, started with MPI_Comm_spawn, takes rank 2's place; its metrics rows count
+  its trajectories from zero again; after it shipped, the launcher gets SIGTERM (a clean stop): the
+  ledger balances over both actors (rank 2's row holds the lost one's and the replacement's counts,
+  the lost one's undelivered items as ``dropped["lost_rank"]``), ledger.json names the replaced rank;
+- ``not started``: the replacement fails in its role's setup(): it is named as not started, and the job
+  goes on without rank 2 (as under ``continue``) to its last step, the ledger balanced.
+
+Every process of both jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from tests.support.jobs import pid_of_rank, read_json
+
+FAST = ("faults.heartbeat_s=0.2", "faults.peer_timeout_s=4", "faults.on_actor_loss=replace", "faults.max_restarts=1")
+JOB = ("layout.actors=1", "-n", "5", "run.log_every=1", "params.delay_s=0.03", "params.actor_metrics=1", *FAST)
+
+
+def _actor_rows(run: Path) -> list[int]:
+    """The ``trajectories`` count of each whole metrics row of actor rank 2, in file order."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    return [row["trajectories"] for row in rows if row["rank"] == 2 and "trajectories" in row]
+
+
+def _restarted_at(counts: list[int]) -> int | None:
+    """The index of the first row of the replacement: where the count falls back."""
+    return next((i for i in range(1, len(counts)) if counts[i] <= counts[i - 1]), None)
+
+
+def _wait_for(what: str, ready, job, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert job.proc.poll() is None, f"job ended ({job.proc.returncode}) before {what}:\n{job.output}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{job.output}"
+        time.sleep(0.2)
+
+
+def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_named_when_it_cannot_start(
+    job_factory,
+):
+    replaced = job_factory("run.steps=100000", *JOB)
+    failing = job_factory("run.steps=150", *JOB, "params.fail_standin=1", "faults.startup_timeout_s=20")
+    runs = {job: job.wait_for_metrics(4, timeout=180) for job in (replaced, failing)}
+    for job, run in runs.items():
+        _wait_for("metrics of the actor", lambda run=run: len(_actor_rows(run)) >= 2, job)
+        os.kill(pid_of_rank(run, 2), signal.SIGKILL)
+
+    run = runs[replaced]
+    _wait_for(
+        "replacement shipping",
+        lambda: (_restarted_at(_actor_rows(run)) or 10**9) + 3 <= len(_actor_rows(run)),
+        replaced,
+    )
+    replaced.proc.send_signal(signal.SIGTERM)  # a clean stop: report, checkpoint, ledger
+    assert replaced.wait(120) == 143, replaced.output
+    _check_replaced(replaced.output, run)
+    assert failing.wait(240) == 0, failing.output
+    _check_not_started(failing.output, runs[failing])
+    assert replaced.no_process_left() and failing.no_process_left()
+
+
+def _check_replaced(out: str, run: Path) -> None:
+    assert re.search(
+        r"^gflowdist: lost rank 2 \(actor on \S+\): no heartbeat for [\d.]+ s \(faults.peer_timeout_s = 4\); "
+        r"going on without it \(faults.on_actor_loss = replace\)$",
+        out,
+        re.M,
+    ), out
+    assert re.search(
+        r"^gflowdist: replacing rank 2 \(actor on \S+\) \(lost: no heartbeat .*\): a new actor started "
+        r"with MPI_Comm_spawn$",
+        out,
+        re.M,
+    ), out
+    log = (run / "logs" / "rank-2.log").read_text()
+    assert re.search(r"rank 2: a replacement \(number 1\) in pid \d+, started with MPI_Comm_spawn", log), log
+    counts = _actor_rows(run)
+    start = _restarted_at(counts)
+    assert start is not None and counts[start] <= 8 * 2, counts  # counted from zero: a batch or two
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and list(ledger["replaced_ranks"]) == ["2"] and ledger["lost_ranks"] == {}, ledger
+    assert "replaced rank 2" in ledger["final_line"] and ledger["final_line"] in out
+    finals = read_json(run / "finals.json")
+    [earlier] = finals["2"]["replaced"]
+    lost = earlier["ledger"]
+    mine = ledger["per_rank"]["2"]
+    received = ledger["per_rank"]["3"]["received_from"]["2"]
+    assert lost["produced"] >= counts[start - 1] and mine["produced"] > lost["produced"], (lost, mine)
+    assert mine["produced"] == received + mine["dropped"].get("lost_rank", 0), (mine, received)
+    assert mine["dropped"].get("lost_rank", 0) == lost["dropped"].get("lost_rank", 0)
+    assert mine["produced"] - lost["produced"] >= counts[-1]  # the replacement's own count, from zero
+    assert "replaced rank 2 (lost: no heartbeat" in (run / "report.txt").read_text()
+
+
+def _check_not_started(out: str, run: Path) -> None:
+    assert "the toy actor's replacement fails on purpose" in (run / "logs" / "rank-2.log").read_text()
+    assert re.search(
+        r"^gflowdist: lost rank 2 \(actor on \S+\): its replacement sent no heartbeat within "
+        r"faults.startup_timeout_s \([\d.]+ s; its log: logs/rank-2.log\); going on without it",
+        out,
+        re.M,
+    ), out
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["2"], ledger
+    assert "went on without rank 2" in ledger["final_line"]
+    assert [read_json(run / "finals.json")[str(r)]["step"] for r in (0, 1)] == [150, 150]
