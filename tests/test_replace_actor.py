@@ -10,7 +10,9 @@ the trainers are training:
 - ``not started``: the replacement fails in its role's setup(): it is named as not started, and the job
   goes on without rank 2 (as under ``continue``) to its last step, the ledger balanced.
 
-Every process of both jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
+The replaced job is then resumed (``--resume``) for 10 more steps: its final checkpoint's manifest keeps the
+lost process's counts, so rank 2's ledger carries them on and the resumed run balances too. Every process of
+the jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_na
     assert failing.wait(240) == 0, failing.output
     _check_not_started(failing.output, runs[failing])
     assert replaced.no_process_left() and failing.no_process_left()
+    # the final checkpoint's manifest keeps the lost process's counts: a resumed run balances to its end
+    earlier = read_json(run / "ledger.json")["per_rank"]["2"]
+    reached = read_json(run / "finals.json")["0"]["step"]
+    resumed = job_factory("--resume", str(run), f"run.steps={reached + 10}", config=None)
+    resumed.out_dir = run.parent
+    assert resumed.wait(180) == 0, resumed.output
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and read_json(run / "finals.json")["0"]["step"] == reached + 10, ledger
+    assert ledger["per_rank"]["2"]["produced"] > earlier["produced"], (earlier, ledger["per_rank"]["2"])
+    assert ledger["per_rank"]["2"]["dropped"] == earlier["dropped"]
+    assert resumed.no_process_left()
 
 
 def _check_replaced(out: str, run: Path) -> None:

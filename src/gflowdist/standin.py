@@ -149,8 +149,8 @@ def _run(spec: dict, routes: dict[int, Any]) -> None:
 def _linger(w: Any) -> None:
     """Until the collector falls silent (the run is over), at most ``faults.peer_timeout_s``: an exit now would
     make hydra tell every rank a process died while they still stop their actors."""
-    heard, deadline = time.monotonic(), time.monotonic() + w.config.faults.peer_timeout_s
-    quiet = 3 * w.config.faults.heartbeat_s
+    heard, deadline = time.monotonic(), time.monotonic() + w.settings.peer_timeout_s
+    quiet = 3 * w.settings.heartbeat_s
     while time.monotonic() < deadline and time.monotonic() - heard < quiet:
         if w.control.try_recv(w.collector) is not None:
             heard = time.monotonic()

@@ -206,6 +206,7 @@ class Collector:
         for rank in sorted(set(self.w.lost) - set(files)):
             files[rank] = save_rank(self.run_dir, name, rank, self.lost_actors.payload(rank))
         lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
+        replaced = {str(r): ledger.to_dict() for r, ledger in self.replacer.earlier_ledgers().items()}
         write_manifest(
             self.run_dir,
             name,
@@ -214,6 +215,7 @@ class Collector:
                 "generation": self.w.generation,
                 "complete": True,
                 **({"lost": lost} if lost else {}),
+                **({"replaced": replaced} if replaced else {}),
             },
             files=files,
         )

@@ -82,6 +82,7 @@ def conclude(
             "complete": True,
             "steps": {str(r): f.get("step", 0) for r, f in finals.items()},
             **({"lost": {str(r): why for r, why in lost.items()}} if lost else {}),
+            **({"replaced": _earlier_ledgers(finals)} if replaced else {}),
         },
         files={r: f["checkpoint_file"] for r, f in finals.items()},
     )
@@ -396,6 +397,21 @@ def _refused(ledgers: Mapping[int, Ledger]) -> str:
         return ""
     by = ", ".join(f"rank {r}: {n}" for r, n in sorted(senders.items()))
     return f"; {sum(senders.values())} batches refused (from {by})"
+
+
+def _earlier_ledgers(finals: Mapping[int, dict]) -> dict[str, dict]:
+    """The summed ledgers of each replaced rank's lost processes (a resumed rank adds them to its own)."""
+    summed = {}
+    for rank, final in finals.items():
+        if final.get("replaced"):
+            total = Ledger()
+            for entry in final["replaced"]:
+                lost = Ledger.from_dict(entry["ledger"])
+                total.produced += lost.produced
+                total.sent += lost.sent
+                total.dropped.update(lost.dropped)
+            summed[str(rank)] = total.to_dict()
+    return summed
 
 
 def _ranks(lost: Mapping[int, Any]) -> str:

@@ -266,6 +266,10 @@ def end_of_process_bounded(world: Communicator, deaths: Deaths) -> None:
     """Before the communicators are freed: :func:`end_within` 2 s after a loss was heard of, else 60 s."""
     if world.size > 1 and not world.ranks_are_threads:
         end_within(END_AFTER_LOSS_S if deaths.any else END_S)
+        if threading.current_thread() is threading.main_thread():
+            # Python's exit gives a signal it handles its default action back, and hydra sends SIGUSR1 to every
+            # rank when one exits: a rank still ending would die of it (exit 138) under on_actor_loss: continue
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def end_within(seconds: float) -> None:

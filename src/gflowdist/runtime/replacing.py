@@ -51,7 +51,7 @@ from gflowdist.runtime.liveness import Liveness
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.standin import HANDSHAKE_TAG
 
-__all__ = ["Replacer", "Replacement", "adopt", "spawn_unsupported", "HANDSHAKE_TAG", "STANDIN_MODULE"]
+__all__ = ["Replacer", "Replacement", "adopt", "add_ledger", "spawn_unsupported", "HANDSHAKE_TAG", "STANDIN_MODULE"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -108,8 +108,8 @@ class Replacer:
         self.out = out
         self.run_dir = run_dir
         self.layout = w.context.layout
-        self.allowed = w.config.faults.on_actor_loss == "replace"
-        self.limit = w.config.faults.max_restarts
+        self.allowed = w.settings.on_actor_loss == "replace"
+        self.limit = w.settings.max_restarts
         self.done: list[Replacement] = []  # every replacement made, in order
         self.starting: dict[int, Replacement] = {}  # rank -> replacement whose process is being spawned
         self.pending: dict[int, Replacement] = {}  # rank -> replacement not yet heard from
@@ -178,14 +178,14 @@ class Replacer:
         finally:
             info.Free()
         request = inter.irecv(source=0, tag=HANDSHAKE_TAG)
-        deadline = time.monotonic() + self.w.config.faults.peer_timeout_s
+        deadline = time.monotonic() + self.w.settings.peer_timeout_s
         while True:
             done, port = request.test()
             if done:
                 break
             if time.monotonic() > deadline:
                 request.Cancel()
-                raise TimeoutError(f"the new process sent no MPI port within {self.w.config.faults.peer_timeout_s:g} s")
+                raise TimeoutError(f"the new process sent no MPI port within {self.w.settings.peer_timeout_s:g} s")
             time.sleep(0.005)
         hosts = [self.layout.host_of(r) for r in range(self.w.comm.size)]
         inter.send(
@@ -231,14 +231,22 @@ class Replacer:
     def adopted(self, sender: int, body: Mapping[str, Any]) -> None:
         """A trainer or buffer reaches replacement ``body["rank"]``; a buffer says what it got from the lost one."""
         rank = int(body["rank"])
-        for record in reversed(self.done):
-            if record.rank == rank:
-                record.received[sender] = int(body.get("received", 0))
-                return
+        records = [record for record in self.done if record.rank == rank]
+        if records:  # a buffer reports all it received from the rank so far: the newest lost process's share
+            earlier = sum(record.received.get(sender, 0) for record in records[:-1])
+            records[-1].received[sender] = int(body.get("received", 0)) - earlier
+
+    def earlier_ledgers(self) -> dict[int, Ledger]:
+        """Each replaced rank's lost processes' ledgers, summed: what a checkpoint's manifest keeps under
+        ``replaced`` (a resumed rank adds it to its own: :func:`gflowdist.runtime.resume.restore`)."""
+        summed: dict[int, Ledger] = {}
+        for record in self.done:
+            add_ledger(summed.setdefault(record.rank, Ledger()), record.ledger())
+        return summed
 
     def grace_s(self) -> float:
         """How long a replacement may take to send its first heartbeat."""
-        return self.w.config.faults.startup_timeout_s
+        return self.w.settings.startup_timeout_s
 
     def merge(self, finals: dict[int, dict], beats: Mapping[int, Mapping[str, Any]]) -> None:
         """Add each lost actor's ledger to the final report of its rank's last process.
@@ -247,12 +255,8 @@ class Replacer:
         collector's account of it (``lost`` in its final): that one is written again here from what the buffers
         received beyond the earlier processes, and from its last heartbeat (``beats``).
         """
-        before: dict[tuple[int, int], int] = {}  # (rank, buffer) -> received from earlier processes of the rank
         by_rank: dict[int, list[Replacement]] = {}
         for record in self.done:
-            cumulative = dict(record.received)  # a buffer reports all it received from the rank so far
-            record.received = {b: n - before.get((record.rank, b), 0) for b, n in cumulative.items()}
-            before.update({(record.rank, b): n for b, n in cumulative.items()})
             by_rank.setdefault(record.rank, []).append(record)
         for rank, records in by_rank.items():
             final = finals.get(rank)
@@ -267,9 +271,7 @@ class Replacer:
                 ledger.drop("lost_rank", produced - received)
             for record in records:
                 lost = record.ledger()
-                ledger.produced += lost.produced
-                ledger.sent += lost.sent
-                ledger.dropped.update(lost.dropped)
+                add_ledger(ledger, lost)
                 final.setdefault("replaced", []).append(
                     {"reason": record.reason, "ledger": lost.to_dict(), "seconds_to_heartbeat": record.seconds()}
                 )
@@ -280,6 +282,14 @@ class Replacer:
         log.warning("%s", text)
         self.out.write(f"gflowdist: {text}\n")
         self.out.flush()
+
+
+def add_ledger(ledger: Ledger, lost: Ledger) -> Ledger:
+    """Add a lost process's producer counts (``produced``, ``sent``, ``dropped``) to ``ledger``; returns it."""
+    ledger.produced += lost.produced
+    ledger.sent += lost.sent
+    ledger.dropped.update(lost.dropped)
+    return ledger
 
 
 def adopt(liveness: Liveness, rank: int, port: str) -> None:

@@ -134,6 +134,11 @@ def restore(
     for reason in chosen.skipped:
         log.warning("%s", reason)
     log.info("resumed from checkpoint %s at step %s", chosen.name, getattr(state, "step", 0))
-    return Restored(
-        chosen.name, chosen.step, Ledger.from_dict(saved["ledger"]), chosen.manifest["generation"] + 1, chosen.skipped
-    )
+    ledger = Ledger.from_dict(saved["ledger"])
+    earlier = chosen.manifest.get("replaced", {}).get(str(world.rank))
+    if earlier:  # faults.on_actor_loss: replace: my rank's lost processes' counts, which my buffer received too
+        lost = Ledger.from_dict(earlier)
+        ledger.produced += lost.produced
+        ledger.sent += lost.sent
+        ledger.dropped.update(lost.dropped)
+    return Restored(chosen.name, chosen.step, ledger, chosen.manifest["generation"] + 1, chosen.skipped)

@@ -55,6 +55,7 @@ class Settings:
     on_bad_batch: str
     on_nonfinite_batch: str
     on_actor_loss: str
+    max_restarts: int  # under on_actor_loss: replace, also the replacements one job may make
     # run
     steps: int
     log_every: int
@@ -94,6 +95,7 @@ class Settings:
             on_bad_batch=faults.on_bad_batch,
             on_nonfinite_batch=faults.on_nonfinite_batch,
             on_actor_loss=faults.on_actor_loss,
+            max_restarts=faults.max_restarts,
             steps=run.steps,
             log_every=run.log_every,
             trace=run.trace,
