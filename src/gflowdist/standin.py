@@ -137,12 +137,12 @@ def _run(spec: dict, routes: dict[int, Any]) -> None:
     state, ledger = ActorState(), Ledger()
     saver = CheckpointSaver(run_dir, rank, role, state, ledger, generator, None)
     w = Wiring.build(ctx, config, stop, ledger=ledger, saver=saver, generation=int(spec["generation"]))
-    w.reset_liveness()
-    w.heartbeat(-1)  # the collector: this replacement runs
+    w.liveness.reset()
+    w.liveness.heartbeat(-1)  # the collector: this replacement runs
     run_actor(role, w, state)
-    file = w.save_part(checkpoints.checkpoint_name(w.generation))
+    file = w.reports.save_part(checkpoints.checkpoint_name(w.generation))
     extra = {"staleness": {}, "step": 0, "summary": role.summary(), "pid": os.getpid(), "checkpoint_file": file}
-    w.send_final("actor", {**extra, "incarnation": incarnation})
+    w.reports.send_final("actor", {**extra, "incarnation": incarnation})
     _linger(w)
 
 

@@ -200,7 +200,6 @@ class Replacer:
                 "generation": self.w.generation,
                 "incarnation": incarnation,
                 "startup_timeout_s": self.grace_s(),
-                "file": self.w.config.file,
             },
             dest=0,
             tag=HANDSHAKE_TAG,
