@@ -180,6 +180,8 @@ def test_replacing_a_lost_actor_is_refused_before_launch_where_it_cannot_be_hono
     ) as err:
         Config.from_dict({"faults": {"on_actor_loss": "replace"}})
     assert err.value.key == "faults.on_actor_loss"
+    with pytest.raises(ConfigError, match=r"is replace, but layout.inference is 1: a replacement actor reaches only"):
+        Config.from_dict({"faults": replace, "layout": {"inference": 1}})
     with pytest.raises(ConfigError, match=r"is replace, but run.record is true \(--record\): a replacement actor"):
         Config.from_dict({"faults": replace, "run": {"record": True}})
     config = Config.from_dict({"faults": replace})  # engine auto: decided at start-up

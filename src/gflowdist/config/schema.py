@@ -111,6 +111,14 @@ class Config:
                 key="faults.on_actor_loss",
                 file=self.file,
             )
+        if policy == "replace" and self.layout.inference:
+            raise ConfigError(
+                f"is replace, but layout.inference is {self.layout.inference}: a replacement actor reaches only its "
+                "trainer, its buffer and the collector (its inference rank is not connected to it); use "
+                "on_actor_loss: continue with inference ranks",
+                key="faults.on_actor_loss",
+                file=self.file,
+            )
         if policy == "replace" and self.run.record:
             raise ConfigError(
                 "is replace, but run.record is true (--record): a replacement actor is a process the recording "
