@@ -205,8 +205,8 @@ class _RankFacts:
     buffer_group: Any | None = None
     assigned_training_ranks: list[int] | None = None
     if TYPE_CHECKING:  # fields of the subclasses, each at its place in torchgfn's order
-        buffer_rank_set: set[int] | None
-        coordinator_rank: int | None
+        buffer_rank_set: set[int] | None = None
+        coordinator_rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.buffer_rank_set is None:
@@ -218,11 +218,18 @@ class _RankFacts:
 
     def is_buffer_rank(self) -> bool:
         """True for a replay-buffer rank (never the coordinator)."""
-        return not self.is_coordinator_rank() and self.my_rank in self.buffer_rank_set
+        return not self.is_coordinator_rank() and self.my_rank in self._buffer_ranks
 
     def is_training_rank(self) -> bool:
         """True for a trainer: neither a buffer nor the coordinator."""
-        return not self.is_coordinator_rank() and self.my_rank not in self.buffer_rank_set
+        return not self.is_coordinator_rank() and self.my_rank not in self._buffer_ranks
+
+    @property
+    def _buffer_ranks(self) -> set[int]:
+        ranks = self.buffer_rank_set
+        if ranks is None:  # __post_init__ sets it; only a later assignment of None gets here
+            raise GflowdistError("buffer_rank_set is None: set it to the buffer ranks (a set of ints)")
+        return ranks
 
     def is_coordinator_rank(self) -> bool:
         """True for the coordinator (rank ``world_size - 1`` when there is one)."""

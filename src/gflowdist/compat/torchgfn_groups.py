@@ -17,7 +17,7 @@ Private helper of :mod:`gflowdist.compat.torchgfn` (import from there):
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, world_comm
 from gflowdist.comm.native import as_communicator
@@ -143,11 +143,16 @@ def native_handle(comm: Communicator | None, engine: str) -> Any:
     if engine == MPI.name:
         from mpi4py import MPI as mpi4py
 
-        return mpi4py.COMM_NULL if comm is None else comm.mpi_comm
+        from gflowdist.comm.mpi import MPIComm
+
+        return mpi4py.COMM_NULL if comm is None else cast(MPIComm, comm).mpi_comm  # the mpi engine's communicator
     if engine == TORCH.name:
         import torch.distributed as dist
 
         if comm is None:
             return dist.GroupMember.NON_GROUP_MEMBER
-        return comm.process_group if comm.process_group is not None else dist.group.WORLD
+        from gflowdist.comm.torch_dist import TorchComm
+
+        group = cast(TorchComm, comm).process_group  # the torch engine's communicator
+        return group if group is not None else dist.group.WORLD
     return None

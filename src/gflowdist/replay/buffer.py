@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -301,9 +301,10 @@ class ReplayBuffer:
                     f"the {self.sampler.name} sampler has no priorities: initial priorities need sampler 'prioritized'"
                 )
             priorities = check_priorities(priorities, size)
-        if not self.can_insert(size):
+        limiter = self.rate_limiter
+        if limiter is not None and not limiter.can_insert(size):
             raise RateLimitedError(
-                f"inserting {size} items now breaks the rate limit: {self.rate_limiter.why_insert_blocked(size)}"
+                f"inserting {size} items now breaks the rate limit: {limiter.why_insert_blocked(size)}"
             )
         result = self.writer.extend(self.storage, batch, scores)
         self._stamp(result, rows, scores, priorities)
@@ -380,6 +381,8 @@ class ReplayBuffer:
     def _why_sample_blocked(self, n: int) -> str:
         if not self.sampler.can_sample(len(self.storage), n):
             return f"the {self.sampler.name} sampler cannot serve {n} items from {len(self.storage)} stored"
+        if self.rate_limiter is None:
+            return "nothing blocks it now (no rate limiter, and the sampler can serve it)"
         return self.rate_limiter.why_sample_blocked(n)
 
     def sample(self, n: int, *, step: int | None = None) -> tuple[Batch, dict[str, torch.Tensor]]:
@@ -432,7 +435,8 @@ class ReplayBuffer:
         keys = torch.as_tensor(keys, dtype=torch.int64).flatten()
         priorities = check_priorities(priorities, keys.numel())
         current, slots = current_keys(keys, self.capacity, self.storage.live, self.stamps[:, 3])
-        self.sampler.update_priorities(slots[current], priorities[current])
+        # a sampler that says it is prioritized has PrioritizedSampler's update_priorities (checked above)
+        cast(PrioritizedSampler, self.sampler).update_priorities(slots[current], priorities[current])
         applied = int(current.sum())
         self.counters["priority_updates"] += applied
         self.counters["stale_priority_updates"] += keys.numel() - applied

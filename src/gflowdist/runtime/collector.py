@@ -27,7 +27,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
@@ -40,6 +40,9 @@ from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.replacing import Replacer
 from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
+
+if TYPE_CHECKING:
+    from gflowdist.timing.tensorboard_live import LiveBoard
 
 __all__ = ["Collector", "LOG_FIRST_REFUSALS", "LOG_EVERY_REFUSAL"]
 
@@ -103,7 +106,9 @@ class Collector:
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
         self.line = progress_line(w, out, start_step=start_step, producer=producer)
-        self.board = None  # run.tensorboard: a LiveBoard the job opens (gflowdist.timing.tensorboard_live)
+        self.board: LiveBoard | None = (
+            None  # run.tensorboard: a LiveBoard the job opens (gflowdist.timing.tensorboard_live)
+        )
         self.line.heard(w.rank, w.ledger.produced)  # my own count when this generation began
 
     # -- one poll ---------------------------------------------------------------

@@ -64,7 +64,7 @@ from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
 from gflowdist.runtime.progress import producer_class
 from gflowdist.runtime.resume import restore
-from gflowdist.runtime.state import RunState, TrainerState, state_for
+from gflowdist.runtime.state import ActorState, BufferState, RunState, TrainerState, state_for
 from gflowdist.runtime.wiring import Wiring
 
 __all__ = ["run_job", "JobResult", "make_role", "Rank"]
@@ -120,7 +120,8 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     rank = _make_rank(process, config, resume_dir)
     world, w = process.world, rank.w
     if isinstance(rank.state, TrainerState):
-        process.step = lambda: rank.state.step
+        trainer_state = rank.state
+        process.step = lambda: trainer_state.step
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=w.settings.startup_timeout_s)
     if w.settings.trace:
@@ -171,7 +172,7 @@ def make_role(
     key = Role.ACTOR.value if ctx.role is Role.INFERENCE else ctx.role.value
     cls = config.role_class(key) or DEFAULT_CLASSES[ctx.role]
     if inspect.isabstract(cls):
-        missing = " and ".join(f"{name}()" for name in sorted(cls.__abstractmethods__))
+        missing = " and ".join(f"{name}()" for name in sorted(getattr(cls, "__abstractmethods__", ())))
         if cls is DEFAULT_CLASSES[ctx.role]:
             raise GflowdistError(
                 f"roles.{key} is not set: a {ctx.role.value} needs your class with "
@@ -190,7 +191,7 @@ def _make_rank(process: RankProcess, config: Config, resume_dir: str | None) -> 
     """Role, state, replay buffer, restored from the newest checkpoint with ``--resume``, and the wiring."""
     ctx, world = process.context, process.world
     role = make_role(ctx, config, process.generator, process.device)
-    replay = role.make_buffer() if ctx.role is Role.BUFFER else None
+    replay = role.make_buffer() if isinstance(role, roles.BufferManager) else None
     state = state_for(ctx.role)
     restored = restore(process.run_dir, world, role, state, process.generator, replay) if resume_dir else None
     ledger = restored.ledger if restored is not None else Ledger()
@@ -274,16 +275,21 @@ def _say_resumed(out: TextIO, resumed_from: str | None, skipped: list[str]) -> N
 
 def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
     """This rank's loop (:mod:`gflowdist.runtime.loops`), until its role's end of the run."""
-    if role is Role.TRAINER:
-        run_trainer(rank.role, rank.w, rank.state)
-    elif role is Role.ACTOR:
-        run_actor(rank.role, rank.w, rank.state)
-    elif role is Role.BUFFER:
-        run_buffer(rank.role, rank.w, rank.state, rank.replay)
-    elif role is Role.INFERENCE:
-        rank.inference = run_inference(rank.role, rank.w, rank.state)
+    user, state, w = rank.role, rank.state, rank.w  # the classes roles.<role> names subclass the role's base
+    if role is Role.TRAINER and isinstance(user, roles.Trainer) and isinstance(state, TrainerState):
+        run_trainer(user, w, state)
+    elif role is Role.ACTOR and isinstance(user, roles.Actor) and isinstance(state, ActorState):
+        run_actor(user, w, state)
+    elif role is Role.BUFFER and isinstance(user, roles.BufferManager) and isinstance(state, BufferState):
+        if rank.replay is None:
+            raise GflowdistError(f"buffer rank {w.rank}: {type(user).__name__}.make_buffer() made no replay buffer")
+        run_buffer(user, w, state, rank.replay)
+    elif role is Role.INFERENCE and isinstance(user, roles.Actor) and isinstance(state, ActorState):
+        rank.inference = run_inference(user, w, state)
+    elif role is Role.COORDINATOR and isinstance(user, roles.Coordinator) and collector is not None:
+        run_coordinator(user, w, collector)
     else:
-        run_coordinator(rank.role, rank.w, collector)
+        raise GflowdistError(f"rank {w.rank}: a {type(user).__name__} with a {type(state).__name__} is no {role.value}")
 
 
 def _final_extras(rank: Rank, checkpoint_file: dict) -> dict:
@@ -321,7 +327,8 @@ def _conclude(
     collector.replacer.merge(finals, collector.lost_actors.beats)
     collector.progress(force=True)
     collector.finish_line()
-    collector.metrics_file.close()
+    if collector.metrics_file is not None:
+        collector.metrics_file.close()
     if collector.board is not None:
         collector.board.close()  # the run's end writes every event file again, from the run directory
     return conclude(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gflowdist.comm.polling import Backoff
+from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.batches import check_batch, role_method
 from gflowdist.runtime.loops.client import checkpoint_cut, finish, ship
@@ -49,6 +50,8 @@ def run_actor(actor: Actor, w: Wiring, state: ActorState) -> ActorState:
     """
     placement = w.context.placement
     trainer, buffer = placement.trainer, placement.buffer
+    if trainer is None or buffer is None:  # the layout gives every actor both (gflowdist.layout)
+        raise GflowdistError(f"actor rank {w.rank} has no {'trainer' if trainer is None else 'buffer'} in the layout")
     remote = RemotePolicy(w, placement.inference) if placement.inference is not None else None
     if remote is not None:
         remote.version = state.version

@@ -36,6 +36,13 @@ class AgentGroup:
         #: whether every step's gradients are averaged over the group (mode ``gradients``)
         self.averages_gradients = self.shared and sync.mode == "gradients"
 
+    @property
+    def group(self) -> Communicator:
+        """The group's communicator, for what only a shared group does (:attr:`shared`)."""
+        if self.comm is None:
+            raise RuntimeError("this trainer is in no agent group: nothing to share")  # guarded by self.shared
+        return self.comm
+
     def align(self, model: torch.nn.Module) -> None:
         """Start every replica from the same weights: those of the group's first trainer."""
         from gflowdist.ops.averaging import sync_params
@@ -64,7 +71,7 @@ class AgentGroup:
         if not self.averages_gradients:
             return
         with self.timer.collective("step_count", self.members):
-            counts = [int(c.reshape(-1)[0]) for c in self.comm.all_gather(torch.tensor([count], dtype=torch.int64))]
+            counts = [int(c.reshape(-1)[0]) for c in self.group.all_gather(torch.tensor([count], dtype=torch.int64))]
         if len(set(counts)) > 1:
             listed = ", ".join(f"rank {rank}: {c}" for rank, c in zip(self.members, counts, strict=True))
             raise GflowdistError(
@@ -84,7 +91,7 @@ class AgentGroup:
         if not self.averages_gradients:
             return value
         with self.timer.collective(name, self.members):
-            values = self.comm.all_gather(torch.tensor([value], dtype=torch.float64))
+            values = self.group.all_gather(torch.tensor([value], dtype=torch.float64))
         return sum(float(v.reshape(-1)[0]) for v in values) / len(values)
 
     def average_models(self, model: torch.nn.Module, version: int) -> None:
@@ -108,7 +115,7 @@ class AgentGroup:
             return stop
         flag = torch.tensor([1.0 if stop else 0.0])
         with self.timer.collective("stop_vote", self.members):
-            self.comm.all_reduce(flag, op=ReduceOp.MAX)
+            self.group.all_reduce(flag, op=ReduceOp.MAX)
         if flag.item() > 0 and not stop:
             w.stop.set("an agent-group peer stopped")
         return flag.item() > 0

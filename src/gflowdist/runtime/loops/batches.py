@@ -151,5 +151,5 @@ def _odd_one_out(rows: Mapping[str, int]) -> str:
     counts: dict[int, int] = {}
     for n in rows.values():
         counts[n] = counts.get(n, 0) + 1
-    usual = max(counts, key=counts.get)
+    usual = max(counts, key=lambda n: counts[n])
     return next(key for key, n in rows.items() if n != usual)
