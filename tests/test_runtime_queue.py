@@ -176,3 +176,21 @@ def test_a_prefetched_queue_reply_read_at_a_cut_is_counted_unlearned_and_the_led
         assert trainer.ledger.dropped.get("unlearned", 0) == counted and trainer.ledger.expired == counted
         ledgers = {1: Ledger(produced=4, sent=4), 3: w_buffer.ledger, 0: trainer.ledger}
         assert check_ledgers(ledgers)["dropped"] == counted  # served, then dropped by the learner: balanced
+
+
+def test_an_unroll_whose_fields_changed_is_refused_naming_sender_and_the_fields():
+    loop, w, _, told = buffer_loop(capacity=8, max_staleness=None)
+    send(loop, 1, 0, unroll_maker(4).rollout(0), 0)
+    config = Config.from_dict(
+        {"params": {"env_id": "CartPole-v1", "envs_per_actor": 2, "unroll_length": 4, "record_logits": True}}
+    )
+    recording = RandomUnrolls(rank=2, config=config, generator=torch.Generator().manual_seed(4))
+    recording.setup()
+    batch = recording.rollout(0)  # with the behaviour policy's logits beside the fields sent before
+    send(loop, 2, 0, batch, 0)
+    assert w.ledger.admitted == 2 and w.ledger.dropped == {"bad_batch": 2} and w.ledger.refused == {2: 1}
+    [(_, body, to)] = told
+    assert to == 2 and body["text"] == (
+        "buffer rank 3 (buffer on vm) refused a batch of 2 trajectories (seq 0-1) from rank 2 (actor on vm): "
+        "batch fields differ from the stored schema: missing [], unexpected ['behaviour_logits']"
+    )
