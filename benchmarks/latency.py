@@ -50,11 +50,18 @@ per batch of 16 trajectories; ``RewardOracle``):
   every actor's last 2,000 / k, reported every 5 rollouts). ``oracle`` =
   the actors' time to L1 / bare's.
 
-``inference`` (an inference role against self-forwarding actors) and
-``rllib`` (RLlib on the same CartPole) are printed as ``not-run`` with the
-reason while they are not built. The last line sums up, for scripts::
+**Central inference** (``benchmarks/inference_compare.py``; docs/inference.md):
+Ape-X actors with their own forward against actors whose forward runs on one
+inference rank (``layout.inference: 1``), at equal rank counts
+(``--inference-actors`` N: N own-forward actors, or N - 1 actors + 1 inference
+rank), with a policy whose forward dominates (a 3 x 512 MLP, no simulated
+latency). ``inference`` = the inference run's env steps/s / the own-forward
+run's.
 
-    latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference not-run rllib not-run
+``rllib`` (RLlib on the same CartPole) is printed as ``not-run`` with the
+reason while it is not built. The last line sums up, for scripts::
+
+    latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference 1.55x rllib not-run
 
 (``-`` where a figure was not measured: an actor count left out, a target
 not reached). ``--plot`` draws env steps/s against actors with the ideal
@@ -74,6 +81,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import inference_compare
 from gflowdist.timing.text_table import table_lines
 from hypergrid import child_env, load_average, parse_result, run_directory
 
@@ -92,8 +100,9 @@ MODES = {
     # the CI smoke test: every path once, nothing converges (a target of 40 is a few evaluations away)
     "smoke": {"target": 40.0, "apex_steps": 300, "gfn_steps": 40, "budget_s": 60.0, "eval_every": 100},
 }
+#: learner steps of each central-inference run, by mode
+INFERENCE_STEPS = {"full": 600, "quick": 300, "smoke": 40}
 NOT_BUILT = {
-    "inference": "the inference role (layout key inference) is not built yet (issue 25, item 2)",
     "rllib": "the RLlib peer is not built yet (issue 25, item 3): needs ray 2.60 in its own virtual environment",
 }
 
@@ -411,7 +420,9 @@ def where_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
-def summary_line(single: dict, apex: list[dict], target_actors: int, bare: dict | None, gfn: list[dict]) -> str:
+def summary_line(
+    single: dict, apex: list[dict], target_actors: int, bare: dict | None, gfn: list[dict], inference: list[dict]
+) -> str:
     by_actors = {r["actors"]: r for r in apex}
 
     def x(value: float | None) -> str:
@@ -425,6 +436,7 @@ def summary_line(single: dict, apex: list[dict], target_actors: int, bare: dict 
     parts.append(f"time_to_target {x(ratio(target['time_to_target'], single['time_to_target']) if target else None)}")
     best = min((r["time_to_l1"] for r in gfn if r["time_to_l1"] is not None), default=None)
     parts.append(f"oracle {x(ratio(best, bare['time_to_l1']) if bare else None)}")
+    parts.append(f"inference {x(inference_compare.inference_ratio(inference)) if inference else 'not-run'}")
     parts += [f"{name} not-run" for name in NOT_BUILT]
     return "latency: " + " ".join(parts)
 
@@ -467,19 +479,28 @@ def main() -> int:
     parser.add_argument("--gfn-batch", type=int, default=2 * BATCH, help="the HyperGrid learner's replayed batch")
     parser.add_argument("--gfn-weights-every", type=int, default=4, help="HyperGrid sync.weights_to_actors_every")
     parser.add_argument("--no-peer", action="store_true", help="leave out the RLlib peer (the CI smoke test)")
-    parser.add_argument("--skip", default="", help="comma list of sections to leave out: cartpole, hypergrid")
+    parser.add_argument(
+        "--inference-actors",
+        type=int,
+        default=4,
+        help="central inference: N own-forward actors against N - 1 actors + 1 inference rank (default 4)",
+    )
+    parser.add_argument(
+        "--skip", default="", help="comma list of sections to leave out: cartpole, hypergrid, inference"
+    )
     parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
     parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args()
-    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    mode_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    mode = MODES[mode_name]
     args.no_peer = args.no_peer or args.smoke
     skip = set(filter(None, args.skip.split(",")))
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="gflowdist-latency-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     print(f"start: {load_average()}", flush=True)
-    single, apex, bare, gfn = None, [], None, []
+    single, apex, bare, gfn, inference = None, [], None, [], []
     if "cartpole" not in skip:
         single = run_single(ENV_LATENCY_S, mode)
         print(f"  single process: {json.dumps(single)}", flush=True)
@@ -492,6 +513,12 @@ def main() -> int:
         for actors in [int(a) for a in args.gfn_actors.split(",")]:
             gfn.append(run_gfn_actors(actors, ORACLE_LATENCY_S, mode, out_dir, args.gfn_batch, args.gfn_weights_every))
             print(f"  1T + {actors}A: {json.dumps({k: v for k, v in gfn[-1].items() if k != 'where'})}", flush=True)
+    if "inference" not in skip:
+        inference = inference_compare.run_pair(
+            args.inference_actors, INFERENCE_STEPS[mode_name], out_dir, load1, child_env
+        )
+        for run in inference:
+            print(f"  {run['name']}: {json.dumps(run)}", flush=True)
     print()
     if single is not None:
         print(
@@ -505,6 +532,14 @@ def main() -> int:
             f"HyperGrid 8x8, {1e3 * ORACLE_LATENCY_S:g} ms per oracle call of {BATCH} trajectories, L1 <= {L1_TARGET}"
         )
         print("\n".join(hypergrid_table(bare, gfn)))
+    if inference:
+        print()
+        print(
+            "Central inference: CartPole-v1 without latency, a 3 x 512 MLP Q-network (its forward dominates), "
+            "actors unpaced, equal rank counts; batch obs = mean observations per forward, queue ms = mean "
+            "queueing delay"
+        )
+        print("\n".join(inference_compare.table(inference, table_lines, fmt, load_cell)))
     print()
     print("where the time goes (share of each role's timed phases, from finals.json):")
     print("\n".join(where_lines([*apex, *gfn])) or "  -")
@@ -516,9 +551,11 @@ def main() -> int:
     if args.plot and single is not None and apex:
         plot(single, apex, Path(args.plot), f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; {load_average()}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"single": single, "apex": apex, "bare": bare, "gfn": gfn}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"single": single, "apex": apex, "bare": bare, "gfn": gfn, "inference": inference}, indent=1)
+        )
     empty = {"actors": 0, "env_per_s": None, "time_to_target": None}
-    print(summary_line(single or empty, apex, args.target_actors, bare, gfn))
+    print(summary_line(single or empty, apex, args.target_actors, bare, gfn, inference))
     return 0
 
 

@@ -36,6 +36,8 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
             "2",
             "--gfn-actors",
             "1",
+            "--inference-actors",
+            "2",
             "--out-dir",
             str(tmp_path),
         ],
@@ -50,6 +52,10 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     assert match, lines[-1]
     assert match["a4"] == match["a8"] == "-"  # not measured in the smoke run
     assert match["r"] == "not-run" and "rllib: not run: left out (--no-peer)" in lines
+    assert match["i"].endswith("x") and float(match["i"][:-1]) > 0  # the inference column was measured
+    for name in ("own forward 2A", "inference 1A+1I"):
+        row = next(line for line in lines if line.startswith(name + "  "))
+        assert float(row[len(name) :].split()[1].replace(",", "")) > 0, row  # env steps/s
     for name in ("single process", "Ape-X 2", "bare", "1T + 1A"):
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[0].replace(",", "")) > 0, row  # env steps/s or ranks
@@ -93,11 +99,12 @@ def test_summary_line_is_ratios_to_the_single_process():
     ]
     bare = {"time_to_l1": 10.0}
     gfn = [{"time_to_l1": 3.7}, {"time_to_l1": None}]
-    line = bench.summary_line(single, apex, 8, bare, gfn)
+    inference = [{"env_per_s": 200.0}, {"env_per_s": 310.0}]  # own forward, then the inference rank's run
+    line = bench.summary_line(single, apex, 8, bare, gfn, inference)
     assert line == (
-        "latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference not-run rllib not-run"
+        "latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference 1.55x rllib not-run"
     )
     assert LAST_LINE.match(line)
-    assert bench.summary_line(single, apex[:1], 8, None, []) == (
+    assert bench.summary_line(single, apex[:1], 8, None, [], []) == (
         "latency: actors4 3.61x actors8 - time_to_target - oracle - inference not-run rllib not-run"
     )

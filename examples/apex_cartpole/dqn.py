@@ -29,13 +29,13 @@ __all__ = ["QNetwork", "DQNActor", "DQNLearner", "td_errors", "evaluate"]
 
 
 class QNetwork(nn.Module):
-    """obs -> Q(obs, .) with two hidden ReLU layers."""
+    """obs -> Q(obs, .) with ``layers`` hidden ReLU layers of ``hidden`` units (default two)."""
 
-    def __init__(self, obs_dim: int, actions: int, hidden: int):
+    def __init__(self, obs_dim: int, actions: int, hidden: int, layers: int = 2):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, actions)
-        )
+        widths = [obs_dim] + [hidden] * layers
+        body = [m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
+        self.net = nn.Sequential(*body, nn.Linear(widths[-1], actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)
@@ -53,7 +53,7 @@ def td_errors(online: nn.Module, target: nn.Module, batch: Mapping[str, torch.Te
 
 
 def q_network(params: Mapping[str, Any], obs_dim: int, actions: int) -> QNetwork:
-    return QNetwork(obs_dim, actions, int(params.get("hidden", 128)))
+    return QNetwork(obs_dim, actions, int(params.get("hidden", 128)), int(params.get("layers", 2)))
 
 
 class DQNActor(EnvironmentActor):
