@@ -17,6 +17,7 @@ initial priority of each transition it sends (Ape-X).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, actions: int, hidden: int, layers: int = 2):
         super().__init__()
         widths = [obs_dim] + [hidden] * layers
-        body = [m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
+        body = [m for a, b in pairwise(widths) for m in (nn.Linear(a, b), nn.ReLU())]
         self.net = nn.Sequential(*body, nn.Linear(widths[-1], actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
