@@ -8,7 +8,7 @@ unloading it: the garbage collection and module teardown of torch (and of
 took 0.45 CPU-s for a process that only imported torch and 0.85 CPU-s for a
 trainer, measured on this project's 2-core machine; on 2 cores four ranks
 ending at once pay it in wall time. :func:`run_then_end` therefore ends the
-process the way :mod:`multiprocessing` ends its workers: the non-daemon
+process the way ``multiprocessing`` ends its workers: the non-daemon
 threads are joined (as at any interpreter exit), every :mod:`atexit`
 handler runs (the rank's log is flushed and closed there, by
 :func:`logging.shutdown`; a user's handlers run too), MPI is finalised if
@@ -35,7 +35,7 @@ __all__ = ["run_then_end", "end_now", "exit_status", "finalize_mpi"]
 
 
 def run_then_end(run: Callable[..., int], *args: object) -> NoReturn:
-    """``run(*args)`` (a rank's job), then :func:`end_now` with its status (a :class:`SystemExit`'s too).
+    """``run(*args)`` (a rank's job), then :func:`end_now` with its status (a ``SystemExit``'s too).
 
     Any other exception propagates as before: the command prints it and the interpreter ends as usual.
     """
