@@ -15,9 +15,14 @@ Examples, each with its config.yaml's hyper-parameters and the same seeds:
   exists (with its ``single_process.py``).
 
 Each against ``single_process.py`` of the same example directory run with the
-same config: one process, every trainer's environments, the same batch, epochs,
-minibatches (each optimizer step sees one minibatch of every trainer, whose
-gradients the distributed run averages), clipping, schedule and evaluation.
+same config and seed. PPO's plays every trainer of the DD-PPO run in one
+process with that trainer's environments, random streams and minibatches, and
+steps on the mean of their gradients: the same computation (bit-identical
+with 2 trainers, tests/test_example_ppo.py), so its seeds are paired with the
+job's. IMPALA's steps every actor's environments in one actor object and
+learns from each batch at lag 0, as the example's on-policy queue
+(``replay.max_staleness: 0``) makes the job do; its random streams differ
+from the job's, so its seeds are not paired.
 
 Definitions (medians over the seeds, (min-max)):
 
