@@ -142,6 +142,7 @@ def test_all_quick_prints_one_table_of_every_target(tmp_path):
         "average_gradients gloo mlp-10 fresh",
         "average_gradients gloo deep-100 views",
         "start-up:",
+        "1-step job: launch -> exit",
         "start-up CPU s",
         "HyperGrid traj/s, 2 trainers",
         "HyperGrid traj per CPU s",
