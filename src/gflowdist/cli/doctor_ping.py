@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from gflowdist.cli.doctor_check import FAILED, OK, Check, Launched, Result, child_env, last_line
 from gflowdist.engines import MPI, TORCH
 from gflowdist.jobenv import MPIEXEC_VARIABLE, free_port
+
+if TYPE_CHECKING:
+    from gflowdist.comm.base import Communicator
 
 __all__ = [
     "PING_ROUNDS",
@@ -128,7 +132,7 @@ def ping_child(engine: str, *, rounds: int = PING_ROUNDS, nbytes: int = PING_BYT
 
         from gflowdist.comm.mpi import MPIComm
 
-        comm = MPIComm(mpi4py.COMM_WORLD)
+        comm: Communicator = MPIComm(mpi4py.COMM_WORLD)
     else:
         from datetime import timedelta
 

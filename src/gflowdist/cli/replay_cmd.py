@@ -116,7 +116,7 @@ def _launch(cmd: list[str]) -> tuple[int, Path | None]:
     made = None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
     try:
-        for line in proc.stdout:
+        for line in proc.stdout or ():  # stdout=PIPE: always a pipe
             sys.stdout.write(line)
             if made is None and line.startswith(RUN_DIR_LINE):
                 made = Path(line[len(RUN_DIR_LINE) :].strip())

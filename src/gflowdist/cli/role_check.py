@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from gflowdist.errors import ConfigError
 
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> int:
             role, _, ref = pair.partition("=")
             check_role_class(role, ref, file)
     except ConfigError as err:
-        verdict = {"error": str(err)}
+        verdict: dict[str, Any] = {"error": str(err)}
     else:
         from gflowdist.cli.role_cache import loaded_files
 
