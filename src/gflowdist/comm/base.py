@@ -240,7 +240,7 @@ class Communicator(ABC):
         """As :meth:`recv`, and the kind the sender gave: ``(source rank, uint8 tensor, kind)``."""
         self._check_peer(src, "src", allow_none=True)
         who = "any rank" if src is None else f"rank {src}"
-        found: list = []
+        found: list[tuple[int, torch.Tensor, int]] = []
 
         def arrived() -> bool:
             message = self.try_recv_kind(src, tag)
@@ -268,7 +268,7 @@ class Communicator(ABC):
         hook = self.wait_hook
         backoff = Backoff(spin_s=0.002 + nbytes / 1e9)
 
-        def check():
+        def check() -> bool | None:
             if is_done():
                 return True
             if hook is not None and backoff.spinning_done():
@@ -316,7 +316,11 @@ class Communicator(ABC):
             self._check_tag(tag, kind)
 
 
-def file_in_inbox(inbox: dict, tag: int, entry: tuple) -> None:
+Inbox = dict[int, "collections.deque[tuple[int, torch.Tensor, int]]"]
+"""Received messages by tag: ``tag -> deque of (sender, payload, kind)``."""
+
+
+def file_in_inbox(inbox: Inbox, tag: int, entry: tuple[int, torch.Tensor, int]) -> None:
     """Queue a received ``(sender, payload, kind)`` under ``tag`` (the inbox holds no empty queues)."""
     queue = inbox.get(tag)
     if queue is None:
@@ -324,7 +328,7 @@ def file_in_inbox(inbox: dict, tag: int, entry: tuple) -> None:
     queue.append(entry)
 
 
-def take_from_inbox(inbox: dict, src: int | None, tag: int):
+def take_from_inbox(inbox: Inbox, src: int | None, tag: int) -> tuple[int, torch.Tensor, int] | None:
     """Pop the oldest ``(sender, payload, kind)`` queued under ``tag`` (from ``src``, or anyone); None if none."""
     queue = inbox.get(tag)
     if not queue:

@@ -9,7 +9,6 @@ when no launcher variables are present, and says so.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,9 +16,11 @@ import numpy as np
 import torch
 
 from gflowdist.comm.base import (
+    ArrayLike,
     AsyncSendHandle,
     Communicator,
     CompletedSend,
+    Inbox,
     ReduceOp,
     check_groups,
     file_in_inbox,
@@ -32,7 +33,7 @@ from gflowdist.engines import LOCAL
 __all__ = ["LocalComm"]
 
 
-def _copy(x):
+def _copy(x: ArrayLike) -> ArrayLike:
     return x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
 
 
@@ -44,24 +45,24 @@ class LocalComm(Communicator):
     def __init__(self) -> None:
         self.rank = 0
         self.size = 1
-        self._inbox: dict[int, collections.deque] = {}
+        self._inbox: Inbox = {}
 
     def barrier(self, timeout: float | None = None) -> None:
         return None
 
-    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+    def all_reduce(self, x: ArrayLike, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True) -> ArrayLike:
         if op is ReduceOp.AVG:
             require_float_for_avg(x)
         return x if inplace else _copy(x)
 
-    def all_gather(self, x):
+    def all_gather(self, x: ArrayLike) -> list[ArrayLike]:
         return [_copy(x)]
 
-    def broadcast(self, x, src: int = 0):
+    def broadcast(self, x: ArrayLike, src: int = 0) -> ArrayLike:
         self._check_peer(src, "src")
         return x
 
-    def gather(self, x, dst: int = 0):
+    def gather(self, x: ArrayLike, dst: int = 0) -> list[ArrayLike] | None:
         self._check_peer(dst, "dst")
         return [_copy(x)]
 
@@ -78,6 +79,6 @@ class LocalComm(Communicator):
         file_in_inbox(self._inbox, tag, (0, payload, kind))
         return CompletedSend(dst, tag, payload.numel())
 
-    def try_recv_kind(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor, int] | None:
         self._check_peer(src, "src", allow_none=True)
         return take_from_inbox(self._inbox, src, tag)

@@ -24,7 +24,6 @@ include a replacement.
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from gflowdist.comm.base import (
     AsyncSendHandle,
     Communicator,
     CompletedSend,
+    Inbox,
     ReduceOp,
     check_groups,
     file_in_inbox,
@@ -77,7 +77,7 @@ RECV_SPIN_S = 200e-6
 class _MPISendHandle(AsyncSendHandle):
     __slots__ = ("_buffers", "_done", "_requests", "dst", "nbytes", "tag")
 
-    def __init__(self, dst: int, tag: int, nbytes: int, requests: list, buffers: list):
+    def __init__(self, dst: int, tag: int, nbytes: int, requests: list[MPI.Request], buffers: list[Any]):
         self.dst, self.tag, self.nbytes = dst, tag, nbytes
         self._requests = requests
         self._buffers = buffers  # owned until complete
@@ -115,7 +115,7 @@ class MPIComm(Communicator):
             self.chunk_bytes = int(chunk_bytes)
         #: a chunked message claiming more than this is refused before allocation
         self.max_recv_bytes = max_recv_bytes
-        self._inbox: dict[int, collections.deque] = {}  # tag -> (sender, payload, kind), no empty queues
+        self._inbox: Inbox = {}  # tag -> (sender, payload, kind), no empty queues
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._pool = BufferPool()
@@ -168,7 +168,7 @@ class MPIComm(Communicator):
         request = self._comm.Ibarrier()
         self._await(request.Test, "barrier", timeout=timeout)
 
-    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True) -> Any:
         if op is ReduceOp.AVG:
             require_float_for_avg(x)
         if not inplace:
@@ -186,7 +186,7 @@ class MPIComm(Communicator):
         write_back()
         return x
 
-    def all_gather(self, x):
+    def all_gather(self, x: Any) -> Any:
         array, _ = numpy_view(x)
         out = np.empty((self.size, *array.shape), dtype=array.dtype)
         if self.wait_hook is None:
@@ -196,7 +196,7 @@ class MPIComm(Communicator):
             self._await(request.Test, "all_gather", out.nbytes)
         return [like(x, out[i]) for i in range(self.size)]
 
-    def broadcast(self, x, src: int = 0):
+    def broadcast(self, x: Any, src: int = 0) -> Any:
         self._check_peer(src, "src")
         array, write_back = numpy_view(x)
         if array.size and self.wait_hook is None:
@@ -207,7 +207,7 @@ class MPIComm(Communicator):
         write_back()
         return x
 
-    def gather(self, x, dst: int = 0):
+    def gather(self, x: Any, dst: int = 0) -> Any:
         self._check_peer(dst, "dst")
         array, _ = numpy_view(x)
         out = np.empty((self.size, *array.shape), dtype=array.dtype) if self.rank == dst else None
@@ -290,7 +290,9 @@ class MPIComm(Communicator):
         else:
             self.isend(data, dst, tag, kind=kind).wait(timeout)
 
-    def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+    def recv_kind(
+        self, src: int | None = None, tag: int = 0, *, timeout: float | None = None
+    ) -> tuple[int, torch.Tensor, int]:
         found = self.try_recv_kind(src, tag)  # fast path: the message is already here
         if found is not None or self._routes:  # routed peers: the general wait probes each of them
             return found if found is not None else super().recv_kind(src, tag, timeout=timeout)
@@ -308,7 +310,7 @@ class MPIComm(Communicator):
                         return found
         return super().recv_kind(src, tag, timeout=timeout)
 
-    def try_recv_kind(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor, int] | None:
         if src is not None and (type(src) is not int or not 0 <= src < self.size):
             self._check_peer(src, "src", allow_none=True)
         with self._recv_lock:
@@ -327,7 +329,7 @@ class MPIComm(Communicator):
                 if found is not None:
                     return found
 
-    def _try_routes(self, src: int | None, tag: int, status: MPI.Status):
+    def _try_routes(self, src: int | None, tag: int, status: MPI.Status) -> tuple[int, torch.Tensor, int] | None:
         """:meth:`try_recv_kind` with routed peers (caller holds ``_recv_lock``): my communicator, then each route."""
         places: list[tuple[int | None, MPI.Comm]] = [
             (peer, inter) for peer, inter in self._routes.items() if src is None or peer == src
@@ -353,7 +355,7 @@ class MPIComm(Communicator):
         *,
         sender: int | None = None,
         p2p: MPI.Comm | None = None,
-    ):
+    ) -> tuple[int, torch.Tensor, int] | None:
         """Receive a probed message (caller holds ``_recv_lock``): ``(sender, payload, kind)`` if it is
         the oldest one for ``(src, tag)``, else None (it waits in the inbox). ``sender``: the rank a routed
         message came from (:meth:`route`; its ``p2p`` intercommunicator)."""
@@ -370,13 +372,13 @@ class MPIComm(Communicator):
             buffer = _new_bytes(count, _U8) if count < self._pool_min else self._pool.take(count)
             message.Recv([buffer, _BYTE])
             payload = torch.from_numpy(buffer)
-        found = (sender, payload, (wire >> _KIND_SHIFT) & 1)
+        arrived = (sender, payload, (wire >> _KIND_SHIFT) & 1)
         if wire >> _TAG_SHIFT != tag or tag in self._inbox:
             # another tag's, or an earlier one of this tag may be queued (filed by another thread
             # between this caller's inbox check and its probe): queue it behind them
-            file_in_inbox(self._inbox, wire >> _TAG_SHIFT, found)
-            found = take_from_inbox(self._inbox, src, tag)
-        return found
+            file_in_inbox(self._inbox, wire >> _TAG_SHIFT, arrived)
+            return take_from_inbox(self._inbox, src, tag)
+        return arrived
 
     def _recv_chunked(
         self, message: MPI.Message, status: MPI.Status, sender: int, wire: int, p2p: MPI.Comm | None = None

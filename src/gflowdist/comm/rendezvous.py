@@ -39,10 +39,13 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from gflowdist.errors import ConfigError, DeadlineError, TransportError
+
+if TYPE_CHECKING:  # torch.distributed is imported where a group is made, not when this module loads
+    from torch.distributed import Store
 
 __all__ = ["init_default_group", "bind_listener", "reachable_address"]
 
@@ -176,7 +179,7 @@ def reachable_address(hostname: str) -> str:
     )
 
 
-def _store(where: _Rendezvous, timeout: timedelta):
+def _store(where: _Rendezvous, timeout: timedelta) -> Store:
     """The ``TCPStore`` of this rank: the server on rank 0 (unless torchrun's agent serves it), else a client."""
     import torch.distributed as dist
 

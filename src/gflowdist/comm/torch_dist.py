@@ -29,7 +29,6 @@ all sub-groups from it (as :class:`~gflowdist.context.DistributedContext` does).
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import threading
@@ -46,6 +45,7 @@ from gflowdist.comm.base import (
     AsyncSendHandle,
     Communicator,
     CompletedSend,
+    Inbox,
     ReduceOp,
     check_groups,
     file_in_inbox,
@@ -108,7 +108,7 @@ class TorchComm(Communicator):
         if chunk_bytes is not None:
             self.chunk_bytes = int(chunk_bytes)
         self.max_recv_bytes = max_recv_bytes
-        self._inbox: dict[int, collections.deque] = {}  # tag -> (sender, payload, kind), no empty queues
+        self._inbox: Inbox = {}  # tag -> (sender, payload, kind), no empty queues
         self._inbox_bytes = 0
         #: the receiver threads stop receiving while this much is waiting unread, so a slow
         #: reader pushes back on its senders instead of buffering without bound
@@ -148,7 +148,7 @@ class TorchComm(Communicator):
         return tensor
 
     def _finish(
-        self, work, what: str, tensor: torch.Tensor | None, factor: int = 1, timeout: float | None = None
+        self, work: Any, what: str, tensor: torch.Tensor | None, factor: int = 1, timeout: float | None = None
     ) -> None:
         """Wait for an async collective by polling (hook between checks), then surface its errors."""
         if self.wait_hook is not None or timeout is not None:
@@ -160,7 +160,7 @@ class TorchComm(Communicator):
         work = dist.barrier(group=self._group, async_op=True)
         self._finish(work, "barrier", None, timeout=timeout)
 
-    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True) -> Any:
         if op is ReduceOp.AVG:
             require_float_for_avg(x)
         is_array = isinstance(x, np.ndarray)
@@ -176,14 +176,14 @@ class TorchComm(Communicator):
             tensor.copy_(staged)
         return x
 
-    def all_gather(self, x):
+    def all_gather(self, x: Any) -> Any:
         tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self.size)]
         work = dist.all_gather(out, self._device_for(tensor), group=self._group, async_op=True)
         self._finish(work, "all_gather", tensor, factor=self.size)
         return [o.numpy() for o in out] if isinstance(x, np.ndarray) else out
 
-    def broadcast(self, x, src: int = 0):
+    def broadcast(self, x: Any, src: int = 0) -> Any:
         self._check_peer(src, "src")
         tensor = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         staged = self._on_device(tensor if tensor.is_contiguous() else tensor.contiguous())
@@ -193,7 +193,7 @@ class TorchComm(Communicator):
             tensor.copy_(staged)
         return x
 
-    def gather(self, x, dst: int = 0):
+    def gather(self, x: Any, dst: int = 0) -> Any:
         self._check_peer(dst, "dst")
         tensor = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x.contiguous()
         out = [torch.empty_like(tensor) for _ in range(self.size)] if self.rank == dst else None
@@ -257,7 +257,7 @@ class TorchComm(Communicator):
             self._file(tag, dst, payload.clone(), kind)
             return CompletedSend(dst, tag, payload.numel())
         with self._send_lock:  # the parts of one message stay together
-            works, buffers = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
+            works, buffers = post_message(self._open_pg(), self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
             handle = SendHandle(dst, tag, payload.numel(), works, buffers)
             self._ensure_completer()
             self._sends.put(handle)
@@ -276,11 +276,11 @@ class TorchComm(Communicator):
         if not self._receiving:
             self._ensure_receivers()
         with self._send_lock:  # the parts of one message stay together
-            works, _ = post_message(self._pg, self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
+            works, _ = post_message(self._open_pg(), self._p2p_ranks[dst], payload, tag, kind, self.chunk_bytes)
         for work in works:
             work.wait()
 
-    def try_recv_kind(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor, int] | None:
         self._check_peer(src, "src", allow_none=True)
         if not self._receiving:
             self._ensure_receivers()
@@ -288,7 +288,9 @@ class TorchComm(Communicator):
         with self._arrived:
             return self._take_queued(src, tag)
 
-    def recv_kind(self, src: int | None = None, tag: int = 0, *, timeout: float | None = None):
+    def recv_kind(
+        self, src: int | None = None, tag: int = 0, *, timeout: float | None = None
+    ) -> tuple[int, torch.Tensor, int]:
         if src is not None and (type(src) is not int or not 0 <= src < self.size):
             self._check_peer(src, "src", allow_none=True)
         if not self._receiving:
@@ -311,7 +313,7 @@ class TorchComm(Communicator):
         with self._arrived:
             return self._wait_queued(src, tag, timeout)
 
-    def _recv_direct(self, lane: Lane, tag: int):
+    def _recv_direct(self, lane: Lane, tag: int) -> tuple[int, torch.Tensor, int]:
         """Wait in gloo for ``lane``'s next message on ``tag`` (the caller owns the lane); file the others."""
         while True:
             with self._arrived:  # filed by the lane's thread before this caller took the lane over
@@ -336,7 +338,7 @@ class TorchComm(Communicator):
             if (src is None or peer == src) and lane.last_direct:
                 lane.wake()
 
-    def _wait_queued(self, src: int | None, tag: int, timeout: float | None):
+    def _wait_queued(self, src: int | None, tag: int, timeout: float | None) -> tuple[int, torch.Tensor, int]:
         """Wait on the inbox's condition (caller holds it) until a matching message is filed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -356,7 +358,7 @@ class TorchComm(Communicator):
                 finally:
                     self._arrived.acquire()
 
-    def _take_queued(self, src: int | None, tag: int):
+    def _take_queued(self, src: int | None, tag: int) -> tuple[int, torch.Tensor, int] | None:
         """Pop the oldest matching message (caller holds ``_arrived``)."""
         if self._receive_error is not None:
             error, self._receive_error = self._receive_error, None
@@ -393,7 +395,7 @@ class TorchComm(Communicator):
                 if peer == self.rank:
                     continue
                 try:
-                    works, buffers = close_notices(self._pg, self._p2p_ranks[peer])
+                    works, buffers = close_notices(self._open_pg(), self._p2p_ranks[peer])
                 except RuntimeError as exc:  # a broken pair: the receiver has stopped already
                     log.warning(
                         "rank %d: freeing the communicator: close notice to rank %d not sent: %s", self.rank, peer, exc
@@ -414,7 +416,7 @@ class TorchComm(Communicator):
         for peer in range(self.size):
             if peer == self.rank:
                 continue
-            lane = self._lanes[peer] = Lane(self._pg, peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes)
+            lane = self._lanes[peer] = Lane(self._open_pg(), peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes)
             deliver = lambda channel, payload, kind, peer=peer: self._file(channel, peer, payload, kind)  # noqa: E731
             thread = threading.Thread(
                 target=lane.serve,
@@ -424,6 +426,12 @@ class TorchComm(Communicator):
             )
             self._receivers.append(thread)
             thread.start()
+
+    def _open_pg(self) -> dist.ProcessGroup:
+        """The process group point-to-point messages travel in; refused once this communicator is freed."""
+        if self._pg is None:
+            raise TransportError(f"rank {self.rank}: point-to-point use of a freed communicator")
+        return self._pg
 
     def _group_to_p2p_rank(self, rank: int) -> int:
         if self._p2p is self._group:

@@ -49,9 +49,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from gflowdist.comm.base import AsyncSendHandle
 from gflowdist.comm.buffers import BufferPool
@@ -94,7 +96,9 @@ PARK_S = 0.002
 _UINT8 = torch.uint8
 
 
-def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int, chunk_bytes: int) -> tuple[list, list]:
+def post_message(
+    pg: dist.ProcessGroup, dst: int, payload: torch.Tensor, channel: int, kind: int, chunk_bytes: int
+) -> tuple[list[Any], list[Any]]:
     """Start sending one message to ``dst`` (a rank of ``pg``): ``(gloo works, buffers to keep)``.
 
     ``payload`` is a flat uint8 CPU tensor. The caller keeps the parts of one
@@ -117,7 +121,7 @@ def post_message(pg, dst: int, payload: torch.Tensor, channel: int, kind: int, c
     return works, [header, payload]
 
 
-def close_notices(pg, dst: int) -> tuple[list, list]:
+def close_notices(pg: dist.ProcessGroup, dst: int) -> tuple[list[Any], list[Any]]:
     """Start sending ``dst`` the close notices: one per receive it keeps posted for this rank."""
     notice = torch.from_numpy(np.frombuffer(_HEADER.pack(CLOSE_CHANNEL, 0, INLINE, 0, 0), dtype=np.uint8).copy())
     works = [pg.send([notice], dst, HEADER_TAG) for _ in range(HEADER_WINDOW)]
@@ -137,7 +141,7 @@ class Lane:
     lane is never left unobserved for longer than that.
     """
 
-    def __init__(self, pg, peer: int, p2p_peer: int, max_recv_bytes: Callable[[], int | None]):
+    def __init__(self, pg: dist.ProcessGroup, peer: int, p2p_peer: int, max_recv_bytes: Callable[[], int | None]):
         self._pg = pg
         self.peer = peer  # the rank of the communicator (errors name it)
         self._src = p2p_peer  # the same rank in pg
@@ -155,7 +159,7 @@ class Lane:
         )
         self._repost: list[np.ndarray] = []  # frames read, to post again before the next wait
 
-    def _post(self, buffer: np.ndarray):
+    def _post(self, buffer: np.ndarray) -> tuple[Any, np.ndarray]:
         return self._pg.recv([torch.from_numpy(buffer)], self._src, HEADER_TAG), buffer
 
     def _next_frame(self) -> np.ndarray:
@@ -189,7 +193,12 @@ class Lane:
             self.failure = TransportError(f"receiving from rank {self.peer} failed: {exc}", peer=self.peer)
             raise self.failure from exc
 
-    def serve(self, deliver: Callable, wait_for_room: Callable, fail: Callable) -> None:
+    def serve(
+        self,
+        deliver: Callable[[int, torch.Tensor, int], None],
+        wait_for_room: Callable[[], None],
+        fail: Callable[[BaseException], None],
+    ) -> None:
         """The lane's thread: file every message with ``deliver(channel, payload, kind)`` until the peer frees.
 
         ``wait_for_room()`` blocks while the reader is behind (no new receive
@@ -244,7 +253,7 @@ class Lane:
         self._repost.clear()
         self.closed = True
 
-    def _payload(self, buffer, channel, kind, mode, total, chunk) -> np.ndarray:
+    def _payload(self, buffer: np.ndarray, channel: int, kind: int, mode: int, total: int, chunk: int) -> np.ndarray:
         """This message's payload, a numpy array the caller may keep."""
         if not 0 <= channel <= (1 << 31) or kind not in (0, 1):
             raise ProtocolError(f"header names channel {channel} and kind {kind}", sender=self.peer)
@@ -269,7 +278,7 @@ class SendHandle(AsyncSendHandle):
 
     __slots__ = ("_buffers", "_done", "_error", "_works", "dst", "nbytes", "tag")
 
-    def __init__(self, dst: int, tag: int, nbytes: int, works: list, buffers: list):
+    def __init__(self, dst: int, tag: int, nbytes: int, works: list[Any], buffers: list[Any]):
         self.dst, self.tag, self.nbytes = dst, tag, nbytes
         self._works = works
         self._buffers = buffers  # owned until complete

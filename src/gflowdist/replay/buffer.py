@@ -310,7 +310,9 @@ class ReplayBuffer:
         self._stamp(result, rows, scores, priorities)
         return self._count_admission(size, result)
 
-    def _stamp(self, result, rows: torch.Tensor, scores: torch.Tensor | None, priorities: torch.Tensor | None) -> None:
+    def _stamp(
+        self, result: WriteResult, rows: torch.Tensor, scores: torch.Tensor | None, priorities: torch.Tensor | None
+    ) -> None:
         """Write the metadata of the stored items of ``result`` and tell the sampler."""
         size = rows.shape[0]
         admitted = int(result.admitted.sum())
@@ -335,7 +337,7 @@ class ReplayBuffer:
         if priorities is not None:
             self.counters["initial_priorities"] += int(slots.numel())
 
-    def _count_admission(self, size: int, result) -> AdmitResult:
+    def _count_admission(self, size: int, result: WriteResult) -> AdmitResult:
         admitted = int(result.admitted.sum())
         counts = AdmitResult(
             size,

@@ -8,6 +8,7 @@ builds its parts with these two functions; an unknown name raises a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
 
@@ -35,13 +36,13 @@ def sampler_named(
     return samplers[name]()
 
 
-def writer_named(name: str | Mapping, dedup_key: str | Callable[[Batch], torch.Tensor] | None) -> Writer:
+def writer_named(name: str | Mapping[str, Any], dedup_key: str | Callable[[Batch], torch.Tensor] | None) -> Writer:
     """``"round_robin" | "keep_highest" | "dedup"`` (which needs ``dedup_key``), or a mapping
     ``{name: ..., <options>}`` (:mod:`gflowdist.replay.registry`; dedup's ``key`` option, else ``dedup_key``)."""
     if isinstance(name, Mapping):
         spec = part_spec("writer", name, "replay.writer")
         if spec["name"] != "dedup":
-            return build_part("writer", spec)
+            return cast(Writer, build_part("writer", spec))
         name, dedup_key = "dedup", spec["key"] if spec["key"] is not None else dedup_key
     if name == "dedup":
         if dedup_key is None:

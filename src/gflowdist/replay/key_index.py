@@ -24,7 +24,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _MUL1
     x = (x ^ (x >> np.uint64(27))) * _MUL2
-    return x ^ (x >> np.uint64(31))
+    return np.asarray(x ^ (x >> np.uint64(31)))
 
 
 def row_hash(keys: torch.Tensor) -> torch.Tensor:
@@ -82,7 +82,7 @@ class HashIndex:
         self.tail_hash, self.tail_slot = empty, empty
 
     @staticmethod
-    def _valid(hashes, slots, live, slot_hash):
+    def _valid(hashes: torch.Tensor, slots: torch.Tensor, live: torch.Tensor, slot_hash: torch.Tensor) -> torch.Tensor:
         return live[slots] & (slot_hash[slots] == hashes)
 
     def contains(self, hashes: torch.Tensor, live: torch.Tensor, slot_hash: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,8 @@ A consuming sampler is told of slots the buffer freed without serving them
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -120,7 +122,9 @@ class UniformSampler(Sampler):
 
     name = "uniform"
 
-    def sample(self, storage_len, n, generator, step=0):
+    def sample(
+        self, storage_len: int, n: int, generator: torch.Generator, step: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self._check_request(storage_len, n)
         return torch.randint(0, storage_len, (n,), generator=generator), {}
 
@@ -183,7 +187,7 @@ class PrioritizedSampler(Sampler):
         self._cdf: torch.Tensor | None = None  # cumulative sum of scaled[:len(_cdf)]
         self._scaled_min = 1.0
 
-    def on_write(self, indices, priorities=None):
+    def on_write(self, indices: torch.Tensor, priorities: torch.Tensor | None = None) -> None:
         if not indices.numel():
             return
         self.scaled = _grown(self.scaled, int(indices.max()) + 1, 0.0)
@@ -224,7 +228,9 @@ class PrioritizedSampler(Sampler):
         scaled = self.scaled[:storage_len]
         return scaled / scaled.sum()
 
-    def sample(self, storage_len, n, generator, step=0):
+    def sample(
+        self, storage_len: int, n: int, generator: torch.Generator, step: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self._check_request(storage_len, n)
         if self._cdf is None or self._cdf.numel() != storage_len:
             self._cdf = torch.cumsum(self.scaled[:storage_len], 0)
@@ -235,7 +241,7 @@ class PrioritizedSampler(Sampler):
         weights = (self.scaled[indices] / self._scaled_min) ** (-beta)
         return indices, {"weights": weights.to(torch.float32)}
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "alpha": self.alpha,
@@ -245,7 +251,7 @@ class PrioritizedSampler(Sampler):
             "max_priority": self.max_priority,
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         if state["alpha"] != self.alpha:
             raise ConfigError(
@@ -276,7 +282,7 @@ class FifoSampler(Sampler):
         self.pending = torch.zeros(0, dtype=torch.bool)
         self.next_order = 0
 
-    def on_write(self, indices, priorities=None):
+    def on_write(self, indices: torch.Tensor, priorities: torch.Tensor | None = None) -> None:
         super().on_write(indices, priorities)
         if not indices.numel():
             return
@@ -287,17 +293,19 @@ class FifoSampler(Sampler):
         self.pending[indices] = True
         self.next_order += indices.numel()
 
-    def on_free(self, indices):
+    def on_free(self, indices: torch.Tensor) -> None:
         if indices.numel():
             self.pending[indices] = False
 
     def pending_count(self) -> int:
         return int(self.pending.sum())
 
-    def can_sample(self, storage_len, n):
+    def can_sample(self, storage_len: int, n: int) -> bool:
         return self.pending_count() >= n
 
-    def sample(self, storage_len, n, generator, step=0):
+    def sample(
+        self, storage_len: int, n: int, generator: torch.Generator, step: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self._check_request(storage_len, n)
         candidates = torch.nonzero(self.pending).flatten()
         if candidates.numel() < n:
@@ -309,7 +317,7 @@ class FifoSampler(Sampler):
         self.pending[indices] = False
         return indices, {}
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "order": self.order.clone(),
@@ -317,7 +325,7 @@ class FifoSampler(Sampler):
             "next_order": self.next_order,
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.order = state["order"].to(torch.int64).clone()
         self.pending = state["pending"].to(torch.bool).clone()

@@ -25,7 +25,7 @@ freed the live slots are exactly ``[0, len(storage))``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -94,7 +94,9 @@ class RoundRobinWriter(Writer):
     def __init__(self) -> None:
         self.cursor = 0
 
-    def extend(self, storage, batch, scores):
+    def extend(
+        self, storage: TensorStorage, batch: Mapping[str, torch.Tensor], scores: torch.Tensor | None
+    ) -> WriteResult:
         size = storage.check_schema(batch)
         capacity = storage.capacity
         start = self.cursor
@@ -113,10 +115,10 @@ class RoundRobinWriter(Writer):
             slots[:overwritten_in_call] = -1
         return WriteResult(slots, torch.ones(size, dtype=torch.bool), evicted, {})
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "cursor": self.cursor}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.cursor = int(state["cursor"])
 
@@ -155,7 +157,9 @@ class KeepHighestWriter(Writer):
         self.scores = torch.zeros(0, dtype=torch.float64)
         self._minimum: float | None = None  # min of self.scores while the storage is full
 
-    def extend(self, storage, batch, scores):
+    def extend(
+        self, storage: TensorStorage, batch: Mapping[str, torch.Tensor], scores: torch.Tensor | None
+    ) -> WriteResult:
         size = storage.check_schema(batch)
         scores = _check_scores(scores, size, "KeepHighestWriter")
         if size == 0:
@@ -198,10 +202,10 @@ class KeepHighestWriter(Writer):
         rejected = size - int(admitted.sum())
         return WriteResult(indices, admitted, evicted, {REJECTED_LOW_SCORE: rejected} if rejected else {})
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "scores": self.scores.clone()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.scores = state["scores"].to(torch.float64).clone()
         self._minimum = None
@@ -244,7 +248,9 @@ class DedupWriter(Writer):
             return batch[self.key]
         return self.key(dict(batch))
 
-    def extend(self, storage, batch, scores):
+    def extend(
+        self, storage: TensorStorage, batch: Mapping[str, torch.Tensor], scores: torch.Tensor | None
+    ) -> WriteResult:
         size = storage.check_schema(batch)
         if self.slot_hash.numel() != storage.capacity:
             self.slot_hash = torch.zeros(storage.capacity, dtype=torch.int64)
@@ -276,10 +282,10 @@ class DedupWriter(Writer):
             rejected[REJECTED_DUPLICATE] = size - candidates.numel()
         return WriteResult(indices, admitted, result.evicted, rejected)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "slot_hash": self.slot_hash.clone(), "inner": self.inner.state_dict()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.slot_hash = state["slot_hash"].to(torch.int64).clone()
         self.inner.load_state_dict(state["inner"])

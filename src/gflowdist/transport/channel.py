@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from gflowdist.comm import AsyncSendHandle, Communicator
 from gflowdist.comm.buffers import BufferPool
 from gflowdist.errors import DeadlineError, ProtocolError
@@ -152,7 +154,7 @@ class Channel:
             self._retire(pending)
         seq = self._next_seq[dst]
 
-        def alloc(nbytes: int):  # a message with frames: refused before its buffer exists
+        def alloc(nbytes: int) -> np.ndarray:  # a message with frames: refused before its buffer exists
             if nbytes > self.max_message_bytes:
                 raise self._oversized(msg_type, nbytes, dst)
             return self._send_buffers.take(nbytes)
@@ -184,7 +186,7 @@ class Channel:
         )
 
     @staticmethod
-    def _retire(pending: collections.deque) -> None:
+    def _retire(pending: collections.deque[Any]) -> None:
         while pending and pending[0].is_complete():
             pending.popleft()
 

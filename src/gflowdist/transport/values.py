@@ -115,7 +115,7 @@ def check_received_body(body: Any, sender: int) -> None:
         raise ProtocolError("body is a msgpack timestamp, which gflowdist never sends", sender=sender)
 
 
-def _check_received(value: dict | list, depth: int, path: tuple[Any, ...], sender: int) -> None:
+def _check_received(value: dict[Any, Any] | list[Any], depth: int, path: tuple[Any, ...], sender: int) -> None:
     if depth > MAX_NESTING_DEPTH:
         raise ProtocolError(f"{format_path(path)}: nested deeper than {MAX_NESTING_DEPTH} containers", sender=sender)
     items = value.items() if type(value) is dict else enumerate(value)
