@@ -22,5 +22,8 @@ if rank in members:
     x = torch.tensor([float(rank)])
     torchgfn.broadcast(x, 0, "torch", group=group)  # src: the group's first member, world rank 1
     assert float(x) == 1.0, float(x)
+# rank 0 serves the TCPStore: leaving before the others have read their last keys (new_group reads
+# them after its own barrier) ends their runs with "connection closed", as it would a user's script
+dist.barrier()
 dist.destroy_process_group()
 print("EXITING", rank, flush=True)
