@@ -48,6 +48,7 @@ from gflowdist.replay.writers import (
     KeepHighestWriter,
     RoundRobinWriter,
     Writer,
+    WriteResult,
 )
 
 __all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
