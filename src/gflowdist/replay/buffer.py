@@ -323,11 +323,11 @@ class ReplayBuffer:
             rows[:, 3] = torch.arange(first_step, first_step + size)
         else:
             rows[:, 3] = torch.cumsum(result.admitted, 0) + (first_step - 1)
-        stored = result.indices >= 0
+        stored: torch.Tensor | slice
         if admitted == size <= self.capacity:  # every item stored, in batch order
             slots, stored = result.indices, slice(None)
         else:
-            stored = torch.nonzero(stored).flatten()
+            stored = torch.nonzero(result.indices >= 0).flatten()
             slots = result.indices[stored]
         self.stamps[slots] = rows[stored]
         if scores is None:
