@@ -11,11 +11,23 @@ Tests marked ``gpu`` run where torch sees a CUDA device and are skipped,
 with that reason, elsewhere (``pytest -m gpu`` runs only them).
 """
 
+import compileall
+from pathlib import Path
+
 import pytest
 
 from tests.support.jobs import job_factory  # noqa: F401 (a fixture)
 from tests.support.local_jobs import local_job_factory  # noqa: F401 (a fixture)
 from tests.support.netns import netns_hosts  # noqa: F401 (a fixture)
+
+
+def pytest_sessionstart(session):
+    """Compile gflowdist's and the test jobs' sources once, so each of the suite's ~1,000 rank processes
+    reads bytecode rather than compiling them again: where PYTHONDONTWRITEBYTECODE is set (as on this
+    project's machines) nothing else writes it for an editable install (0.17-0.33 CPU-s per rank)."""
+    root = Path(__file__).resolve().parent.parent
+    for folder in (root / "src" / "gflowdist", root / "tests"):
+        compileall.compile_dir(folder, quiet=1, workers=1)
 
 
 def pytest_collection_modifyitems(config, items):
