@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gflowdist.errors import BadBatchError, BatchError
+from gflowdist.runtime.liveness import Refusals
 from gflowdist.runtime.loops.batches import check_batch, refusal_before_concat, role_method
 from gflowdist.runtime.loops.trainer import TrainerLoop
 
@@ -96,16 +97,16 @@ def _loop(mode: str, notes: list) -> SimpleNamespace:
     roles = {1: "trainer", 2: "buffer"}
     w = SimpleNamespace(
         rank=1,
-        refused_here=set(),
+        liveness=SimpleNamespace(refusals=Refusals()),
         context=SimpleNamespace(describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"),
-        note=lambda event, category, **args: notes.append((event, args)),
+        reports=SimpleNamespace(note=lambda event, category, **args: notes.append((event, args))),
     )
     return SimpleNamespace(
         w=w,
         buffer=2,
         trainer=SimpleNamespace(device="cpu", __class__=HyperGridTrainer),
         state=SimpleNamespace(produced=48, step=5),
-        config=SimpleNamespace(faults=SimpleNamespace(on_bad_batch=mode)),
+        settings=SimpleNamespace(on_bad_batch=mode),
         device_path=SimpleNamespace(stage=lambda batch: None if batch is None else dict(batch)),
     )
 
@@ -130,7 +131,9 @@ def test_a_shape_changing_batch_is_refused_before_the_concat_and_never_crashes_i
         "field 'states': got per-item shape [4, 2] torch.float32, the storage holds [3, 2] torch.float32 "
         "(faults.on_bad_batch = fail; 'drop' would count it and go on); _Trainer.rollout made it at step 5"
     )
-    assert caught.value.step == 5 and loop.w.refused_here == {40} and notes == [("batch refused", {"seq": 40})]
+    assert (
+        caught.value.step == 5 and loop.w.liveness.refusals.mine == {40} and notes == [("batch refused", {"seq": 40})]
+    )
     loop = _loop("drop", [])
     loop.trainer = _Trainer()
     with caplog.at_level(logging.WARNING, logger="gflowdist.runtime"):

@@ -27,10 +27,13 @@ def _stopped_cleanly(job, run, code: int) -> None:
 
 
 def test_two_sigints_to_the_launcher_still_stop_cleanly(job_factory):
-    job = job_factory("run.steps=100000", "params.delay_s=0.01")
-    run = job.wait_for_metrics(4)
+    # trainers' steps take 4 s from step 12 on: the clean stop waits for the step in progress, so the second
+    # Ctrl-C comes while the job is still stopping, however fast its end is
+    job = job_factory("run.steps=100000", "params.slow_s=4", "params.slow_from=12")
+    run = job.wait_for_metrics(2)
+    time.sleep(1.0)  # into a slow step
     job.proc.send_signal(signal.SIGINT)
-    time.sleep(1.5)  # a second, separate Ctrl-C
+    time.sleep(1.2)  # a second, separate Ctrl-C
     job.proc.send_signal(signal.SIGINT)
     _stopped_cleanly(job, run, 130)
     assert "SIGINT again: still stopping cleanly" in job.output, job.output

@@ -88,11 +88,11 @@ def test_prefetched_sample_requests_name_the_step_that_will_use_them() -> None:
         isend=lambda kind, body, dst: asked.append(body),
         recv=lambda src, timeout=None: wire(protocol.sample_reply(None)),
     )
-    replay = SimpleNamespace(prefetch=2, replayed_per_step=lambda fresh: 4)
-    timer = SimpleNamespace(phase=lambda name: nullcontext(), wait_on=lambda peer, label: nullcontext())
-    w = SimpleNamespace(
-        config=SimpleNamespace(replay=replay, faults=SimpleNamespace(peer_timeout_s=1.0)), data=data, timer=timer
+    settings = SimpleNamespace(
+        prefetch=2, replayed_per_step=lambda fresh: 4, reply_timeout_s=1.0, sampler_name="uniform"
     )
+    timer = SimpleNamespace(phase=lambda name: nullcontext(), wait_on=lambda peer, label: nullcontext())
+    w = SimpleNamespace(settings=settings, data=data, timer=timer)
     requests, state = ReplayRequests(w, buffer=3), TrainerState()
     for version in range(4):
         state.version = version

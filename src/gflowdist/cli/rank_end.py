@@ -20,6 +20,14 @@ at exit are not finalised, so a file a user's role opened and never closed
 loses what its buffer holds (close files in the role, or register an
 :mod:`atexit` handler). The bound on a rank's end (``end_within`` in
 :mod:`gflowdist.runtime.process`) still holds while the threads are joined.
+
+Only the torch engine's ranks end this way. An MPI rank ends through the
+interpreter's exit: under a plain ``mpiexec`` (hydra's auto-cleanup on, as a
+user's own ``mpiexec -n 3 gflowdist run CONFIG`` has it), ranks that ended
+this promptly after ``MPI_Finalize`` were killed by hydra (exit code 9) in 2
+runs of 3 of ``tests/test_config_limits.py::test_ranks_run_the_config_the_launcher_handed_them``;
+with the interpreter's exit, 4 of 4 passed. The likely cause is that the proxy
+sees the rank's keeper exit before it has read the rank's finalize.
 """
 
 from __future__ import annotations

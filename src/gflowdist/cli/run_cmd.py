@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         # this process becomes the rank's keeper; the rank continues in a child
         keep(bound_s=Settings.of(config).keeper_bound_s)
         _watch_launcher(config, args.resume)
-        run_then_end(_run_here, config, args.resume)
+        # an MPI rank ends through the interpreter's exit, not run_then_end: see gflowdist.cli.rank_end
+        return _run_here(config, args.resume)
     if in_torch_job():
         _watch_launcher(config, args.resume)
         run_then_end(_run_here, config, args.resume)
