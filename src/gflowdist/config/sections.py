@@ -9,14 +9,11 @@ puts the sections together.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from gflowdist.config.checks import (
     BoolCheck,
-    Check,
     ChoiceCheck,
     ClassRefCheck,
     CountCheck,
@@ -27,10 +24,9 @@ from gflowdist.config.checks import (
     StrCheck,
     StrListCheck,
 )
-from gflowdist.config.frozen import FrozenMapping, thaw
-from gflowdist.config.parts import FLAT_KEYS, PartCheck, fold_flat_keys
+from gflowdist.config.replay_section import ReplayConfig
+from gflowdist.config.section_base import MIB, REST, Section, setting
 from gflowdist.engines import CHOICES
-from gflowdist.errors import ConfigError
 
 __all__ = [
     "RunConfig",
@@ -50,53 +46,9 @@ __all__ = [
     "setting",
 ]
 
-REST = CountCheck.REST
-"""The count ``"rest"``: whatever ranks the other roles leave."""
-
-MIB = 1024 * 1024
-
-
-def setting(default: Any, check: Check, doc: str) -> Any:
-    """A section field: its default, the check its values pass, and one line of documentation."""
-    return field(default=default, metadata={"check": check, "doc": doc})
-
-
-class _Section:
-    """Mixin of every section: run the field checks, then the cross-field checks."""
-
-    section: ClassVar[str] = ""
-    #: Keys a section no longer has -> what to write instead (said instead of "unknown key").
-    removed: ClassVar[dict[str, str]] = {}
-
-    def __post_init__(self) -> None:
-        for spec in dataclasses.fields(self):  # type: ignore[arg-type]
-            check = spec.metadata.get("check")
-            if check is None:
-                continue
-            try:
-                value = check(getattr(self, spec.name))
-            except ConfigError as err:
-                raise ConfigError(err.detail, key=f"{self.section}.{spec.name}") from None
-            object.__setattr__(self, spec.name, value)
-        self.check_together()
-
-    def check_together(self) -> None:
-        """Checks that involve several fields of the section (override in a section)."""
-
-    def fail(self, name: str, message: str) -> ConfigError:
-        return ConfigError(message, key=f"{self.section}.{name}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values: tuples become lists, so the result is YAML/JSON-ready."""
-        out: dict[str, Any] = {}
-        for spec in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, spec.name)
-            out[spec.name] = list(value) if isinstance(value, tuple) else value
-        return out
-
 
 @dataclass(frozen=True)
-class RunConfig(_Section):
+class RunConfig(Section):
     """What the run is called, how long it lasts, where its files go."""
 
     section: ClassVar[str] = "run"
@@ -147,7 +99,7 @@ class RunConfig(_Section):
 
 
 @dataclass(frozen=True)
-class LaunchConfig(_Section):
+class LaunchConfig(Section):
     """How `gflowdist run` starts the job."""
 
     section: ClassVar[str] = "launch"
@@ -178,7 +130,7 @@ class LaunchConfig(_Section):
 
 
 @dataclass(frozen=True)
-class LayoutConfig(_Section):
+class LayoutConfig(Section):
     """Which rank does what; see docs/layout.md for the arithmetic."""
 
     section: ClassVar[str] = "layout"
@@ -220,7 +172,7 @@ class LayoutConfig(_Section):
 
 
 @dataclass(frozen=True)
-class RolesConfig(_Section):
+class RolesConfig(Section):
     """The user's classes for each role; null = the framework default class."""
 
     section: ClassVar[str] = "roles"
@@ -232,173 +184,7 @@ class RolesConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ReplayConfig(_Section):
-    """The replay buffers: storage size, sampling, admission, rate limiting, flow control."""
-
-    section: ClassVar[str] = "replay"
-    removed: ClassVar[dict[str, str]] = {
-        "batch_size": "was removed: the replayed count now follows from replay.replay_fraction (the replayed "
-        "share of each learner batch) and the rollout size; set replay_fraction instead",
-    }
-
-    capacity: int = setting(10000, IntCheck(low=1), "Trajectories each buffer rank stores.")
-    sampler: Mapping[str, Any] = setting(
-        "uniform",
-        PartCheck("sampler"),
-        "Which stored items come out when a trainer samples: a name (`uniform`, `prioritized`, `fifo`, `queue`) "
-        "or `{name: prioritized, alpha: 0.6, beta: 0.4}` with that sampler's options (docs/replay.md).",
-    )
-    writer: Mapping[str, Any] = setting(
-        "round_robin",
-        PartCheck("writer"),
-        "Which slot a new item takes, or whether it is admitted: `round_robin`, `keep_highest`, "
-        "`dedup`, or `{name: dedup, key: terminal}`.",
-    )
-    min_size_to_sample: int = setting(0, IntCheck(low=0), "Sampling waits until a buffer holds this many items.")
-    samples_per_insert: float | None = setting(
-        None, OptionalCheck(FloatCheck(0.0, low_open=True)), "Target ratio of samples to inserts; null = no rate limit."
-    )
-    tolerance: float = setting(
-        0.0,
-        FloatCheck(0.0),
-        "Allowed deviation (in samples) from `samples_per_insert` "
-        "(Reverb's error_buffer); must be >= max(1, samples_per_insert) "
-        "when a ratio is set.",
-    )
-    dedup_key: str | None = setting(
-        None, OptionalCheck(StrCheck(nonempty=True)), "Old spelling of `replay.writer: {name: dedup, key: ...}`."
-    )
-    priority_alpha: float | None = setting(
-        None, OptionalCheck(FloatCheck(0.0)), "Old spelling of `replay.sampler: {name: prioritized, alpha: ...}`."
-    )
-    priority_beta: float | None = setting(
-        None, OptionalCheck(FloatCheck(0.0)), "Old spelling of `replay.sampler: {name: prioritized, beta: ...}`."
-    )
-    priority_beta_final: float | None = setting(
-        None,
-        OptionalCheck(FloatCheck(0.0)),
-        "Old spelling of `replay.sampler: {name: prioritized, beta_final: ...}`.",
-    )
-    priority_beta_steps: int | None = setting(
-        None,
-        OptionalCheck(IntCheck(low=0)),
-        "Old spelling of `replay.sampler: {name: prioritized, beta_steps: ...}`.",
-    )
-    replay_fraction: float = setting(
-        0.5,
-        FloatCheck(0.0, 1.0, high_open=True),
-        "Share of each learner batch that is replayed: with F fresh "
-        "trajectories a step adds round(F x f / (1 - f)) replayed ones, "
-        "at least 1 (0.5: as many as fresh; 0: no replay). Below 1: "
-        "every batch holds the step's fresh rollout.",
-    )
-    learner_batch: int | None = setting(
-        None,
-        OptionalCheck(IntCheck(low=1)),
-        "Replayed items per step of a pure learner (a trainer "
-        "whose rollout() returns None, as in Ape-X); null = such a "
-        "trainer is refused.",
-    )
-    max_staleness: int | None = setting(
-        None,
-        OptionalCheck(IntCheck(low=0)),
-        "Drop trajectories older than this many policy versions (at admission; a `queue` also when it serves "
-        "them), counted as dropped, reason `stale`; null = keep all.",
-    )
-    max_in_flight: int = setting(8, IntCheck(low=1), "Unacknowledged sends a client may have outstanding.")
-    prefetch: int = setting(
-        1, IntCheck(low=0), "Replay batches a trainer keeps requested ahead of use; 0 = request and wait each step."
-    )
-
-    def check_together(self) -> None:
-        if self.min_size_to_sample > self.capacity:
-            raise self.fail(
-                "min_size_to_sample",
-                f"must be <= replay.capacity ({self.capacity}), found "
-                f"{self.min_size_to_sample}: sampling could never start",
-            )
-        if self.tolerance > 0 and self.samples_per_insert is None:
-            raise self.fail(
-                "tolerance",
-                f"only applies when replay.samples_per_insert is set, found "
-                f"tolerance {self.tolerance} with samples_per_insert null",
-            )
-        if self.samples_per_insert is not None and self.tolerance < max(1.0, self.samples_per_insert):
-            raise self.fail(
-                "tolerance",
-                f"must be >= max(1, samples_per_insert) = {max(1.0, self.samples_per_insert):g}, "
-                f"found {self.tolerance}: a smaller window could block inserts and samples forever",
-            )
-        self._fold_flat_keys()
-        sampler, writer = self.sampler, self.writer
-        if writer["name"] == "dedup" and writer.get("key") is None:
-            raise self.fail("writer", "writer 'dedup' needs its key: {name: dedup, key: <field naming a duplicate>}")
-        if sampler["name"] == "prioritized":
-            if sampler["beta_final"] is not None and sampler["beta_steps"] < 1:
-                raise self.fail(
-                    "sampler.beta_steps", f"must be >= 1 when beta_final is set, found {sampler['beta_steps']}"
-                )
-            if sampler["beta_final"] is None and sampler["beta_steps"]:
-                raise self.fail(
-                    "sampler.beta_steps",
-                    f"is {sampler['beta_steps']} but beta_final is null: there is nothing to anneal towards",
-                )
-        if sampler["name"] == "queue" and self.learner_batch and self.capacity < self.learner_batch:
-            raise self.fail(
-                "capacity",
-                f"is {self.capacity}, smaller than one learner batch (replay.learner_batch = "
-                f"{self.learner_batch}): the queue could never serve a batch",
-            )
-        if sampler["name"] == "queue" and self.max_staleness is not None and self.max_staleness < self.prefetch:
-            raise self.fail(
-                "prefetch",
-                f"is {self.prefetch}, above replay.max_staleness {self.max_staleness}: a batch asked for "
-                f"{self.prefetch} steps ahead holds unrolls at least {self.prefetch} versions old when it is "
-                f"learned from, so the queue would drop every one as stale; set replay.prefetch <= "
-                f"{self.max_staleness}",
-            )
-
-    def _fold_flat_keys(self) -> None:
-        """The old flat keys into the nested specs, checked against the registry (:func:`fold_flat_keys`)."""
-        sampler, writer, flat = fold_flat_keys(self)
-        object.__setattr__(self, "sampler", FrozenMapping(sampler))
-        object.__setattr__(self, "writer", FrozenMapping(writer))
-        for key, value in flat.items():  # reading the old keys keeps working
-            object.__setattr__(self, key, value)
-
-    @property
-    def sampler_name(self) -> str:
-        """The sampler's name (``replay.sampler.name``)."""
-        return self.sampler["name"]
-
-    @property
-    def writer_name(self) -> str:
-        """The writer's name (``replay.writer.name``)."""
-        return self.writer["name"]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["sampler"], out["writer"] = thaw(self.sampler), thaw(self.writer)
-        for flat in FLAT_KEYS:  # their values live in the nested specs
-            out[flat] = None
-        return out
-
-    def replayed_per_step(self, fresh: int | None) -> int:
-        """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.
-
-        ``round(fresh * f / (1 - f))``, at least 1 when f > 0: f = 0.5 doubles the batch,
-        f = 0.2 adds a quarter (4 beside 16 fresh), f = 0 adds none. ``fresh`` None (a pure
-        learner's rollout gave nothing): ``learner_batch``, 0 when that is null.
-        """
-        if fresh is None:
-            return self.learner_batch or 0
-        if self.replay_fraction == 0:
-            return 0
-        return max(1, round(fresh * self.replay_fraction / (1.0 - self.replay_fraction)))
-
-
-@dataclass(frozen=True)
-class SyncConfig(_Section):
+class SyncConfig(Section):
     """How trainers agree on weights, and how actors get them."""
 
     section: ClassVar[str] = "sync"
@@ -422,7 +208,7 @@ class SyncConfig(_Section):
 
 
 @dataclass(frozen=True)
-class LearnerConfig(_Section):
+class LearnerConfig(Section):
     """What a trainer does with each learner batch: passes, minibatches, clipping (PPO's knobs)."""
 
     section: ClassVar[str] = "learner"
@@ -490,7 +276,7 @@ ACTOR_LOSS_REFUSED = "is {policy}, but {engine}: {why}; use launch.engine: mpi, 
 
 
 @dataclass(frozen=True)
-class FaultsConfig(_Section):
+class FaultsConfig(Section):
     """Failure detection, checkpoints and message limits."""
 
     section: ClassVar[str] = "faults"
@@ -575,7 +361,7 @@ class FaultsConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ReportConfig(_Section):
+class ReportConfig(Section):
     """What the run's report shows."""
 
     section: ClassVar[str] = "report"
@@ -588,7 +374,7 @@ class ReportConfig(_Section):
 
 
 @dataclass(frozen=True)
-class InferenceConfig(_Section):
+class InferenceConfig(Section):
     """The inference ranks' dynamic batching (``layout.inference``; docs/inference.md)."""
 
     section: ClassVar[str] = "inference"
