@@ -10,7 +10,7 @@
 - :mod:`~gflowdist.timing.torchgfn_reports`: torchgfn's ``report_load_imbalance`` /
   ``report_time_info``, returning their tables.
 - :mod:`~gflowdist.timing.summaries`: staleness, ledger balance, metric summaries.
-- :mod:`~gflowdist.timing.report`: ``build_report`` -> ``Report`` (text, JSON, save).
+- :mod:`~gflowdist.timing.report_build`: ``build_report`` -> :mod:`~gflowdist.timing.report`'s ``Report`` (text, JSON, save).
 - :mod:`~gflowdist.timing.figure`: ``report.png`` (matplotlib, imported only to draw it).
 """
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from gflowdist.timing.imbalance import PhaseImbalance, WaitMatrix, imbalance_by_phase, phase_imbalance, wait_matrix
 from gflowdist.timing.rates import Throughput, eta_seconds, format_duration
-from gflowdist.timing.report import Report, SavedReport, build_report
+from gflowdist.timing.report import Report, SavedReport
+from gflowdist.timing.report_build import build_report
 from gflowdist.timing.summaries import (
     LedgerRow,
     LedgerSummary,
