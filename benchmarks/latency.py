@@ -58,10 +58,19 @@ rank), with a policy whose forward dominates (a 3 x 512 MLP, no simulated
 latency). ``inference`` = the inference run's env steps/s / the own-forward
 run's.
 
-``rllib`` (RLlib on the same CartPole) is printed as ``not-run`` with the
-reason while it is not built. The last line sums up, for scripts::
+**The peer** (``benchmarks/latency_peer.py``, ``benchmarks/rllib_peer.py``):
+RLlib's APPO on the new API stack (ray 2.60.0 in a virtual environment of
+its own that the benchmark builds on first use, ``--peer-venv``; never a
+dependency of gflowdist) on the same CartPole, 2 ms per step, with
+``--peer-actors`` env runners (default 4) of 4 environments each, the
+process count of the ``Ape-X --peer-actors`` row; greedy evaluations of 10
+episodes without the latency, as gflowdist's coordinator's. ``rllib`` =
+that Ape-X row's env steps/s / RLlib's (``failed`` when the peer could not
+be built or run: the reason is printed; ``not-run`` with ``--no-peer``).
 
-    latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference 1.55x rllib not-run
+The last line sums up, for scripts::
+
+    latency: actors4 3.61x actors8 6.20x time_to_target 0.42x oracle 0.37x inference 1.55x rllib 1.70x
 
 (``-`` where a figure was not measured: an actor count left out, a target
 not reached). ``--plot`` draws env steps/s against actors with the ideal
@@ -82,6 +91,7 @@ import time
 from pathlib import Path
 
 import inference_compare
+import latency_peer
 from gflowdist.timing.text_table import table_lines
 from hypergrid import child_env, load_average, parse_result, run_directory
 
@@ -102,9 +112,6 @@ MODES = {
 }
 #: learner steps of each central-inference run, by mode
 INFERENCE_STEPS = {"full": 600, "quick": 300, "smoke": 40}
-NOT_BUILT = {
-    "rllib": "the RLlib peer is not built yet (issue 25, item 3): needs ray 2.60 in its own virtual environment",
-}
 
 
 def load1() -> float:
@@ -345,9 +352,9 @@ def load_cell(load: tuple[float, float]) -> str:
     return f"{load[0]:.1f}-{load[1]:.1f}"
 
 
-def cartpole_table(single: dict, apex: list[dict]) -> list[str]:
+def cartpole_table(single: dict, apex: list[dict], peers: list[dict] | None = None) -> list[str]:
     rows = []
-    for r in [single, *apex]:
+    for r in [single, *apex, *(peers or [])]:
         rows.append(
             [
                 r["name"],
@@ -421,7 +428,14 @@ def where_lines(runs: list[dict]) -> list[str]:
 
 
 def summary_line(
-    single: dict, apex: list[dict], target_actors: int, bare: dict | None, gfn: list[dict], inference: list[dict]
+    single: dict,
+    apex: list[dict],
+    target_actors: int,
+    bare: dict | None,
+    gfn: list[dict],
+    inference: list[dict],
+    peer: dict | None = None,
+    peer_actors: int = 4,
 ) -> str:
     by_actors = {r["actors"]: r for r in apex}
 
@@ -437,7 +451,7 @@ def summary_line(
     best = min((r["time_to_l1"] for r in gfn if r["time_to_l1"] is not None), default=None)
     parts.append(f"oracle {x(ratio(best, bare['time_to_l1']) if bare else None)}")
     parts.append(f"inference {x(inference_compare.inference_ratio(inference)) if inference else 'not-run'}")
-    parts += [f"{name} not-run" for name in NOT_BUILT]
+    parts.append(f"rllib {latency_peer.peer_cell(peer, by_actors.get(peer_actors))}")
     return "latency: " + " ".join(parts)
 
 
@@ -479,6 +493,8 @@ def main() -> int:
     parser.add_argument("--gfn-batch", type=int, default=2 * BATCH, help="the HyperGrid learner's replayed batch")
     parser.add_argument("--gfn-weights-every", type=int, default=4, help="HyperGrid sync.weights_to_actors_every")
     parser.add_argument("--no-peer", action="store_true", help="leave out the RLlib peer (the CI smoke test)")
+    parser.add_argument("--peer-actors", type=int, default=4, help="RLlib env runners, against Ape-X this many")
+    parser.add_argument("--peer-venv", type=Path, default=latency_peer.DEFAULT_VENV, help="the peer's environment")
     parser.add_argument(
         "--inference-actors",
         type=int,
@@ -500,13 +516,15 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     print(f"start: {load_average()}", flush=True)
-    single, apex, bare, gfn, inference = None, [], None, [], []
+    single, apex, bare, gfn, inference, peer = None, [], None, [], [], None
     if "cartpole" not in skip:
         single = run_single(ENV_LATENCY_S, mode)
         print(f"  single process: {json.dumps(single)}", flush=True)
         for actors in [int(a) for a in args.actors.split(",")]:
             apex.append(run_apex(actors, ENV_LATENCY_S, mode, out_dir))
             print(f"  Ape-X {actors}: {json.dumps({k: v for k, v in apex[-1].items() if k != 'where'})}", flush=True)
+        if not args.no_peer:
+            peer = latency_peer.run(args.peer_actors, args.peer_venv, mode, ENV_LATENCY_S, out_dir, load1)
     if "hypergrid" not in skip:
         bare = run_bare(ORACLE_LATENCY_S, mode)
         print(f"  bare: {json.dumps(bare)}", flush=True)
@@ -525,7 +543,8 @@ def main() -> int:
             f"CartPole-v1, {1e3 * ENV_LATENCY_S:g} ms per environment step (simulated wait), "
             f"target return {mode['target']:g}; Ape-X actors unpaced; load = 1-min load average before-after"
         )
-        print("\n".join(cartpole_table(single, apex)))
+        peer_rows = [peer["row"]] if peer and "row" in peer else []
+        print("\n".join(cartpole_table(single, apex, peer_rows)))
     if bare is not None:
         print()
         print(
@@ -543,19 +562,19 @@ def main() -> int:
     print()
     print("where the time goes (share of each role's timed phases, from finals.json):")
     print("\n".join(where_lines([*apex, *gfn])) or "  -")
-    for name, reason in NOT_BUILT.items():
-        if name == "rllib" and args.no_peer:
-            reason = "left out (--no-peer)"
-        print(f"{name}: not run: {reason}")
+    print(latency_peer.lines(peer, apex, args.peer_actors, args.no_peer))
     print(f"end: {load_average()}; {time.monotonic() - began:.0f} s; run directories under {out_dir}")
     if args.plot and single is not None and apex:
         plot(single, apex, Path(args.plot), f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; {load_average()}")
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"single": single, "apex": apex, "bare": bare, "gfn": gfn, "inference": inference}, indent=1)
+            json.dumps(
+                {"single": single, "apex": apex, "bare": bare, "gfn": gfn, "inference": inference, "peer": peer},
+                indent=1,
+            )
         )
     empty = {"actors": 0, "env_per_s": None, "time_to_target": None}
-    print(summary_line(single or empty, apex, args.target_actors, bare, gfn, inference))
+    print(summary_line(single or empty, apex, args.target_actors, bare, gfn, inference, peer, args.peer_actors))
     return 0
 
 
