@@ -47,7 +47,7 @@ from gflowdist.comm.base import (
 )
 from gflowdist.comm.buffers import BufferPool, as_byte_array
 from gflowdist.comm.polling import Backoff, poll_until
-from gflowdist.comm.registry import register
+from gflowdist.comm.session import register
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.engines import MPI as MPI_ENGINE
 from gflowdist.errors import ProtocolError

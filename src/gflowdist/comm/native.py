@@ -7,12 +7,15 @@ turns any of them (or a gflowdist :class:`Communicator`, returned as it is)
 into the gflowdist communicator over that group:
 
 - every :class:`~gflowdist.comm.mpi.MPIComm` and
-  :class:`~gflowdist.comm.torch_dist.TorchComm` is entered in
-  :mod:`gflowdist.comm.registry` when it is made (:func:`register`), so a group gflowdist created — a context's
+  :class:`~gflowdist.comm.torch_dist.TorchComm` is entered in its session's
+  :class:`~gflowdist.comm.registry.NativeGroups` when it is made
+  (:func:`register`, :mod:`gflowdist.comm.session`), so a group gflowdist created — a context's
   sub-group, the job's world — maps back to the communicator that owns it,
   with its helper threads, buffer pools and fast paths;
-- a group made elsewhere is wrapped once, on first use, and the wrapper is
-  kept (the same communicator object every time) until it is freed.
+- a group made elsewhere is wrapped once, on first use, by its engine's
+  descriptor (:meth:`gflowdist.engines.Engine.wrap_native`), and the wrapper is
+  kept (the same communicator object every time) until it is freed or the
+  session closes.
 
 Wrapping an mpi4py communicator duplicates it for point-to-point traffic
 (``MPI_Comm_dup``), which is collective over that communicator: the first
@@ -34,8 +37,9 @@ import sys
 from typing import Any
 
 from gflowdist.comm.base import Communicator
-from gflowdist.comm.registry import known, native_key, register, unregister
-from gflowdist.engines import MPI
+from gflowdist.comm.registry import native_key
+from gflowdist.comm.session import current_session, register, unregister
+from gflowdist.engines import MPI, engine_named
 from gflowdist.errors import GflowdistError
 
 __all__ = [
@@ -121,27 +125,13 @@ def as_communicator(group: Any, what: str = "this call") -> Communicator:
     key = native_key(group)
     if key is None:
         raise _not_a_group(group, what)
-    found = known(group, key)
+    groups = current_session().groups
+    found = groups.known(group, key)
     if found is not None:
         return found
-    comm = _wrap(group, key[0])
-    register(comm, group)
+    comm = engine_named(key[0]).wrap_native(group)  # gflowdist.comm.worlds
+    groups.register(comm, group)
     return comm
-
-
-def _wrap(group: Any, engine: str) -> Communicator:
-    if engine == MPI.name:
-        mpi = _mpi()
-        if not isinstance(group, mpi.Intracomm):
-            raise TypeError(f"an mpi4py {type(group).__name__} cannot be used as a group: pass an Intracomm")
-        from gflowdist.comm.mpi import MPIComm
-
-        return MPIComm(group)
-    if _torch_dist() is None:
-        raise GflowdistError("a torch.distributed process group was passed, but no process group is initialised")
-    from gflowdist.comm.torch_dist import TorchComm
-
-    return TorchComm(group, is_world=group is sys.modules["torch.distributed"].group.WORLD)
 
 
 def _describe(group: Any) -> str:

@@ -40,7 +40,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gflowdist.comm import open_comms
 from gflowdist.comm.base import (
     AsyncSendHandle,
     Communicator,
@@ -53,7 +52,7 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import as_byte_array, read_only_tensor
-from gflowdist.comm.registry import register, unregister
+from gflowdist.comm.session import forget, register, track, unregister
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
 from gflowdist.engines import TORCH
 from gflowdist.errors import DeadlineError, TransportError
@@ -121,7 +120,7 @@ class TorchComm(Communicator):
         self._sends: queue.SimpleQueue[SendHandle | None] = queue.SimpleQueue()
         self._completer: threading.Thread | None = None
         self._freed = False
-        open_comms.track(self)  # freed at exit if nobody frees it
+        track(self)  # freed when its session closes, or at exit, if nobody frees it
         register(self, group if group is not None else dist.group.WORLD)  # found again from the group
         # receiver threads: from the first point-to-point call or free() (see the module docstring)
         self._receiving = False
@@ -474,7 +473,7 @@ class TorchComm(Communicator):
         if alive:
             self._ensure_receivers()  # what peers sent here, and their close notices, are received
         self._freed = True
-        open_comms.forget(self)
+        forget(self)
         deadline = time.monotonic() + timeout
         if alive:
             self._send_close_notices()

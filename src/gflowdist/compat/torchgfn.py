@@ -59,7 +59,7 @@ from gflowdist.compat.torchgfn_context import (
     initialize_distributed_compute,
     initialize_distributed_compute_mpi4py,
 )
-from gflowdist.compat.torchgfn_groups import _WORLDS, engine_of, resolve_group, world_for
+from gflowdist.compat.torchgfn_groups import engine_of, known_world, resolve_group, world_for
 from gflowdist.compat.torchgfn_layout import RankLayout
 from gflowdist.timing import report_load_imbalance, report_time_info
 from gflowdist.transport import EncodeError, MessageType, decode, encode
@@ -113,7 +113,7 @@ def _is_raw(data: Any) -> bool:
 def _world_of(backend: str, what: str) -> Communicator:
     # the world a backend name resolved to before (the names are the engines' names), without the
     # three calls of resolve_group on every message
-    known = _WORLDS.get(backend) if type(backend) is str else None
+    known = known_world(backend) if type(backend) is str else None
     return known if known is not None else resolve_group(backend, None, what)
 
 
@@ -140,7 +140,7 @@ def send(data: Any, dst_rank: int, backend: str = default_backend, tag: int = 0)
     itself returns at once: it could not complete before this same thread
     receives it (a blocking MPI send to oneself never returns).
     """
-    comm = _WORLDS.get(backend) if type(backend) is str else None  # _world_of, inline: once per message
+    comm = known_world(backend) if type(backend) is str else None  # _world_of, inline: once per message
     if comm is None:
         comm = _world_of(backend, "send")
     if type(data) is torch.Tensor and data.dtype is _UINT8 and data.ndim == 1:  # _is_raw, inline
@@ -173,7 +173,7 @@ def recv(
     and loses nothing. Bytes that are not a gflowdist message raise
     :class:`~gflowdist.errors.ProtocolError` naming the sender.
     """
-    comm = _WORLDS.get(backend) if type(backend) is str else None  # _world_of, inline: once per message
+    comm = known_world(backend) if type(backend) is str else None  # _world_of, inline: once per message
     if comm is None:
         comm = _world_of(backend, "recv")
     source, payload, kind = comm.recv_kind(src_rank, tag, timeout=timeout)

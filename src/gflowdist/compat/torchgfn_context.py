@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_comm
 from gflowdist.comm.rendezvous import reachable_address
-from gflowdist.comm.select import reset_world_comm
-from gflowdist.compat.torchgfn_groups import engine_of, forget_world, native_handle, torch_initialized, world_for
+from gflowdist.comm.session import current_session
+from gflowdist.compat.torchgfn_groups import engine_of, native_handle, torch_initialized, world_for
 from gflowdist.compat.torchgfn_layout import as_layout
 from gflowdist.context import DistributedContext as CoreContext
 from gflowdist.engines import LOCAL, MPI, TORCH
@@ -62,10 +62,6 @@ logger = logging.getLogger(__name__)
 
 #: torch.distributed backends ``initialize_distributed_compute`` accepts (torchgfn's list).
 DIST_BACKENDS = ("ccl", "mpi", "gloo")
-
-#: True while a process group that initialize_distributed_compute created is alive.
-_OWNS_PROCESS_GROUP = False
-
 
 # -- layout ---------------------------------------------------------------------------------
 
@@ -402,7 +398,6 @@ def _rendezvous_over_mpi() -> str:
 
 def _init_process_group(dist_backend: str, world_size: int) -> None:
     """torchgfn's process-group set-up: rank and size from the launcher's variables."""
-    global _OWNS_PROCESS_GROUP
     from datetime import timedelta
 
     from gflowdist.comm.rendezvous import init_default_group
@@ -428,23 +423,12 @@ def _init_process_group(dist_backend: str, world_size: int) -> None:
     init_default_group(
         dist_backend, init_method=init_method, world_size=world_size, rank=int(rank), timeout=timedelta(minutes=5)
     )
-    _OWNS_PROCESS_GROUP = True
+    current_session().owns_process_group = True
 
 
 def _release_process_group() -> None:
     """Destroy the process group initialize_distributed_compute created (idempotent)."""
-    global _OWNS_PROCESS_GROUP
-    if not _OWNS_PROCESS_GROUP:
-        return
-    _OWNS_PROCESS_GROUP = False
-    torch_world = forget_world(TORCH.name)
-    if torch_world is not None:
-        torch_world.free()
-    if torch_initialized():
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    reset_world_comm()
+    current_session().release_process_group()
 
 
 def initialize_distributed_compute(

@@ -19,18 +19,25 @@ from __future__ import annotations
 import sys
 from typing import Any, cast
 
-from gflowdist.comm import Communicator, in_mpi_job, in_torch_job, world_comm
+from gflowdist.comm import Communicator, in_mpi_job, in_torch_job
 from gflowdist.comm.native import as_communicator
+from gflowdist.comm.session import current_session
 from gflowdist.engines import LOCAL, MPI, TORCH
 from gflowdist.errors import ConfigError, GflowdistError
 
-__all__ = ["BACKENDS", "engine_of", "world_for", "forget_world", "resolve_group", "native_handle", "torch_initialized"]
+__all__ = [
+    "BACKENDS",
+    "engine_of",
+    "known_world",
+    "world_for",
+    "forget_world",
+    "resolve_group",
+    "native_handle",
+    "torch_initialized",
+]
 
 #: torchgfn's ``backend`` names and the gflowdist engine each one means.
 BACKENDS = {"mpi": MPI.name, "torch": TORCH.name}
-
-#: World communicator per engine, once resolved (the same object for every call).
-_WORLDS: dict[str, Communicator] = {}
 
 
 def engine_of(backend: str) -> str:
@@ -60,45 +67,43 @@ def world_for(engine: str) -> Communicator:
     - ``"torch"`` in an MPI job once a torch.distributed process group exists.
 
     Anything else raises :class:`GflowdistError` saying which backend the job has.
-    The answer is remembered, so every call with one name uses the same
-    communicator (and its point-to-point channel).
+    The answer is the session's (:mod:`gflowdist.comm.session`), one cache with
+    :func:`gflowdist.comm.world_comm`'s, so every call with one name uses the
+    same communicator (and its point-to-point channel).
     """
-    known = _WORLDS.get(engine)
+    session = current_session()
+    known = session.world_of(engine)
     if known is not None:
         return known
-    current = world_comm()
+    current = session.world()
     if current.engine == LOCAL.name and not (engine == TORCH.name and torch_initialized()):
-        return current  # not remembered: the job may set up an engine later
+        return current  # the world of one, for both names: the job may set up an engine later
     if current.engine == engine:
-        comm = current
-    elif engine == MPI.name:
+        return current
+    if engine == MPI.name:
         if not in_mpi_job():
             raise GflowdistError(
                 f"backend 'mpi' was requested, but this is a {current.engine} job of {current.size} "
                 "ranks that no MPI launcher started; pass backend='torch' (or start the job with mpiexec)"
             )
-        from mpi4py import MPI as mpi4py
+        return session.world_beside(MPI.name)
+    if not (torch_initialized() or in_torch_job()):
+        raise GflowdistError(
+            f"backend 'torch' was requested, but this {current.engine} job of {current.size} ranks "
+            "has no torch.distributed process group; call initialize_distributed_compute(...) "
+            "first, or pass backend='mpi'"
+        )
+    return session.world(TORCH.name)  # the job's world from now on (as auto would pick it)
 
-        from gflowdist.comm.mpi import MPIComm
 
-        comm = MPIComm(mpi4py.COMM_WORLD)
-    else:
-        if not (torch_initialized() or in_torch_job()):
-            raise GflowdistError(
-                f"backend 'torch' was requested, but this {current.engine} job of {current.size} ranks "
-                "has no torch.distributed process group; call initialize_distributed_compute(...) "
-                "first, or pass backend='mpi'"
-            )
-        if current.engine == MPI.name:
-            _WORLDS.setdefault(MPI.name, current)
-        comm = world_comm(TORCH.name)
-    _WORLDS[engine] = comm
-    return comm
+def known_world(backend: str) -> Communicator | None:
+    """The world a torchgfn ``backend`` name resolved to before (the names are the engines' names), else None."""
+    return current_session().world_of(backend)
 
 
 def forget_world(engine: str) -> Communicator | None:
     """Forget (and return) the remembered world of ``engine`` (its process group is going away)."""
-    return _WORLDS.pop(engine, None)
+    return current_session().forget_world(engine)
 
 
 def _is_world_object(group: Any) -> str | None:

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import TextIO
 
+from gflowdist.comm.session import Session, bound_session
 from gflowdist.comm.threads import ThreadWorld
 from gflowdist.config import Config
 from gflowdist.runtime.failures import tell_where
@@ -48,7 +49,10 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
     def rank_main(rank: int, comm) -> None:
         threading.current_thread().gflowdist_rank = rank  # type: ignore[attr-defined]  # its log's filter
         try:
-            run_job(config, resume_dir=resume_dir, comm=comm, out=out if out is not None else sys.stdout)
+            # its own session: its world is its thread communicator (ops' group=None included), its axes
+            # are its own, and all of it is closed when the rank ends
+            with bound_session(Session(world=comm)):
+                run_job(config, resume_dir=resume_dir, comm=comm, out=out if out is not None else sys.stdout)
         except SystemExit as ended:  # fail_job's end of this rank (or of the job, by another rank)
             codes[rank] = ended.code if isinstance(ended.code, int) else 1
 
