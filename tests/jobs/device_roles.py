@@ -14,6 +14,7 @@ import torch
 from gflowdist.config.classes import load_class
 
 ToyTrainer = load_class("toy_roles.py:ToyTrainer", key="roles.trainer", file=__file__)
+PlainSGD = load_class("toy_roles.py:PlainSGD", key="roles.trainer", file=__file__)
 
 
 class MisplacedTrainer(ToyTrainer):
@@ -21,7 +22,7 @@ class MisplacedTrainer(ToyTrainer):
         super().setup()
         self.model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
         self.model[1].to("meta")  # the second layer is not on the trainer's device
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.optimizer = PlainSGD(self.model.parameters(), lr=0.05)
 
 
 class MemoryHungryTrainer(ToyTrainer):

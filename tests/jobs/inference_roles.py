@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from gflowdist.config.classes import load_class
 from gflowdist.rl import EnvironmentActor
 from gflowdist.rl.exploration import epsilon_greedy
 from gflowdist.runtime import Trainer
+
+PlainSGD = load_class("toy_roles.py:PlainSGD", key="roles.trainer", file=__file__)  # not torch.optim: see there
 
 
 class LinearActor(EnvironmentActor):
@@ -33,7 +36,7 @@ class LinearActor(EnvironmentActor):
 class LinearLearner(Trainer):
     def setup(self):
         self.model = torch.nn.Linear(4, 2)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.optimizer = PlainSGD(self.model.parameters(), lr=1e-3)
 
     def rollout(self, policy_version):
         return None

@@ -15,6 +15,12 @@ gives ``y`` one row less than ``x``, ``grow`` gives ``x`` 5 columns instead of 4
 ``log_rewards``' row 2); ``exit_marks`` (a folder: how a rank's process ends, see :func:`_exit_marks`);
 ``fail_standin`` (an actor that replaces a lost one, ``faults.on_actor_loss: replace``, fails in its
 setup()); ``actor_metrics`` (actors report metrics rows: their trajectory count and weight updates).
+
+The trainers step a :class:`PlainSGD`, not ``torch.optim.SGD``: the first call into ``torch.optim`` imports
+``torch._dynamo`` (about 1.3 CPU-s per trainer process, measured with torch 2.13), which every trainer rank of
+the suite's toy jobs would pay for nothing these tests check. ``torch.optim`` in a job is exercised by the
+examples' jobs (HyperGrid's Adam: tests/test_console_end.py, test_trace_replay.py, ...) and by
+tests/test_learner_step.py (SGD with an lr schedule, saved and restored).
 """
 
 from __future__ import annotations
@@ -29,6 +35,36 @@ import torch
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 
 TRUE_W = torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+
+class PlainSGD:
+    """``p -= lr * p.grad`` for every parameter with a gradient: the part of ``torch.optim.Optimizer``'s
+    interface the runtime uses (``param_groups``, ``zero_grad``, ``step``, ``state_dict``/``load_state_dict``)."""
+
+    def __init__(self, params, lr: float):
+        self.param_groups = [{"params": list(params), "lr": float(lr)}]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if set_to_none:
+                    param.grad = None
+                elif param.grad is not None:
+                    param.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.add_(param.grad, alpha=-group["lr"])
+
+    def state_dict(self) -> dict:
+        return {"param_groups": [{"lr": group["lr"]} for group in self.param_groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for group, saved in zip(self.param_groups, state["param_groups"], strict=True):
+            group["lr"] = float(saved["lr"])
 
 
 def make_batch(n, generator):
@@ -80,7 +116,7 @@ class ToyTrainer(Trainer):
         _exit_marks(self)
         self.steps_seen = 0  # loss() calls: the step, in this run and the runs it resumed
         self.model = torch.nn.Linear(4, 1, bias=False)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.optimizer = PlainSGD(self.model.parameters(), lr=0.05)
         self.n = int(self.params.get("n", 8))
 
     def rollout(self, policy_version):
