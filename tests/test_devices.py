@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gflowdist.config import Config, ConfigError
-from gflowdist.devices import choose_device, local_rank
+from gflowdist.devices import DeviceChoice, choose_device, local_rank, replacement_device
 
 
 @pytest.mark.parametrize(
@@ -176,3 +176,18 @@ def test_the_launcher_names_the_first_rank_it_cannot_place_and_the_fix(monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ConfigError, match=r"run where torch sees a GPU \(CUDA_VISIBLE_DEVICES='' is set\)$"):
         check_devices(_launch(devices="cuda"), 1, 0)
+
+
+def test_a_replacement_computes_where_the_rank_it_replaces_did_and_says_why():
+    assert replacement_device("auto", 2, "cuda:1", 2) == DeviceChoice("cuda:1", "as rank 2, which it replaces")
+    assert replacement_device(("cpu", "cuda"), 3, "cpu", 4) == DeviceChoice("cpu", "as rank 3, which it replaces")
+    # not known (no devices gathered): the rule, with the global rank standing in for the local one
+    assert replacement_device("auto", 3, None, 2).device == "cuda:1"
+    assert "the global rank of the lost rank" in replacement_device("auto", 3, None, 2).reason
+    assert replacement_device("auto", 3, None, 0).device == "cpu"
+    with pytest.raises(
+        ConfigError,
+        match=r"launch.devices.*gave rank 2 cuda:1, but the process that replaces it "
+        r"sees 1 visible CUDA device",
+    ):
+        replacement_device("auto", 2, "cuda:1", 1)

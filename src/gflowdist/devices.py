@@ -37,6 +37,7 @@ from gflowdist.engines import ENGINES
 from gflowdist.errors import ConfigError
 
 __all__ = [
+    "replacement_device",
     "LOCAL_RANK_VARIABLES",
     "RANK_VARIABLES",
     "DeviceChoice",
@@ -136,6 +137,23 @@ def choose_device(
     if index >= gpus:
         raise ConfigError(f"{picked} is {entry}, but {seen_by} sees {_gpus(gpus)}", key="launch.devices")
     return DeviceChoice(entry, picked)
+
+
+def replacement_device(setting: str | Sequence[str], rank: int, lost: str | None, gpus: int) -> DeviceChoice:
+    """The device of the process that replaces lost rank ``rank`` (``faults.on_actor_loss: replace``), which sees
+    ``gpus`` CUDA devices: the device ``lost`` that rank had (the rule above applied to it at start-up), or, when
+    that is not known, the rule applied with the global rank standing in for the local one. A ``cuda:N`` it cannot
+    have is a :class:`ConfigError` naming ``launch.devices``."""
+    if lost is None:
+        return choose_device(setting, rank, gpus, where="the global rank of the lost rank it replaces")
+    if lost == "cpu":
+        return DeviceChoice("cpu", f"as rank {rank}, which it replaces")
+    index = int(lost.split(":")[1])
+    if index >= gpus:
+        raise ConfigError(
+            f"gave rank {rank} {lost}, but the process that replaces it sees {_gpus(gpus)}", key="launch.devices"
+        )
+    return DeviceChoice(lost, f"as rank {rank}, which it replaces")
 
 
 def _by_local_rank(setting: str, local: int, gpus: int, origin: str, seen_by: str) -> DeviceChoice:

@@ -1,23 +1,25 @@
-"""The process MPI_Comm_spawn starts in place of a lost actor (``faults.on_actor_loss: replace``).
+"""A spare actor: the process MPI_Comm_spawn starts to stand in for a lost actor (``faults.on_actor_loss: replace``).
 
-``python -m gflowdist.standin``, started by the collector
-(:class:`gflowdist.runtime.replacing.Replacer`), never by hand. This module
-imports nothing heavy before MPI starts: ``MPI_Comm_spawn`` returns only once
-the new process initialised MPI. In order:
+``python -m gflowdist.standin HOST:PID,...``, started at the job's start-up by
+every rank but the actors together (:func:`gflowdist.runtime.replacing.start_spares`),
+never by hand. This module imports nothing heavy before MPI starts:
+``MPI_Comm_spawn`` returns only once the new process initialised MPI. In order:
 
 1. a rank keeper forks first (:func:`gflowdist.cli.rank_keeper.keep`), as for
    every rank, so that a kill -9 of this process is an ordinary exit to hydra
    and ends nothing else;
-2. MPI starts; the collector is at the other end of the parent
-   intercommunicator; this process opens an MPI port, sends its name, and
-   gets the rank it stands in for, the job's size, the layout, the run
-   directory and its generation;
-3. it accepts one connection per other peer of that rank (its trainer and
-   buffer, :func:`gflowdist.runtime.replacing.adopt`), within
-   ``faults.startup_timeout_s``, and reaches each peer through its own
-   intercommunicator (:meth:`gflowdist.comm.mpi.MPIComm.standing_in`);
+2. MPI starts; the ranks that spawned it are the remote group of the parent
+   intercommunicator; it imports what an actor needs (torch, the runtime)
+   and waits, without a deadline but ending with the processes that spawned
+   it (``HOST:PID,...``, those on this host), for the collector's word:
+   ``None`` (the run is over: it ends once they have), or the rank it stands in for, the
+   job's size, the layout, the run directory, its generation, and which
+   world rank each member of that group is;
+3. it reaches each of them through that intercommunicator
+   (:meth:`gflowdist.comm.mpi.MPIComm.standing_in`);
 4. it reads the run's recorded config (``config.yaml``), plans the layout
-   again (it must match the collector's), builds the actor role afresh,
+   again (it must match the collector's), takes the lost rank's device
+   (``launch.devices``: :func:`gflowdist.devices.replacement_device`), builds the actor role afresh,
    its run state and ledger from zero, and runs the actor loop
    (:func:`gflowdist.runtime.loops.run_actor`) until its trainer says stop;
 5. its final checkpoint part and final report, like any actor's, then it
@@ -25,22 +27,34 @@ the new process initialised MPI. In order:
 
 A failure here is logged in ``logs/rank-N.log`` and said on stderr; the
 collector then misses this process's heartbeats and names the rank lost.
+
+For tests of those faults, :data:`FAULT_VARIABLE` makes this process end at
+the worst moments: ``before-mpi`` (after its rank keeper, before MPI starts:
+the start-up spawn never returns, and each spawning rank ends after
+``faults.startup_timeout_s``, naming it) or ``on-call`` (once the collector
+made it a rank and told its trainer and buffer so).
 """
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
 
-__all__ = ["main", "HANDSHAKE_TAG", "STANDIN_VARIABLE"]
+__all__ = ["main", "HANDSHAKE_TAG", "STANDIN_VARIABLE", "FAULT_VARIABLE"]
 
 #: Set in a replacement's environment: which replacement of its rank it is (1, 2, ...). A role may read it.
 STANDIN_VARIABLE = "GFLOWDIST_STANDIN"
+
+#: A test hook: ``before-mpi`` or ``on-call`` ends the spare there, exit status 3 (module docstring).
+FAULT_VARIABLE = "GFLOWDIST_STANDIN_FAULT"
+
+#: How long a spare that was not needed waits for the ranks on its host to end, at most.
+SPARE_END_S = 60.0
 
 #: The MPI tag of the raw handshake messages on a replacement's intercommunicators (before any channel uses them).
 HANDSHAKE_TAG = 32000
@@ -49,24 +63,30 @@ log = logging.getLogger("gflowdist.runtime")
 
 
 def main() -> None:
-    """Stand in for a lost actor (see the module docstring); never returns."""
+    """Wait as a spare actor, then stand in for a lost one (see the module docstring); never returns."""
     from gflowdist.cli.rank_keeper import keep
 
-    keep()
+    keep(close_pmi=True)
+    fault = os.environ.get(FAULT_VARIABLE, "")
+    if fault == "before-mpi":
+        os._exit(3)
     from mpi4py import MPI
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice that a process of the job died
     parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL:
-        sys.stderr.write(f"{__name__}: started by MPI_Comm_spawn in place of a lost actor, never by hand\n")
+    if parent == MPI.COMM_NULL or len(sys.argv) < 2:
+        sys.stderr.write(f"{__name__}: started by MPI_Comm_spawn as a spare actor, never by hand\n")
         os._exit(2)
-    port = MPI.Open_port()
-    parent.send(port, dest=0, tag=HANDSHAKE_TAG)
-    spec = parent.recv(source=0, tag=HANDSHAKE_TAG)
+    _warm_up()
+    spec = _wait_for_call(MPI, parent, sys.argv[1])
+    if spec is None:  # the run is over, and no actor was lost
+        os._exit(0)
+    if fault == "on-call":
+        os._exit(3)
     rank = int(spec["rank"])
     code = 0
     try:
-        routes = _accept_peers(MPI, port, spec, parent)
+        routes = {int(member): (parent, index) for index, member in enumerate(spec["members"])}
         _run(spec, routes)
     except BaseException as err:  # said once, then this process ends; the collector names the rank
         log.exception("the replacement of rank %d failed", rank)
@@ -78,25 +98,52 @@ def main() -> None:
     os._exit(code)
 
 
-def _accept_peers(MPI: Any, port: str, spec: dict, parent: Any) -> dict[int, Any]:
-    """One intercommunicator per peer of my rank: the collector's (the parent) and one per peer that connects."""
-    routes = {int(spec["collector"]): parent}
-    faulthandler.dump_traceback_later(float(spec["startup_timeout_s"]), exit=True)  # a peer that never connects
-    for _ in spec["peers"]:
-        inter = MPI.COMM_SELF.Accept(port)
-        routes[int(inter.recv(source=0, tag=HANDSHAKE_TAG))] = inter
-    faulthandler.cancel_dump_traceback_later()
-    MPI.Close_port(port)
-    return routes
+def _warm_up() -> None:
+    """Import what an actor runs on now, while nothing waits for this process (torch's first import is slow)."""
+    import torch  # noqa: F401
+
+    import gflowdist.runtime.job
+    import gflowdist.runtime.loops  # noqa: F401
 
 
-def _run(spec: dict, routes: dict[int, Any]) -> None:
+def _wait_for_call(MPI: Any, parent: Any, watch: str) -> dict | None:
+    """The collector's word (see the module docstring). Ends this process once the processes that spawned it
+    (``HOST:PID,...``; those on this host) have ended, or after the collector's None, once they have or
+    :data:`SPARE_END_S` passed (an exit while they still end could break their MPI_Finalize)."""
+    here = socket.gethostname()
+    pids = [int(pid) for host, _, pid in (item.rpartition(":") for item in watch.split(",")) if host == here]
+    request = parent.irecv(source=MPI.ANY_SOURCE, tag=HANDSHAKE_TAG)
+    while True:
+        done, spec = request.test()
+        if done and spec is not None:
+            return spec
+        if done or (pids and not any(_alive(pid) for pid in pids)):
+            break
+        time.sleep(0.05)
+    deadline = time.monotonic() + SPARE_END_S
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _run(spec: dict, routes: dict[int, tuple[Any, int]]) -> None:
     from pathlib import Path
 
     import torch
 
     from gflowdist.comm.mpi import MPIComm
     from gflowdist.context import DistributedContext
+    from gflowdist.devices import replacement_device
     from gflowdist.errors import LayoutError
     from gflowdist.layout.planning import plan_layout
     from gflowdist.ops.seeds import rank_seed, seed_all
@@ -131,7 +178,11 @@ def _run(spec: dict, routes: dict[int, Any]) -> None:
     log.info(
         "rank %d: a replacement (number %d) in pid %d, started with MPI_Comm_spawn", rank, incarnation, os.getpid()
     )
-    role = make_role(ctx, config, generator, "cpu")
+    placed = replacement_device(config.launch.devices, rank, spec.get("device"), _visible_gpus(torch))
+    if placed.cuda_index is not None:
+        torch.cuda.set_device(placed.cuda_index)
+    log.info("rank %d: the replacement computes on %s (%s)", rank, placed.device, placed.reason)
+    role = make_role(ctx, config, generator, placed.device)
     if not isinstance(role, Actor):
         raise TypeError(f"roles.actor made a {type(role).__name__}, not an Actor")
     state, ledger = ActorState(), Ledger()
@@ -144,6 +195,10 @@ def _run(spec: dict, routes: dict[int, Any]) -> None:
     extra = {"staleness": {}, "step": 0, "summary": role.summary(), "pid": os.getpid(), "checkpoint_file": file}
     w.reports.send_final("actor", {**extra, "incarnation": incarnation})
     _linger(w)
+
+
+def _visible_gpus(torch: Any) -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _linger(w: Any) -> None:

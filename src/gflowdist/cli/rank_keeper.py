@@ -40,11 +40,13 @@ _PR_SET_PDEATHSIG = 1
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def keep(bound_s: float = 60.0) -> None:
+def keep(bound_s: float = 60.0, *, close_pmi: bool = False) -> None:
     """Fork; return in the child (the rank). The parent waits and exits with the child's status.
 
     With the launcher's lifeline (:mod:`gflowdist.lifeline`), the parent SIGKILLs the child ``bound_s`` after the
-    launcher died, if it is still running by then.
+    launcher died, if it is still running by then. ``close_pmi``: the parent closes its copy of hydra's PMI
+    socket (``$PMI_FD``), which only the child uses: for a process started by ``MPI_Comm_spawn``, a keeper
+    holding it made mpiexec end with status 141 (SIGPIPE) once the job was over.
     """
     if not sys.platform.startswith("linux") or os.environ.get(KEEPER_VARIABLE):
         return
@@ -56,6 +58,9 @@ def keep(bound_s: float = 60.0) -> None:
         os.environ[KEEPER_VARIABLE] = str(keeper)
         _die_with_parent(keeper)
         return
+    pmi_fd = os.environ.get("PMI_FD", "")
+    if close_pmi and pmi_fd.isdigit():
+        os.close(int(pmi_fd))
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     status = keeper_wait(child, bound_s)

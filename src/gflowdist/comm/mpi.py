@@ -15,11 +15,12 @@ matches a user's own MPI receives or a collective.
 
 A rank replaced by a process started with ``MPI_Comm_spawn``
 (``faults.on_actor_loss: replace``, :mod:`gflowdist.runtime.replacing`) is
-reached through an intercommunicator instead, with the same framing:
-:meth:`MPIComm.route` sends to that rank there and probes it for messages
-from that rank; a stand-in process's own communicator
-(:meth:`MPIComm.standing_in`) reaches every peer that way. Collectives never
-include a replacement.
+reached through the intercommunicator that spawn returned instead, with the
+same framing: :meth:`MPIComm.route` sends to that rank there (at its rank in
+the remote group) and probes there for messages from it; a stand-in process's
+own communicator (:meth:`MPIComm.standing_in`) reaches each of its peers that
+way, all through its one parent intercommunicator. Collectives never include
+a replacement.
 """
 
 from __future__ import annotations
@@ -125,24 +126,27 @@ class MPIComm(Communicator):
         self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
         self._freed = False
-        #: peers reached through an intercommunicator (their remote rank 0): replacements, or all of a stand-in's
-        self._routes: dict[int, MPI.Comm] = {}
+        #: peers reached through an intercommunicator, at a rank of its remote group: replacements, or a stand-in's
+        self._routes: dict[int, tuple[MPI.Comm, int]] = {}
         self._stand_in = False
+        self._turn = 0  # where the next probe of the routed places starts (_try_routes)
         register(self, comm)  # found again from the mpi4py communicator
 
     @classmethod
-    def standing_in(cls, rank: int, size: int, routes: dict[int, MPI.Comm], **kwargs: Any) -> MPIComm:
+    def standing_in(cls, rank: int, size: int, routes: dict[int, tuple[MPI.Comm, int]], **kwargs: Any) -> MPIComm:
         """The world of a process started in place of lost rank ``rank`` of a ``size``-rank job: it is ``rank``, and
-        reaches each peer of ``routes`` through that peer's intercommunicator (no collectives)."""
+        reaches each peer of ``routes`` (world rank -> intercommunicator, the peer's rank in its remote group)
+        that way (no collectives)."""
         comm = cls(MPI.COMM_SELF, **kwargs)
         comm.rank, comm.size, comm._stand_in = rank, size, True
-        for peer, inter in routes.items():
-            comm.route(peer, inter)
+        for peer, (inter, remote) in routes.items():
+            comm.route(peer, inter, remote)
         return comm
 
-    def route(self, rank: int, inter: MPI.Comm) -> None:
-        """From now on reach ``rank`` through intercommunicator ``inter`` (its remote rank 0), both ways."""
-        self._routes[rank] = inter
+    def route(self, rank: int, inter: MPI.Comm, remote: int = 0) -> None:
+        """From now on reach ``rank`` through intercommunicator ``inter``, where it is rank ``remote`` of the
+        remote group, both ways."""
+        self._routes[rank] = (inter, remote)
 
     @property
     def routed(self) -> tuple[int, ...]:
@@ -245,7 +249,7 @@ class MPIComm(Communicator):
                 file_in_inbox(self._inbox, tag, (dst, torch.from_numpy(payload.copy()), kind))
             return CompletedSend(dst, tag, nbytes)
         wire = wire_tag(tag, kind)
-        p2p, to = (self._routes[dst], 0) if dst in self._routes else (self._p2p, dst)
+        p2p, to = self._routes[dst] if dst in self._routes else (self._p2p, dst)
         if nbytes <= self.chunk_bytes:
             request = p2p.Isend([payload, MPI.BYTE], to, wire)
             handle = _MPISendHandle(dst, tag, nbytes, [request], [payload, data])
@@ -330,15 +334,19 @@ class MPIComm(Communicator):
                     return found
 
     def _try_routes(self, src: int | None, tag: int, status: MPI.Status) -> tuple[int, torch.Tensor, int] | None:
-        """:meth:`try_recv_kind` with routed peers (caller holds ``_recv_lock``): my communicator, then each route."""
-        places: list[tuple[int | None, MPI.Comm]] = [
-            (peer, inter) for peer, inter in self._routes.items() if src is None or peer == src
+        """:meth:`try_recv_kind` with routed peers (caller holds ``_recv_lock``): my communicator and each route, in
+        turn, starting one further each call (a message found ends the call: a fixed order would starve the last)."""
+        places: list[tuple[int | None, MPI.Comm, int]] = [
+            (peer, inter, remote) for peer, (inter, remote) in self._routes.items() if src is None or peer == src
         ]
         if src is None and not self._stand_in:
-            places.insert(0, (None, self._p2p))
-        for peer, p2p in places:
+            places.insert(0, (None, self._p2p, _ANY_SOURCE))
+        if len(places) > 1:  # each call starts at the next place: a busy world never starves a routed peer
+            self._turn = (self._turn + 1) % len(places)
+            places = places[self._turn :] + places[: self._turn]
+        for peer, p2p, source in places:
             while True:
-                message = p2p.Improbe(_ANY_SOURCE if peer is None else 0, _ANY_TAG, status)
+                message = p2p.Improbe(source, _ANY_TAG, status)
                 if message is None:
                     break
                 found = self._take(message, status, src, tag, sender=peer, p2p=None if peer is None else p2p)
@@ -409,7 +417,7 @@ class MPIComm(Communicator):
         return torch.from_numpy(buffer)
 
     def _probe_from(self, sender: int, wire: int, timeout: float = 60.0, p2p: MPI.Comm | None = None) -> MPI.Message:
-        source = sender if p2p is None else 0
+        source = sender if p2p is None else self._routes[sender][1]
         p2p = self._p2p if p2p is None else p2p
         return poll_until(
             lambda: p2p.Improbe(source, wire, self._status),

@@ -255,8 +255,8 @@ class Collector:
             self.lost_actors.go_on_without(rank, reason)
             if self.replacer.may_replace(rank):
                 self.replacer.replace(rank, reason, int(self.lost_actors.beats.pop(rank, {}).get("produced", 0)))
-        for rank in self.replacer.poll():  # a replacement's first heartbeat may take its role's setup time
-            self.last_seen[rank] = time.monotonic() + self.replacer.grace_s()
+                # a replacement's first heartbeat may take its role's setup time
+                self.last_seen[rank] = time.monotonic() + self.replacer.grace_s()
 
     def all_reported(self) -> bool:
         """Every other rank sent its final report, or is lost and gone on without."""

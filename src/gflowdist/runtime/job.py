@@ -63,6 +63,7 @@ from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_tr
 from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
 from gflowdist.runtime.progress import producer_class
+from gflowdist.runtime.replacing import start_spares
 from gflowdist.runtime.resume import restore
 from gflowdist.runtime.state import ActorState, BufferState, RunState, TrainerState, state_for
 from gflowdist.runtime.wiring import Wiring
@@ -122,6 +123,7 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     if isinstance(rank.state, TrainerState):
         trainer_state = rank.state
         process.step = lambda: trainer_state.step
+    w.liveness.spares = start_spares(w)  # faults.on_actor_loss: replace (every rank but the actors, together)
     # Setup (models, optimizers, data) may take long: liveness clocks start once every rank is ready.
     world.barrier(timeout=w.settings.startup_timeout_s)
     if w.settings.trace:
@@ -325,6 +327,7 @@ def _conclude(
         )
     # the ledgers of actors lost and replaced (faults.on_actor_loss: replace)
     collector.replacer.merge(finals, collector.lost_actors.beats)
+    collector.replacer.release()  # the spare actors no lost actor needed end
     collector.progress(force=True)
     collector.finish_line()
     if collector.metrics_file is not None:

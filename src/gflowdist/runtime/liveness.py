@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.context import COMM_NAMES, DistributedContext
@@ -28,6 +28,9 @@ from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.protocol import Command
 from gflowdist.runtime.settings import Settings
 from gflowdist.timing.trace import TraceRecorder
+
+if TYPE_CHECKING:
+    from gflowdist.runtime.replacing import Spares
 
 __all__ = ["StopFlag", "Deaths", "Refusals", "Liveness", "collector_rank"]
 
@@ -147,6 +150,7 @@ class Liveness:
         self._on_wait: Callable[[], Any] | None = None
         self._last_beat = 0.0
         self._collector_seen = time.monotonic()
+        self.spares: Spares | None = None  # faults.on_actor_loss: replace (gflowdist.runtime.replacing)
 
     def heartbeat(self, step: int, **extra: Any) -> None:
         """Say I am alive, at most once per ``faults.heartbeat_s``.
@@ -237,7 +241,7 @@ class Liveness:
         elif command is Command.REPLACED:  # faults.on_actor_loss: replace (gflowdist.runtime.replacing)
             from gflowdist.runtime.replacing import adopt
 
-            adopt(self, int(msg.body["rank"]), str(msg.body["port"]))
+            adopt(self, int(msg.body["rank"]), int(msg.body["spare"]))
         elif command is Command.REFUSED:
             self.refused(msg.body)
         elif command is Command.POSTMORTEM and not msg.body.get("written"):

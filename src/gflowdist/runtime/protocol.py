@@ -37,7 +37,7 @@ who sends it to whom, and where it is sent and handled.
 | :func:`final_report` | LEDGER | CONTROL | every rank -> collector, last | :meth:`Reporting.send_final` / :meth:`Collector.poll` |
 | :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Liveness.check_control` |
 | :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Liveness.check_control` |
-| :func:`replaced` | CONTROL `replaced` | CONTROL | collector -> the trainer and buffer of a lost actor it replaced (`faults.on_actor_loss: replace`) | :meth:`Replacer.poll` / :meth:`Liveness.check_control` (:func:`replacing.adopt`) |
+| :func:`replaced` | CONTROL `replaced` | CONTROL | collector -> the trainer and buffer of a lost actor it replaced with a spare (`faults.on_actor_loss: replace`) | :meth:`Replacer.replace` / :meth:`Liveness.check_control` (:func:`replacing.adopt`) |
 | :func:`adopted` | CONTROL `adopted` | CONTROL | that trainer or buffer -> collector, once it reaches the replacement | :func:`replacing.adopt` / :meth:`Collector.poll` |
 | :func:`failed` | CONTROL `failed` | CONTROL | a failing rank -> collector: its failure and what it holds | :func:`postmortem.end_failed` / :meth:`Collector.poll` (and the post-mortem's gathering) |
 | :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Liveness.check_control` |
@@ -145,7 +145,7 @@ class Command(enum.Enum):
     POSTMORTEM = "postmortem"
     #: rank -> collector (CONTROL): the ``state`` I hold, for the post-mortem
     PARTIAL = "partial"
-    #: collector -> the trainer and buffer of a lost actor (CONTROL): its replacement listens on ``port``
+    #: collector -> the trainer and buffer of a lost actor (CONTROL): spare actor ``spare`` replaces it
     REPLACED = "replaced"
     #: trainer or buffer -> collector (CONTROL): I reach replacement ``rank`` now; ``received`` from the lost one
     ADOPTED = "adopted"
@@ -261,9 +261,10 @@ def lost(rank: int, reason: str) -> Outgoing:
     return _command(Command.LOST, rank=rank, reason=reason)
 
 
-def replaced(rank: int, port: str) -> Outgoing:
-    """Lost actor ``rank`` has a replacement (``faults.on_actor_loss: replace``), listening on MPI port ``port``."""
-    return _command(Command.REPLACED, rank=rank, port=port)
+def replaced(rank: int, spare: int) -> Outgoing:
+    """Lost actor ``rank`` is replaced (``faults.on_actor_loss: replace``) by spare actor ``spare``: reach it at that
+    rank of the spares' intercommunicator (:mod:`gflowdist.runtime.replacing`)."""
+    return _command(Command.REPLACED, rank=rank, spare=spare)
 
 
 def adopted(rank: int, received: int) -> Outgoing:

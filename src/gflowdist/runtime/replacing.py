@@ -1,42 +1,54 @@
-"""Replacing a lost actor (``faults.on_actor_loss: replace``): the collector's side and its peers'.
+"""Replacing a lost actor (``faults.on_actor_loss: replace``): spare actors, the collector's side and its peers'.
+
+Every wait on a process of MPI's dynamic processes happens at start-up, while
+nothing trains: there, the job's ranks other than actors (the collector, the
+trainers, the buffers) make a communicator of their own
+(``MPI_Comm_create_group``: the actors take no part) and call
+``MPI_Comm_spawn`` on it together (:func:`start_spares`), which starts
+``min(faults.max_restarts, actors)`` spare processes,
+``python -m gflowdist.standin``. The spawn returns one intercommunicator to
+all of them: each spare reaches every one of them through it, by its rank in
+that group, and nobody ever connects to a port. (A thread inside
+``MPI_Comm_spawn`` holds all of its process's MPI traffic until the new process
+initialised MPI, and forever when it died before; at start-up that is bounded
+by ``faults.startup_timeout_s``: past it, each spawning rank says so and ends,
+and the job fails naming it.) A spare waits, its imports done, and ends with
+the job when no actor was lost.
 
 When an actor falls silent for longer than ``faults.peer_timeout_s``, the
 collector first goes on without it as under ``continue``
 (:mod:`gflowdist.runtime.lost_actors`: its in-flight trajectories are dropped,
-reason ``lost_rank``), then, while the job has replaced fewer than
-``faults.max_restarts`` actors, :class:`Replacer` starts a new one in its place
-with MPI's dynamic processes, under the same mpiexec:
+reason ``lost_rank``); then, while a spare is left and the job has replaced
+fewer than ``faults.max_restarts`` actors, :class:`Replacer` makes the next
+spare the lost rank, with no wait on anything:
 
-1. ``MPI_Comm_spawn`` (``COMM_SELF``: the dead rank is still in the world
-   communicator, so no collective over it could finish) starts
-   ``python -m gflowdist.standin``,
-   which gets an intercommunicator to the collector, opens an MPI port and
-   sends its name back; the collector sends it the layout and the run
-   directory;
-2. the collector tells the lost actor's trainer and buffer (:func:`protocol.replaced
-   <gflowdist.runtime.protocol.replaced>`); each connects to that port
-   (:func:`adopt`), and from then on reaches the rank through that
-   intercommunicator (:meth:`gflowdist.comm.mpi.MPIComm.route`), numbering its
-   messages to and from it from 0 again; the buffer says how many trajectories
-   it had received from the lost actor (:func:`protocol.adopted
-   <gflowdist.runtime.protocol.adopted>`), which fixes the lost one's ledger;
-3. the stand-in builds the actor role afresh, counts from zero, takes the next
+1. it sends the spare the rank it stands in for, the layout and the run
+   directory, and tells the lost actor's trainer and buffer which spare it is
+   (:func:`protocol.replaced <gflowdist.runtime.protocol.replaced>`);
+2. each of them reaches the rank through the spares' intercommunicator from
+   then on (:func:`adopt`, :meth:`gflowdist.comm.mpi.MPIComm.route`),
+   numbering its messages to and from it from 0 again; the buffer says how
+   many trajectories it had received from the lost actor
+   (:func:`protocol.adopted <gflowdist.runtime.protocol.adopted>`), which fixes
+   the lost one's ledger;
+3. the spare builds the actor role afresh, counts from zero, takes the next
    weights its trainer publishes (every ``sync.weights_to_actors_every``
    versions, to every live actor), and ships to its buffer; its final report reaches the collector like any
    other, and :meth:`Replacer.merge` adds the lost actor's ledger to it, so the
    run's ledger check covers both.
 
-A replacement that cannot start (spawn refused, no port within
-``faults.peer_timeout_s``, no heartbeat within ``faults.startup_timeout_s``)
-is named on the console, and the run goes on without the rank, as under
-``continue``. A replacement that is lost in turn is replaced again, within the
-same bound.
+A replacement that sends no heartbeat within ``faults.startup_timeout_s`` (a
+spare that died meanwhile, or failed in its role's setup) is named on the
+console, and the run goes on without the rank, as under ``continue``, or with
+the next spare. A replacement that is lost in turn is replaced again, within
+the same bound.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -44,19 +56,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from gflowdist.layout import Role
+from gflowdist.layout import Layout, Role
 from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.liveness import Liveness
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.standin import HANDSHAKE_TAG
 
-__all__ = ["Replacer", "Replacement", "adopt", "add_ledger", "spawn_unsupported", "HANDSHAKE_TAG", "STANDIN_MODULE"]
+__all__ = [
+    "Replacer",
+    "Replacement",
+    "Spares",
+    "start_spares",
+    "spare_count",
+    "adopt",
+    "add_ledger",
+    "spawn_unsupported",
+    "HANDSHAKE_TAG",
+    "STANDIN_MODULE",
+    "SPARES_TAG",
+]
 
 log = logging.getLogger("gflowdist.runtime")
 
 #: What the spawned process runs (``python -m``).
 STANDIN_MODULE = "gflowdist.standin"
+
+#: The ``MPI_Comm_create_group`` tag of the spawning ranks' communicator.
+SPARES_TAG = 31000
 
 
 def spawn_unsupported() -> str | None:
@@ -67,9 +94,73 @@ def spawn_unsupported() -> str | None:
         return f"mpi4py cannot be imported ({err})"
     if MPI.Get_version() < (2, 0):
         return f"the MPI library implements MPI {MPI.Get_version()[0]}, without MPI_Comm_spawn (MPI-2)"
-    if MPI.Is_initialized() and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return "MPI runs without MPI_THREAD_MULTIPLE: the collector could not spawn while it keeps serving the job"
     return None
+
+
+def spare_count(layout: Layout, max_restarts: int) -> int:
+    """How many spare actors a job starts: one per replacement it may make, at most one per actor."""
+    return min(max_restarts, len(layout.actors))
+
+
+@dataclass
+class Spares:
+    """The spare actors of a job (:func:`start_spares`), as every rank that spawned them sees them."""
+
+    inter: Any  # the intercommunicator to them: the spares are its remote group
+    members: list[int]  # the world ranks that spawned them, in the order of their group (a spare's peers' ranks)
+    count: int
+    used: int = 0  # spares handed a rank so far, in order (the collector's count)
+
+
+def start_spares(w: Wiring) -> Spares | None:
+    """Start the job's spare actors (``faults.on_actor_loss: replace``; see the module docstring), from every rank
+    but the actors, together; None on an actor, or when the job starts none.
+
+    Collective over the ranks that are not actors; within ``faults.startup_timeout_s``, else this process says
+    so and ends (exit status 1): MPI's spawn never returns when a new process died before it initialised MPI.
+    """
+    layout, settings = w.context.layout, w.settings
+    count = spare_count(layout, settings.max_restarts)
+    if settings.on_actor_loss != "replace" or count == 0 or layout.role_of(w.rank) is Role.ACTOR:
+        return None
+    why = spawn_unsupported()
+    if why is not None:
+        raise RuntimeError(f"faults.on_actor_loss: replace cannot start spare actors: {why}")
+    from mpi4py import MPI
+
+    members = [r for r in range(w.comm.size) if layout.role_of(r) is not Role.ACTOR]
+    world = w.comm.mpi_comm  # type: ignore[attr-defined]  # an MPIComm: the engine allows replace
+    watchdog = threading.Timer(settings.startup_timeout_s, _spawn_too_late, (w.rank, count, settings.startup_timeout_s))
+    watchdog.daemon = True
+    watchdog.start()
+    group = world.Get_group().Incl(members)
+    comm = world.Create_group(group, SPARES_TAG)
+    group.Free()
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    root = members.index(w.collector) if w.collector in members else 0
+    # a spare ends once the processes that spawned it (those on its host) have ended
+    pids = comm.allgather(f"{socket.gethostname()}:{os.getpid()}")
+    args = ["-m", STANDIN_MODULE, ",".join(pids)]
+    try:
+        inter = comm.Spawn(sys.executable, args=args, maxprocs=count, info=info, root=root)
+    finally:
+        watchdog.cancel()
+        info.Free()
+        comm.Free()
+    log.info("%d spare actor(s) started with MPI_Comm_spawn", count)
+    return Spares(inter, members, count)
+
+
+def _spawn_too_late(rank: int, count: int, seconds: float) -> None:
+    """The start-up spawn did not return in time (this thread runs while MPI is held): say so, end this process."""
+    sys.stderr.write(
+        f"gflowdist: rank {rank}: the {count} spare actor(s) of faults.on_actor_loss: replace did not start within "
+        f"faults.startup_timeout_s ({seconds:g} s): MPI_Comm_spawn never returns when a new process ends before it "
+        f"initialised MPI; ending\n"
+    )
+    sys.stderr.flush()
+    os._exit(1)
 
 
 @dataclass
@@ -79,16 +170,13 @@ class Replacement:
     rank: int
     reason: str  # why the actor was lost
     produced_beat: int  # what the lost actor's last heartbeat said it had produced
-    started: float  # when the replacement was spawned (monotonic)
+    started: float  # when the spare was told to stand in (monotonic)
+    spare: int = 0  # which spare (its rank in the spares' group)
     received: dict[int, int] = field(default_factory=dict)  # buffer -> what it received from the lost actor
     first_heartbeat: float | None = None
-    ready: threading.Event = field(default_factory=threading.Event)  # the spawn and handshake ended
-    inter: Any = None  # the intercommunicator to the new process
-    port: str = ""  # the MPI port it listens on for its other peers
-    error: str = ""  # why it could not start
 
     def seconds(self) -> float | None:
-        """From the spawn to the replacement's first heartbeat (None: not heard from)."""
+        """From the spare's call to the replacement's first heartbeat (None: not heard from)."""
         return None if self.first_heartbeat is None else round(self.first_heartbeat - self.started, 3)
 
     def ledger(self) -> Ledger:
@@ -101,7 +189,7 @@ class Replacement:
 
 
 class Replacer:
-    """The collector's side: spawn a replacement, tell its peers, keep the lost actors' ledgers."""
+    """The collector's side: hand a lost actor's rank to a spare, tell its peers, keep the lost actors' ledgers."""
 
     def __init__(self, w: Wiring, out: TextIO, run_dir: Any):
         self.w = w
@@ -111,100 +199,76 @@ class Replacer:
         self.allowed = w.settings.on_actor_loss == "replace"
         self.limit = w.settings.max_restarts
         self.done: list[Replacement] = []  # every replacement made, in order
-        self.starting: dict[int, Replacement] = {}  # rank -> replacement whose process is being spawned
         self.pending: dict[int, Replacement] = {}  # rank -> replacement not yet heard from
+        self._sends: list[Any] = []  # the requests of what was sent to spares (kept until complete)
+
+    @property
+    def spares(self) -> Spares | None:
+        return self.w.liveness.spares
 
     def may_replace(self, rank: int) -> bool:
-        started = len(self.done) + len(self.starting)
-        return self.allowed and self.layout.role_of(rank) is Role.ACTOR and started < self.limit
+        spares = self.spares
+        left = spares is not None and spares.used < spares.count
+        return self.allowed and left and self.layout.role_of(rank) is Role.ACTOR and len(self.done) < self.limit
 
     def replace(self, rank: int, reason: str, produced_beat: int) -> None:
-        """Start a new actor in place of ``rank`` (already gone on without), in a thread: ``MPI_Comm_spawn`` returns
-        only once the new process initialised MPI, and meanwhile the collector keeps serving the job (:meth:`poll`)."""
-        record = Replacement(rank, reason, produced_beat, time.monotonic())
-        self.starting[rank] = record
-        threading.Thread(target=self._start, args=(record,), name=f"gflowdist-replace-{rank}", daemon=True).start()
+        """Make the next spare actor ``rank`` (already gone on without): no wait on anything (module docstring)."""
+        spares = self.spares
+        if spares is None:
+            raise RuntimeError(f"no spare actor to replace rank {rank} with")
+        record = Replacement(rank, reason, produced_beat, time.monotonic(), spare=spares.used)
+        spares.used += 1
+        incarnation = 1 + sum(1 for earlier in self.done if earlier.rank == rank)
+        self._sends.append(spares.inter.isend(self._spec(record, incarnation), dest=record.spare, tag=HANDSHAKE_TAG))
+        self.done.append(record)
+        self.pending[rank] = record
+        self.w.comm.route(rank, spares.inter, record.spare)  # type: ignore[attr-defined]  # an MPIComm
+        for channel in self.w.channels.all():
+            channel.new_peer(rank)
+        for peer in self.peers_of(rank):
+            if peer != self.w.rank:
+                self.w.control.isend(*protocol.replaced(rank, record.spare), peer)
+        self.w.lost.pop(rank, None)  # I expect its heartbeats and its final report again
+        where = self.w.context.describe_rank(rank)
+        self._say(
+            f"replacing {where} (lost: {reason}): spare actor {record.spare + 1} of {spares.count}, "
+            f"started with MPI_Comm_spawn, takes its place"
+        )
 
-    def _start(self, record: Replacement) -> None:
-        try:
-            record.inter, record.port = self._spawn(record.rank, len(self.done) + len(self.starting))
-        except Exception as err:  # any failure to start is named, and the run goes on without the rank
-            record.error = f"{type(err).__name__}: {err}"
-        record.ready.set()
-
-    def poll(self) -> list[int]:
-        """The replacements whose process has started since the last call: reach each, tell its peers; their ranks.
-
-        One that could not start is named, and the run goes on without its rank (as under ``continue``).
-        """
-        started = []
-        for rank, record in list(self.starting.items()):
-            if not record.ready.is_set():
-                continue
-            del self.starting[rank]
-            where = self.w.context.describe_rank(rank)
-            if record.error:
-                self._say(f"could not replace {where}: {record.error}; going on without it")
-                continue
-            self.done.append(record)
-            self.pending[rank] = record
-            self.w.comm.route(rank, record.inter)  # type: ignore[attr-defined]  # an MPIComm: the engine allows it
-            for channel in self.w.channels.all():
-                channel.new_peer(rank)
-            for peer in self.peers_of(rank):
-                if peer != self.w.rank:
-                    self.w.control.isend(*protocol.replaced(rank, record.port), peer)
-            self.w.lost.pop(rank, None)  # I expect its heartbeats and its final report again
-            self._say(f"replacing {where} (lost: {record.reason}): a new actor started with MPI_Comm_spawn")
-            started.append(rank)
-        return started
+    def release(self) -> None:
+        """At the run's end: the spares never called are told so (None); each ends with the ranks on its host."""
+        spares = self.spares
+        if spares is None:
+            return
+        for index in range(spares.used, spares.count):
+            self._sends.append(spares.inter.isend(None, dest=index, tag=HANDSHAKE_TAG))
+        spares.used = spares.count
 
     def peers_of(self, rank: int) -> list[int]:
         """Who exchanges messages with actor ``rank`` besides the collector: its trainer and its buffer."""
         placement = self.layout.for_rank(rank)
         return [p for p in (placement.trainer, placement.buffer) if p is not None]
 
-    def _spawn(self, rank: int, incarnation: int) -> tuple[Any, str]:
-        from mpi4py import MPI
-
-        why = spawn_unsupported()
-        if why is not None:
-            raise RuntimeError(why)
-        info = MPI.Info.Create()
-        info.Set("wdir", os.getcwd())
-        args = ["-m", STANDIN_MODULE]
-        try:
-            inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=1, info=info)
-        finally:
-            info.Free()
-        request = inter.irecv(source=0, tag=HANDSHAKE_TAG)
-        deadline = time.monotonic() + self.w.settings.peer_timeout_s
-        while True:
-            done, port = request.test()
-            if done:
-                break
-            if time.monotonic() > deadline:
-                request.Cancel()
-                raise TimeoutError(f"the new process sent no MPI port within {self.w.settings.peer_timeout_s:g} s")
-            time.sleep(0.005)
+    def _spec(self, record: Replacement, incarnation: int) -> dict[str, Any]:
+        """What the spare is told: who it stands in for, its peers (by rank in the spares' group), the run."""
         hosts = [self.layout.host_of(r) for r in range(self.w.comm.size)]
-        inter.send(
-            {
-                "rank": rank,
-                "size": self.w.comm.size,
-                "collector": self.w.rank,
-                "peers": [p for p in self.peers_of(rank) if p != self.w.rank],
-                "layout": self.layout.to_dict(),
-                "hosts": hosts if all(hosts) else None,
-                "run_dir": os.fspath(self.run_dir),
-                "generation": self.w.generation,
-                "incarnation": incarnation,
-                "startup_timeout_s": self.grace_s(),
-            },
-            dest=0,
-            tag=HANDSHAKE_TAG,
-        )
-        return inter, str(port)
+        spares = self.spares
+        if spares is None:
+            raise RuntimeError("no spare actors")
+        return {
+            "rank": record.rank,
+            "size": self.w.comm.size,
+            "collector": self.w.rank,
+            "members": spares.members,
+            "layout": self.layout.to_dict(),
+            "hosts": hosts if all(hosts) else None,
+            "run_dir": os.fspath(self.run_dir),
+            "generation": self.w.generation,
+            "incarnation": incarnation,
+            "startup_timeout_s": self.grace_s(),
+            # launch.devices for the replacement: the lost rank's device (None: not known)
+            "device": self.w.context.devices[record.rank] if self.w.context.devices else None,
+        }
 
     def heard(self, rank: int) -> None:
         """A heartbeat of ``rank``: a pending replacement has started."""
@@ -291,22 +355,24 @@ def add_ledger(ledger: Ledger, lost: Ledger) -> Ledger:
     return ledger
 
 
-def adopt(liveness: Liveness, rank: int, port: str) -> None:
-    """My side of a replacement: connect to its port, reach ``rank`` through it, tell the collector.
+def adopt(liveness: Liveness, rank: int, spare: int) -> None:
+    """My side of a replacement: reach ``rank`` through the spares' intercommunicator, where it is spare
+    ``spare``; tell the collector.
 
     Messages to and from ``rank`` are numbered from 0 again. A trainer sends it
     its newest weights when it next publishes (it is a live actor again); a buffer
     reports what it had received from the lost actor.
     """
-    from mpi4py import MPI
-
-    inter = MPI.COMM_SELF.Connect(port)
-    inter.send(liveness.rank, dest=0, tag=HANDSHAKE_TAG)
-    liveness.comm.route(rank, inter)  # type: ignore[attr-defined]  # an MPIComm (the engine allows replace)
+    spares = liveness.spares
+    if spares is None:
+        raise RuntimeError(f"the collector replaced rank {rank} with a spare actor, but rank {liveness.rank} has none")
+    liveness.comm.route(rank, spares.inter, spare)  # type: ignore[attr-defined]  # an MPIComm (replace: MPI)
     for channel in liveness.channels.all():
         channel.new_peer(rank)
     liveness.lost.pop(rank, None)
     received = int(liveness.ledger.received_from.get(rank, 0))
     if liveness.rank != liveness.collector:
         liveness.channels.control.isend(*protocol.adopted(rank, received), liveness.collector)
-    log.warning("reaching the replacement of rank %d through its own intercommunicator", rank)
+    log.warning(
+        "reaching the replacement of rank %d (spare actor %d) through the spares' intercommunicator", rank, spare
+    )
