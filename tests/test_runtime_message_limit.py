@@ -85,8 +85,11 @@ def test_trajectory_batches_and_final_reports_over_the_limit_end_the_job_naming_
     # batch of 8) do not. Heartbeats, metrics and summaries are far smaller than a batch.
     replayed = Config.from_yaml(str(TOY)).replay.replayed_per_step(8)  # a sample reply beside 8 fresh
     final_limit = max(_trajectory_bytes(8), _reply_bytes(replayed)) + 64
-    batches = local_job_factory("run.steps=3", f"params.n={n_big}", f"faults.max_message_bytes={batch_limit}")
-    finals = local_job_factory("run.steps=3", f"faults.max_message_bytes={final_limit}")
+    # the failing ranks' own failure notices are over the limit too: the collector finds them by their silence,
+    # after faults.peer_timeout_s, then waits as long for their post-mortem parts (toy.yaml's 6 s, twice a job)
+    quick = "faults.peer_timeout_s=3"
+    batches = local_job_factory("run.steps=3", f"params.n={n_big}", f"faults.max_message_bytes={batch_limit}", quick)
+    finals = local_job_factory("run.steps=3", f"faults.max_message_bytes={final_limit}", quick)
     _check_ended_on_a_refused_send(batches, "TRAJECTORIES", BUFFER, batch_limit, TRAINERS)
     _check_ended_on_a_refused_send(finals, "LEDGER", 3, final_limit, (*TRAINERS, BUFFER))
 
