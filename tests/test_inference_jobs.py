@@ -102,8 +102,9 @@ def test_impala_example_with_an_inference_rank(job_factory):
     assert job.no_process_left()
 
 
-def test_a_request_whose_observation_shape_changes_is_refused_naming_the_actor(job_factory):
-    job = job_factory("params.shift_rank=2", "params.shift_after=16", config=JOBS / "inference.yaml")
+def test_a_request_whose_observation_shape_changes_is_refused_naming_the_actor(local_job_factory):
+    # the inference loop's check, on the local engine (ranks as threads); real ranks serve requests above
+    job = local_job_factory("params.shift_rank=2", "params.shift_after=16", config=JOBS / "inference.yaml")
     assert job.wait(120) != 0
     assert (
         "inference rank 4 refused a request: actor rank 2 sent request 8 with observation shape (5,) float32, "
