@@ -75,9 +75,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:  # a layout may be planned before its classes are written
         notes.append(f"note: {err} (gflowdist run refuses this config)")
     judge_devices = hosts is None and preflight.devices_judged_here(config, world_size)
-    gpus = preflight.check_roles_import(config, preflight.resolve_roles(config), count_cuda=judge_devices)
     if judge_devices:
+        gpus = preflight.check_roles_import(config, preflight.resolve_roles(config), count_cuda=True)
         preflight.check_devices(config, world_size, gpus)
+    else:
+        preflight.check_roles_import(config, preflight.resolve_roles(config))
     if args.json:
         print(json.dumps(layout.to_dict(), indent=2))
     else:

@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 from gflowdist.engines import launched_engine
 from gflowdist.errors import ConfigError, LayoutError
@@ -222,8 +223,20 @@ def _configured(config) -> dict[str, str]:
     return {role: ref for role in _ROLES if (ref := getattr(config.roles, role)) is not None}
 
 
+@overload
 def check_roles_import(
-    config, resolved: dict[str, str], *, in_child: bool = True, count_cuda: bool = False
+    config: Any, resolved: dict[str, str], *, in_child: bool = True, count_cuda: Literal[True]
+) -> int: ...
+
+
+@overload
+def check_roles_import(
+    config: Any, resolved: dict[str, str], *, in_child: bool = True, count_cuda: Literal[False] = False
+) -> None: ...
+
+
+def check_roles_import(
+    config: Any, resolved: dict[str, str], *, in_child: bool = True, count_cuda: bool = False
 ) -> int | None:
     """Step 5: import every configured role class and check it (in a child Python by default).
 
@@ -270,7 +283,7 @@ def check_roles_import(
         raise ConfigError(verdict["error"])
     if roles:
         role_cache.remember(key, verdict.get("files", {}))
-    return verdict.get("cuda_devices", 0) if count_cuda else None
+    return int(verdict.get("cuda_devices", 0)) if count_cuda else None
 
 
 def devices_judged_here(config, nprocs: int, env=None) -> bool:

@@ -316,17 +316,20 @@ def _missing_tool(args: argparse.Namespace) -> str | None:
 def _timeline_trace(args: argparse.Namespace, record: RunRecord) -> dict[str, Any] | None:
     """With ``--timeline``: ``trace.json``, checked (its shape; ``--window`` within its time span), before anything
     is printed; raises :class:`RunDirError` (exit 2) naming the file or the trace's span."""
-    if args.timeline is None:
-        return None
+    return None if args.timeline is None else _read_timeline_trace(record, args.window)
+
+
+def _read_timeline_trace(record: RunRecord, window: tuple[float, float] | None) -> dict[str, Any]:
+    """The run's ``trace.json``, checked (its shape; ``window`` within its time span, when given)."""
     from gflowdist.timing.trace_figure import WindowError, check_window
 
     path = record.run_dir / "trace.json"
     trace = _read_json(path)
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise RunDirError(f"{path}: malformed: expected a JSON object with a 'traceEvents' list")
-    if args.window is not None:
+    if window is not None:
         try:
-            check_window(trace, args.window)
+            check_window(trace, window)
         except WindowError as err:
             raise RunDirError(f"--window: {path}: {err}") from None
     return trace
@@ -347,7 +350,7 @@ def _write_extras(args: argparse.Namespace, record: RunRecord, trace: dict[str, 
         from gflowdist.timing.trace_figure import draw_timeline
 
         if trace is None:
-            trace = _timeline_trace(args, record)
+            trace = _read_timeline_trace(record, args.window)
         try:
             written = draw_timeline(trace, args.timeline, window_ms=args.window)
         except OSError as err:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, cast
 
 from gflowdist.cli.arguments import (
     HelpFormatter,
@@ -300,9 +301,11 @@ def _check_before_launch(config, nprocs: int, *, from_option: bool):
     if launcher is not None:
         preflight.check_launcher_spawns(config, launcher)
     judge_devices = preflight.devices_judged_here(config, nprocs)
-    gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=judge_devices)
     if judge_devices:
+        gpus = preflight.check_roles_import(config, resolved, in_child=nprocs > 1, count_cuda=True)
         preflight.check_devices(config, nprocs, gpus)
+    else:
+        preflight.check_roles_import(config, resolved, in_child=nprocs > 1)
     return launcher
 
 
@@ -348,7 +351,7 @@ def _launch_mpi(
     env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
-    relay = StderrRelay(proc.stderr)
+    relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
     report_grace_s = Settings.of(config).launcher_grace_s
     grace_s = config.faults.preempt_grace_s
     return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)

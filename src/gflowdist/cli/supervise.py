@@ -234,11 +234,11 @@ def supervise(
             if time.monotonic() >= next_scan:  # remember the ranks before their parents go
                 tracker.scan()
                 next_scan = time.monotonic() + 0.5
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if (failed or _failure_reported(relay)) and grace_until is None:
+            ended_badly = [p for p in procs if p.poll() not in (None, 0)]
+            if (ended_badly or _failure_reported(relay)) and grace_until is None:
                 # a rank failed: the launcher (hydra) gets the same grace to end the job as orphans do, and the
                 # collector the time to write the post-mortem before it ends the job (runtime.postmortem)
-                grace_until = time.monotonic() + report_grace_s + (0.0 if failed else POSTMORTEM_GRACE_S)
+                grace_until = time.monotonic() + report_grace_s + (0.0 if ended_badly else POSTMORTEM_GRACE_S)
             if interrupted and grace_until is None:  # a stop (a preemption): faults.preempt_grace_s
                 grace_until = time.monotonic() + stop_grace_s
             if interrupted and not checkpointed and saved is not None and time.monotonic() >= next_look:

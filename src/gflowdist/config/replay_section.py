@@ -172,12 +172,13 @@ class ReplayConfig(Section):
             out[flat] = None
         return out
 
-    def replayed_per_step(self, fresh: int | None) -> int:
+    def replayed_per_step(self, fresh: float | None) -> int:
         """Replayed trajectories to add to ``fresh`` ones so that ``replay_fraction`` of the batch is replayed.
 
         ``round(fresh * f / (1 - f))``, at least 1 when f > 0: f = 0.5 doubles the batch,
         f = 0.2 adds a quarter (4 beside 16 fresh), f = 0 adds none. ``fresh`` None (a pure
-        learner's rollout gave nothing): ``learner_batch``, 0 when that is null.
+        learner's rollout gave nothing): ``learner_batch``, 0 when that is null. A mean ``fresh``
+        (the progress line's, per step over a run) may be a float.
         """
         if fresh is None:
             return self.learner_batch or 0

@@ -45,7 +45,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
@@ -117,13 +117,13 @@ def trim_metrics(path: Path, step: int) -> int:
 class _HashingWriter:
     """A file for ``torch.save`` that hashes what passes and keeps the OS error torch would hide."""
 
-    def __init__(self, raw) -> None:
+    def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
         self.digest = hashlib.sha256()
         self.size = 0
         self.error: OSError | None = None
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         try:
             written = self.raw.write(data)
         except OSError as err:

@@ -27,7 +27,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gflowdist.errors import PeerLostError, ProtocolError
 from gflowdist.layout import Role
@@ -40,6 +41,7 @@ from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.replacing import Replacer
 from gflowdist.runtime.tape import FREE, Site
 from gflowdist.runtime.wiring import Wiring
+from gflowdist.transport import Message
 
 if TYPE_CHECKING:
     from gflowdist.timing.tensorboard_live import LiveBoard
@@ -54,7 +56,7 @@ LOG_FIRST_REFUSALS = 10
 LOG_EVERY_REFUSAL = 100
 
 
-def is_heartbeat(msg) -> bool:
+def is_heartbeat(msg: Message) -> bool:
     """Heartbeats are not choices: a replay lets them through whenever they come."""
     return msg.type is MessageType.HEARTBEAT
 
@@ -75,11 +77,11 @@ class Collector:
         w: Wiring,
         *,
         metrics_file: TextIO | None,
-        run_dir=None,
-        on_metrics: Callable | None = None,
-        on_summary: Callable | None = None,
-        extra_fields: Callable[[], dict] | None = None,
-        on_weights: Callable | None = None,
+        run_dir: Path | None = None,
+        on_metrics: Callable[..., Any] | None = None,
+        on_summary: Callable[..., Any] | None = None,
+        extra_fields: Callable[[], dict[str, Any]] | None = None,
+        on_weights: Callable[..., Any] | None = None,
         out: TextIO = sys.stdout,
         start_step: int = 0,
         producer: type | None = None,
@@ -89,18 +91,20 @@ class Collector:
         self.others = [r for r in range(w.comm.size) if r != w.rank]
         now = time.monotonic()
         self.last_seen = {r: now for r in self.others}
-        self.finals: dict[int, dict] = {}
-        self.latest: dict[int, dict] = {}  # trainer or actor rank -> last metrics
+        self.finals: dict[int, dict[str, Any]] = {}
+        self.latest: dict[int, dict[str, Any]] = {}  # trainer or actor rank -> last metrics
         self.metrics_file = metrics_file
         self.on_metrics = on_metrics
         self.on_summary = on_summary
         self.on_weights = on_weights
         self.extra_fields = extra_fields or (lambda: {})
         self.out = out
-        self.refused: Counter = Counter()  # sender rank -> control messages refused (ProtocolError)
+        self.refused: Counter[int] = Counter()  # sender rank -> control messages refused (ProtocolError)
         self.started = time.monotonic()
         self.run_dir = run_dir
-        self.saved: dict[str, dict[int, dict]] = {}  # periodic checkpoint name -> rank -> its file's size, digest
+        self.saved: dict[
+            str, dict[int, dict[str, Any]]
+        ] = {}  # periodic checkpoint name -> rank -> its file's size, digest
         self.lost_actors = LostActors(w, out)
         self.replacer = Replacer(w, out, run_dir)
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
@@ -167,7 +171,7 @@ class Collector:
             per_sender = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(self.refused.items()))
             log.warning("collector refused %d control messages in total (%s)", self.protocol_errors, per_sender)
 
-    def _handle(self, msg) -> None:
+    def _handle(self, msg: Message) -> None:
         body = msg.body
         if msg.type is MessageType.METRICS:
             self.record_metrics(msg.sender, body)
@@ -193,7 +197,7 @@ class Collector:
         elif command_of(msg) is Command.FAILED:  # the run ends: its post-mortem (runtime.postmortem)
             raise RankFailed(Failure.from_dict(body["failure"]), body["state"])
 
-    def note_saved(self, name: str, rank: int, file: dict) -> None:
+    def note_saved(self, name: str, rank: int, file: dict[str, Any]) -> None:
         """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""
         ranks = self.saved.setdefault(name, {})
         if not ranks and self.w.context.role is Role.COORDINATOR and self.w.reports.saver is not None:
@@ -201,19 +205,19 @@ class Collector:
             ranks[self.w.rank] = self.w.reports.save_part(name)
         ranks[rank] = file
         if len(ranks) + len(set(self.w.lost) - set(ranks)) == self.w.comm.size and self.run_dir is not None:
-            self.complete(name, ranks)
+            self.complete(name, ranks, self.run_dir)
             del self.saved[name]
 
-    def complete(self, name: str, files: dict[int, dict]) -> None:
+    def complete(self, name: str, files: dict[int, dict[str, Any]], run_dir: Path) -> None:
         """Write checkpoint ``name``'s manifest; a lost actor's slot gets its ledger (:mod:`.lost_actors`)."""
         from gflowdist.runtime.checkpoints import save_rank, write_manifest
 
         for rank in sorted(set(self.w.lost) - set(files)):
-            files[rank] = save_rank(self.run_dir, name, rank, self.lost_actors.payload(rank))
+            files[rank] = save_rank(run_dir, name, rank, self.lost_actors.payload(rank))
         lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
         replaced = {str(r): ledger.to_dict() for r, ledger in self.replacer.earlier_ledgers().items()}
         write_manifest(
-            self.run_dir,
+            run_dir,
             name,
             {
                 "world_size": self.w.comm.size,
@@ -226,7 +230,7 @@ class Collector:
         )
         log.info("checkpoint %s complete", name)
 
-    def record_metrics(self, rank: int, body: dict, *, tell_coordinator: bool = True) -> None:
+    def record_metrics(self, rank: int, body: dict[str, Any], *, tell_coordinator: bool = True) -> None:
         """A row of metrics.jsonl from ``rank`` (``tell_coordinator`` False: the coordinator's own row)."""
         self.latest[rank] = body
         if isinstance(body.get("step"), int):
@@ -291,7 +295,7 @@ class Collector:
         return None if self.line.last_flood is None else self.line.last_flood.note()
 
     # -- the end ------------------------------------------------------------------
-    def wait_finals(self, poll_sleep: float = 0.005) -> dict[int, dict]:
+    def wait_finals(self, poll_sleep: float = 0.005) -> dict[int, dict[str, Any]]:
         """Collect every other rank's final report (bounded by the liveness check); lost actors send none."""
         from gflowdist.comm.polling import Backoff
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gflowdist.errors import GflowdistError, LedgerError
 from gflowdist.runtime import checkpoints
@@ -40,23 +40,26 @@ from gflowdist.runtime.history import GenerationFacts, keep_earlier, record_gene
 from gflowdist.runtime.ledger import Ledger, check_ledgers
 from gflowdist.timing.curves import chosen_curves, curve_order, curves_by_step
 
+if TYPE_CHECKING:
+    from gflowdist.timing.report import Report
+
 __all__ = ["JobResult", "conclude", "conclude_failed", "failure_lines", "curves_by_step"]
 
 log = logging.getLogger("gflowdist.runtime")
 
 
-class JobResult(dict):
+class JobResult(dict[str, Any]):
     """What the collector returns: run_dir, totals of the ledger, last metrics, final checkpoint, summaries."""
 
 
 def conclude(
     run_dir: Path,
     final_name: str,
-    finals: dict[int, dict],
+    finals: dict[int, dict[str, Any]],
     *,
     world_size: int,
     generation: int,
-    last_metrics: Mapping[int, dict],
+    last_metrics: Mapping[int, dict[str, Any]],
     stop_reason: str,
     tensorboard: bool,
     out: TextIO,
@@ -121,7 +124,9 @@ def conclude(
     )
 
 
-def _say_end(out: TextIO, report, run_dir: Path, final_line: str, facts: GenerationFacts, made: int, stop: str) -> None:
+def _say_end(
+    out: TextIO, report: Report, run_dir: Path, final_line: str, facts: GenerationFacts, made: int, stop: str
+) -> None:
     """One screen: the headline figures, the final line, and after a signal the command that resumes."""
     from gflowdist.cli.report_cmd import ledger_verdict
     from gflowdist.timing.headline import headline
@@ -149,7 +154,7 @@ def _say_end(out: TextIO, report, run_dir: Path, final_line: str, facts: Generat
 def conclude_failed(
     run_dir: Path,
     failures: Sequence[Failure],
-    states: dict[int, dict],
+    states: dict[int, dict[str, Any]],
     *,
     world_size: int,
     generation: int,
@@ -239,14 +244,14 @@ def failure_lines(failures: Sequence[Failure], resume: str | None) -> tuple[str,
 
 def _report(
     run_dir: Path,
-    finals: dict[int, dict],
+    finals: dict[int, dict[str, Any]],
     ledgers: dict[int, Ledger],
     notes: Sequence[str],
     facts: GenerationFacts | None = None,
-    history: Sequence[dict] = (),
+    history: Sequence[dict[str, Any]] = (),
     *,
     failure: Sequence[str] = (),
-):
+) -> Report:
     """The load-imbalance report of the run, saved in ``run_dir``."""
     from gflowdist.timing import build_report
 
@@ -305,7 +310,9 @@ def _report(
     return report
 
 
-def _write_trace(run_dir: Path, traces: dict[int, dict], finals: dict[int, dict], partial: str | None = None) -> None:
+def _write_trace(
+    run_dir: Path, traces: dict[int, dict[str, Any]], finals: dict[int, dict[str, Any]], partial: str | None = None
+) -> None:
     """trace.json: every rank's timeline on the collector's clock, collectives with their last arrivers;
     ``partial``: the failure that ended the run (``otherData.partial``, ``otherData.failure``)."""
     from gflowdist.timing.trace_file import chrome_trace, write_trace
@@ -399,7 +406,7 @@ def _refused(ledgers: Mapping[int, Ledger]) -> str:
     return f"; {sum(senders.values())} batches refused (from {by})"
 
 
-def _earlier_ledgers(finals: Mapping[int, dict]) -> dict[str, dict]:
+def _earlier_ledgers(finals: Mapping[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The summed ledgers of each replaced rank's lost processes (a resumed rank adds them to its own)."""
     summed = {}
     for rank, final in finals.items():
@@ -418,7 +425,7 @@ def _ranks(lost: Mapping[int, Any]) -> str:
     return ", ".join(str(r) for r in sorted(lost))
 
 
-def _position(order: Sequence[str]):
+def _position(order: Sequence[str]) -> Callable[[str], int]:
     """Sort key: a curve's place in ``order`` (the others after, as they were)."""
     index = {name: i for i, name in enumerate(order)}
     return lambda name: index.get(name, len(index))

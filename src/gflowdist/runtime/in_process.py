@@ -21,10 +21,11 @@ import signal
 import sys
 import threading
 import time
+from types import FrameType
 from typing import TextIO
 
 from gflowdist.comm.session import Session, bound_session
-from gflowdist.comm.threads import ThreadWorld
+from gflowdist.comm.threads import ThreadComm, ThreadWorld
 from gflowdist.config import Config
 from gflowdist.runtime.failures import tell_where
 
@@ -46,7 +47,7 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
     codes: dict[int, int] = {}
     started = time.time()
 
-    def rank_main(rank: int, comm) -> None:
+    def rank_main(rank: int, comm: ThreadComm) -> None:
         threading.current_thread().gflowdist_rank = rank  # type: ignore[attr-defined]  # its log's filter
         try:
             # its own session: its world is its thread communicator (ops' group=None included), its axes
@@ -63,7 +64,7 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
 
     interrupted: list[int] = []
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         interrupted.append(signum)
         world.stop_all(f"signal {signal.Signals(signum).name}")
 

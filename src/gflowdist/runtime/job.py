@@ -39,7 +39,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 
@@ -184,7 +184,7 @@ def make_role(
             f"roles.{key}: {cls.__module__}.{cls.__qualname__} does not implement "
             f"{missing}, which every {key} needs (see gflowdist.runtime.roles)"
         )
-    role = cls(rank=ctx.rank, config=config, generator=generator, context=ctx, device=device)
+    role: roles.BaseRole = cls(rank=ctx.rank, config=config, generator=generator, context=ctx, device=device)
     role.setup()
     return role
 
@@ -294,7 +294,7 @@ def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
         raise GflowdistError(f"rank {w.rank}: a {type(user).__name__} with a {type(state).__name__} is no {role.value}")
 
 
-def _final_extras(rank: Rank, checkpoint_file: dict) -> dict:
+def _final_extras(rank: Rank, checkpoint_file: dict[str, Any]) -> dict[str, Any]:
     """What my final report carries besides ledger and timers: staleness, steps, summary, pid, my final
     checkpoint file's size and digest, replay stats."""
     trainer = rank.state if isinstance(rank.state, TrainerState) else None
@@ -313,7 +313,13 @@ def _final_extras(rank: Rank, checkpoint_file: dict) -> dict:
 
 
 def _conclude(
-    process: RankProcess, config: Config, rank: Rank, collector: Collector, final_name: str, final: dict, out: TextIO
+    process: RankProcess,
+    config: Config,
+    rank: Rank,
+    collector: Collector,
+    final_name: str,
+    final: dict[str, Any],
+    out: TextIO,
 ) -> JobResult:
     """On the collector: every rank's final report, the progress line's last word, the run's end."""
     finals = collector.wait_finals()

@@ -69,10 +69,10 @@ class Ledger:
     admitted: int = 0
     evicted: int = 0
     expired: int = 0  # of dropped["stale"]: admitted first, dropped by a queue before being served
-    dropped: Counter = field(default_factory=Counter)
-    received_from: Counter = field(default_factory=Counter)
-    malformed: Counter = field(default_factory=Counter)  # sender rank -> malformed messages
-    refused: Counter = field(default_factory=Counter)  # sender rank -> batches the storage could not take
+    dropped: Counter[str] = field(default_factory=Counter)
+    received_from: Counter[int] = field(default_factory=Counter)
+    malformed: Counter[int] = field(default_factory=Counter)  # sender rank -> malformed messages
+    refused: Counter[int] = field(default_factory=Counter)  # sender rank -> batches the storage could not take
 
     def drop(self, reason: str, n: int) -> None:
         if n:
@@ -114,7 +114,7 @@ class Ledger:
 
 def check_ledgers(ledgers: Mapping[int, Ledger]) -> dict[str, int]:
     """Check the balance over all ranks; returns the totals, raises :class:`LedgerError`."""
-    received_from: Counter = Counter()
+    received_from: Counter[int] = Counter()
     for ledger in ledgers.values():
         received_from.update(ledger.received_from)
     problems = []

@@ -47,7 +47,7 @@ class LostActors:
         self.out = out
         self.layout = w.context.layout
         self.allowed = w.settings.on_actor_loss in ("continue", "replace")  # replace: continue, then replace
-        self.beats: dict[int, dict] = {}  # rank -> its last heartbeat's body
+        self.beats: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's body
 
     @property
     def lost(self) -> dict[int, str]:
@@ -72,7 +72,7 @@ class LostActors:
         self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy})\n")
         self.out.flush()
 
-    def received_from(self, rank: int, finals: Mapping[int, dict] | None = None) -> int:
+    def received_from(self, rank: int, finals: Mapping[int, dict[str, Any]] | None = None) -> int:
         """What the buffers received from ``rank``: from their final reports, else their last heartbeats."""
         total = 0
         for buffer in self.layout.buffers:
@@ -80,7 +80,7 @@ class LostActors:
             total += int((source.get("received_from") or {}).get(str(rank), 0))
         return total
 
-    def ledger_of(self, rank: int, finals: Mapping[int, dict] | None = None) -> Ledger:
+    def ledger_of(self, rank: int, finals: Mapping[int, dict[str, Any]] | None = None) -> Ledger:
         """The lost actor's ledger: what it said it produced, what arrived, the rest dropped as ``lost_rank``."""
         received = self.received_from(rank, finals)
         produced = max(int(self.beats.get(rank, {}).get("produced", 0)), received)
@@ -98,7 +98,7 @@ class LostActors:
             "lost": self.lost[rank],
         }
 
-    def final_of(self, rank: int, finals: Mapping[int, dict]) -> dict[str, Any]:
+    def final_of(self, rank: int, finals: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
         """Its final report, written by the collector (it sent none)."""
         return {
             "role": Role.ACTOR.value,

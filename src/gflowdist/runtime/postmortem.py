@@ -265,7 +265,7 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
 
 
 def _collect(
-    collector: Collector, states: dict[int, dict], failures: list[Failure], asked: list[int], seconds: float
+    collector: Collector, states: dict[int, dict[str, Any]], failures: list[Failure], asked: list[int], seconds: float
 ) -> list[int]:
     """Read the control channel until every rank in ``asked`` answered or ``seconds`` passed; the ranks missing."""
     w = collector.w

@@ -183,7 +183,7 @@ def _setup_logging(run_dir: Path, rank: int, *, threads: bool = False) -> None:
         handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
         handler.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"))
         handler.addFilter(lambda record: thread_rank() == rank)
-        handler.gflowdist_rank = rank  # type: ignore[attr-defined]
+        handler.gflowdist_rank = rank  # type: ignore[attr-defined]  # marks the handler as this rank's (below)
         root = logging.getLogger("gflowdist")
         for old in [h for h in root.handlers if getattr(h, "gflowdist_rank", None) == rank]:
             root.removeHandler(old)

@@ -29,10 +29,15 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gflowdist.jobenv import CONSOLE_VARIABLE
 from gflowdist.timing import eta_seconds, format_duration
+
+if TYPE_CHECKING:
+    from gflowdist.config import Config
+    from gflowdist.layout import Layout
+    from gflowdist.runtime.wiring import Wiring
 
 __all__ = ["ProgressLine", "Flood", "flood", "console_of", "progress_line", "FLOOD_FACTOR", "FLOOD_MIN_STEPS"]
 
@@ -159,7 +164,7 @@ class ProgressLine:
         """``{rank: items made in this generation}``."""
         return {rank: max(0, count - self.baseline[rank]) for rank, count in self.counts.items()}
 
-    def fields(self, latest: Mapping[int, Mapping], extra: Mapping[str, str]) -> dict[str, str]:
+    def fields(self, latest: Mapping[int, Mapping[str, Any]], extra: Mapping[str, str]) -> dict[str, str]:
         """The line's fields, from each rank's newest metrics ``latest`` and the extra fields."""
         now = self.clock()
         elapsed = max(now - self.started, 1e-9)
@@ -195,7 +200,7 @@ class ProgressLine:
         fields["eta"] = format_duration(eta_seconds(self.total_steps - step, rate))
         return fields
 
-    def _flood(self, latest: Mapping[int, Mapping], made: Mapping[int, int], done: int) -> Flood | None:
+    def _flood(self, latest: Mapping[int, Mapping[str, Any]], made: Mapping[int, int], done: int) -> Flood | None:
         if not self.actors or done <= 0:
             return None
         actor_items = sum(n for rank, n in made.items() if rank in self.actors) - self.unused_items
@@ -230,7 +235,7 @@ class ProgressLine:
             self._open = False
 
 
-def producer_class(config, layout) -> type | None:
+def producer_class(config: Config, layout: Layout) -> type | None:
     """The class whose items the run counts: the actors' when there are actors, else the trainers'."""
     from gflowdist.errors import ConfigError
 
@@ -241,7 +246,7 @@ def producer_class(config, layout) -> type | None:
         return None
 
 
-def progress_line(w, out: TextIO, *, start_step: int = 0, producer: type | None = None) -> ProgressLine:
+def progress_line(w: Wiring, out: TextIO, *, start_step: int = 0, producer: type | None = None) -> ProgressLine:
     """The :class:`ProgressLine` of the job ``w`` (a :class:`~gflowdist.runtime.wiring.Wiring`) wires;
     ``producer``: the class whose items it counts (:func:`producer_class`)."""
     settings, layout, cls = w.settings, w.context.layout, producer

@@ -311,7 +311,7 @@ class Replacer:
         """How long a replacement may take to send its first heartbeat."""
         return self.w.settings.startup_timeout_s
 
-    def merge(self, finals: dict[int, dict], beats: Mapping[int, Mapping[str, Any]]) -> None:
+    def merge(self, finals: dict[int, dict[str, Any]], beats: Mapping[int, Mapping[str, Any]]) -> None:
         """Add each lost actor's ledger to the final report of its rank's last process.
 
         That process is its replacement (its own final report), or, when it was lost too and not replaced, the

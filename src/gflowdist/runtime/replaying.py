@@ -73,7 +73,7 @@ def _same(a: Any, b: Any) -> bool:
     """Equal to the bit (floats by their bytes: NaN is NaN, -0.0 is not 0.0)."""
     if isinstance(a, float) and isinstance(b, float):
         return struct.pack("<d", a) == struct.pack("<d", b)
-    return a == b
+    return bool(a == b)
 
 
 class ReplayTape(Tape):
@@ -95,13 +95,24 @@ class ReplayTape(Tape):
         self.rank, self.role, self.host = rank, role, host
         self.deadline_s = deadline_s
         self.interrupted = False  # a real signal stopped the replay where the recording went on
-        self._aside: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        #: sender -> what it sent that the recording takes later (a message, or the error a malformed one raised)
+        self._aside: dict[int, collections.deque[Message | ProtocolError]] = collections.defaultdict(collections.deque)
         self._progress_at = time.monotonic()  # when my previous event was replayed (or the tape opened)
         self._recorded_at = 0.0  # when the recorded run made that event (seconds since its tape opened)
         self._step: int | None = None  # the loop's latest point (step, iteration), named beside a trajectory count
 
     # -- the calls ------------------------------------------------------------------------
-    def take(self, site, channel, point=FREE, *, source=None, wait=False, transparent=None, keep_alive=None):
+    def take(
+        self,
+        site: Site,
+        channel: Channel,
+        point: int = FREE,
+        *,
+        source: int | None = None,
+        wait: bool = False,
+        transparent: Callable[[Message], bool] | None = None,
+        keep_alive: Callable[[], None] | None = None,
+    ) -> Message | None:
         event = self._head(site, point)
         if event is None:
             return self._nothing(channel, transparent)
@@ -121,7 +132,7 @@ class ReplayTape(Tape):
                 keep_alive()
             backoff.pause()
 
-    def stop(self, point, seen, reason):
+    def stop(self, point: int, seen: bool, reason: str) -> tuple[bool, str]:
         event = self._head(Site.STOP, point)
         if event is not None:
             self._advance()
@@ -130,14 +141,14 @@ class ReplayTape(Tape):
             self.interrupted = True
         return seen, reason
 
-    def decide(self, site, point, value, who=None):
+    def decide(self, site: Site, point: int, value: bool, who: int | None = None) -> bool:
         event = self._head(site, point)
         if event is None or (who is not None and event[2] != who):
             return False
         self._advance()
         return True
 
-    def check(self, site, point, value):
+    def check(self, site: Site, point: int, value: Any) -> None:
         event = self.events[0] if self.events else None
         unit = "trajectory" if site is Site.BATCH else None  # a BATCH check's point counts trajectories
         if site is not Site.BATCH:
@@ -208,7 +219,9 @@ class ReplayTape(Tape):
             except ProtocolError as err:  # its turn comes when the recording took it
                 self._aside[-1 if err.sender is None else err.sender].append(err)
 
-    def _fetch(self, channel: Channel, event: list[Any], transparent) -> Message | None:
+    def _fetch(
+        self, channel: Channel, event: list[Any], transparent: Callable[[Message], bool] | None
+    ) -> Message | None:
         """The recorded message of ``event`` if it is here (kept aside, or on the channel), else None."""
         sender = event[2]
         if transparent is None:  # a site that takes from one sender: ask for that sender's next message

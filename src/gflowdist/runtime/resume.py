@@ -61,7 +61,7 @@ class Chosen:
         return checkpoints.checkpoint_step(self.name, self.manifest)
 
 
-def choose_checkpoint(run_dir: Path, world) -> Chosen:
+def choose_checkpoint(run_dir: Path, world: Communicator) -> Chosen:
     """Collective over ``world``: the newest complete checkpoint of ``run_dir`` intact on every rank."""
     names = json.loads(world.all_gather_bytes(json.dumps(checkpoints.checkpoint_names(run_dir)).encode())[0])
     if not names:
@@ -82,7 +82,7 @@ def choose_checkpoint(run_dir: Path, world) -> Chosen:
     )
 
 
-def _check_mine(run_dir: Path, name: str, world) -> tuple[dict, dict, str]:
+def _check_mine(run_dir: Path, name: str, world: Communicator) -> tuple[dict[str, Any], dict[str, Any], str]:
     """``(manifest, my payload, "")``, or ``({}, {}, what is wrong)``."""
     try:
         manifest = checkpoints.read_manifest(checkpoints.checkpoint_dir(run_dir, name))

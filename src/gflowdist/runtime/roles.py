@@ -80,12 +80,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from gflowdist.config.frozen import FrozenMapping
 from gflowdist.errors import GflowdistError
+
+if TYPE_CHECKING:
+    from gflowdist.replay import ReplayBuffer
 
 __all__ = ["BaseRole", "Actor", "Trainer", "BufferManager", "Coordinator"]
 
@@ -250,7 +253,7 @@ class Trainer(Actor):
 class BufferManager(BaseRole):
     """Owns a :class:`~gflowdist.replay.ReplayBuffer` built from the ``replay`` config."""
 
-    def make_buffer(self):
+    def make_buffer(self) -> ReplayBuffer:
         """The replay buffer (default: :meth:`ReplayBuffer.from_config` of the replay section)."""
         from gflowdist.replay import ReplayBuffer
 

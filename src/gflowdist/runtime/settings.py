@@ -71,7 +71,7 @@ class Settings:
     #: ``replay.sampler``'s name (``queue``: each item served once)
     sampler_name: str
     #: replayed trajectories to add to ``fresh`` ones (``replay.replay_fraction``; see ReplayConfig)
-    replayed_per_step: Callable[[int | None], int]
+    replayed_per_step: Callable[[float | None], int]
     # report
     curves: tuple[str, ...]
     # inference (layout.inference)

@@ -97,14 +97,15 @@ class BatchStager:
         self.pin_memory = _pinnable(on_cuda if pin_memory is None else pin_memory)
         #: whether host tensors are staged at all (on the CPU they are used as they are, unless copy_on_cpu)
         self.active = on_cuda or copy_on_cpu
-        self.stream = torch.cuda.Stream(self.device) if on_cuda else None
+        # torch.cuda.Stream's and Event's constructors carry no annotations (torch 2.13): the calls are untyped
+        self.stream = torch.cuda.Stream(self.device) if on_cuda else None  # type: ignore[no-untyped-call]
         self.slots = [_Buffers(self.pin_memory) for _ in range(max(1, slots))]
         self._copied: list[Any] = [None] * len(self.slots)  # the event of each slot's last copy out
         self._next = 0
         self.batches = 0  # batches that had something to stage
         self.bytes = 0  # bytes staged so far
 
-    def stage(self, batch: Mapping[str, Any] | None) -> dict | None:
+    def stage(self, batch: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """``batch`` with its host tensors on the device (fresh tensors; the others as they are)."""
         if batch is None or not self.active:
             return None if batch is None else dict(batch)
@@ -124,7 +125,7 @@ class BatchStager:
                 out[name] = staged.to(self.device, non_blocking=self.pin_memory, copy=True)
                 self.bytes += tensor.numel() * tensor.element_size()
         if self.stream is not None:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch (above)
             event.record(self.stream)
             self._copied[index] = event
             compute = torch.cuda.current_stream(self.device)
@@ -234,7 +235,7 @@ class DevicePath:
         self.weights = HostWeights(pin_memory=pin_memory, copy_on_cpu=copy_on_cpu)
         self.checked = False
 
-    def stage(self, batch: Mapping[str, Any] | None) -> dict | None:
+    def stage(self, batch: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """``batch`` on my device (:meth:`BatchStager.stage`), timed as the phase ``stage`` where it copies."""
         if batch is None or not self.batches.active or self.timer is None:
             return self.batches.stage(batch)

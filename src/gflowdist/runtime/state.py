@@ -53,7 +53,7 @@ class TrainerState(RunState):
     version: int = 0  # my policy version: + 1 at every optimizer step
     produced: int = 0  # trajectories I produced (= the sequence number of my next one)
     #: policy versions my replayed trajectories were behind mine -> count (reported, not checkpointed)
-    staleness: Counter = field(default_factory=Counter)
+    staleness: Counter[int] = field(default_factory=Counter)
 
     TRANSIENT: ClassVar[tuple[str, ...]] = ("staleness",)
 
@@ -109,10 +109,11 @@ class CoordinatorState(RunState):
 
 def state_for(role: Role) -> RunState:
     """A fresh state for a rank of ``role``."""
-    return {
+    kinds: dict[Role, type[RunState]] = {
         Role.TRAINER: TrainerState,
         Role.ACTOR: ActorState,
         Role.INFERENCE: ActorState,  # the policy version it acts with
         Role.BUFFER: BufferState,
         Role.COORDINATOR: CoordinatorState,
-    }[role]()
+    }
+    return kinds[role]()

@@ -177,7 +177,17 @@ class RecordingTape(Tape):
         self._file.write(self._packer.pack((*event, int(1e3 * (time.monotonic() - self._opened)))))
         self.events += 1
 
-    def take(self, site, channel, point=FREE, *, source=None, wait=False, transparent=None, keep_alive=None):
+    def take(
+        self,
+        site: Site,
+        channel: Channel,
+        point: int = FREE,
+        *,
+        source: int | None = None,
+        wait: bool = False,
+        transparent: Callable[[Message], bool] | None = None,
+        keep_alive: Callable[[], None] | None = None,
+    ) -> Message | None:
         try:
             msg = channel.try_recv(source)
         except ProtocolError as err:
@@ -188,17 +198,17 @@ class RecordingTape(Tape):
         self._write(site, point, msg.sender, int(msg.type), msg.seq if site.numbered else -1)
         return msg
 
-    def stop(self, point, seen, reason):
+    def stop(self, point: int, seen: bool, reason: str) -> tuple[bool, str]:
         if seen:
             self._write(Site.STOP, point, reason)
         return seen, reason
 
-    def decide(self, site, point, value, who=None):
+    def decide(self, site: Site, point: int, value: bool, who: int | None = None) -> bool:
         if value:
             self._write(site, point) if who is None else self._write(site, point, who)
         return value
 
-    def check(self, site, point, value):
+    def check(self, site: Site, point: int, value: Any) -> None:
         self._write(site, point, value)
 
     def close(self) -> None:

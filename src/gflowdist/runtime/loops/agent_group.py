@@ -18,6 +18,7 @@ import torch
 from gflowdist.comm import Communicator
 from gflowdist.comm.base import ReduceOp
 from gflowdist.config import SyncConfig
+from gflowdist.errors import GflowdistError
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import StepTimer
 
@@ -36,6 +37,15 @@ class AgentGroup:
         #: whether every step's gradients are averaged over the group (mode ``gradients``)
         self.averages_gradients = self.shared and sync.mode == "gradients"
 
+    def _averaged(self, model: torch.nn.Module | None) -> torch.nn.Module:
+        """The model this shared group averages; a named error when the trainer set none."""
+        if model is None:
+            raise GflowdistError(
+                f"roles.trainer: sync.mode is {self.sync.mode!r} in an agent group of {len(self.members)} trainers, "
+                "which averages each trainer's self.model, but this trainer's is None: set self.model in setup()"
+            )
+        return model
+
     @property
     def group(self) -> Communicator:
         """The group's communicator, for what only a shared group does (:attr:`shared`)."""
@@ -43,21 +53,21 @@ class AgentGroup:
             raise RuntimeError("this trainer is in no agent group: nothing to share")  # guarded by self.shared
         return self.comm
 
-    def align(self, model: torch.nn.Module) -> None:
+    def align(self, model: torch.nn.Module | None) -> None:
         """Start every replica from the same weights: those of the group's first trainer."""
         from gflowdist.ops.averaging import sync_params
 
         if self.shared:
             with self.timer.phase("sync"):
-                sync_params(model, self.comm)
+                sync_params(self._averaged(model), self.comm)
 
-    def average_gradients(self, model: torch.nn.Module) -> None:
+    def average_gradients(self, model: torch.nn.Module | None) -> None:
         """Average the gradients over the group (mode ``gradients``)."""
         from gflowdist.ops.averaging import average_gradients
 
         if self.shared and self.sync.mode == "gradients":
             with self.timer.phase("sync"), self.timer.collective("gradients", self.members):
-                average_gradients(model, self.comm)
+                average_gradients(self._averaged(model), self.comm)
 
     def check_same_steps(self, count: int) -> None:
         """Fail on every member, naming each one's count, unless all take ``count`` optimizer steps now.
@@ -94,13 +104,13 @@ class AgentGroup:
             values = self.group.all_gather(torch.tensor([value], dtype=torch.float64))
         return sum(float(v.reshape(-1)[0]) for v in values) / len(values)
 
-    def average_models(self, model: torch.nn.Module, version: int) -> None:
+    def average_models(self, model: torch.nn.Module | None, version: int) -> None:
         """Average the weights over the group (mode ``models``, every ``sync.every`` versions)."""
         from gflowdist.ops.averaging import average_models
 
         if self.shared and self.sync.mode == "models" and version % self.sync.every == 0:
             with self.timer.phase("sync"), self.timer.collective("models", self.members):
-                average_models(model, self.comm)
+                average_models(self._averaged(model), self.comm)
 
     def agree_to_stop(self, w: Wiring, step: int) -> bool:
         """Whether to stop before ``step``, agreed by the whole group.

@@ -81,7 +81,7 @@ class BufferLoop:
                 msg = self.w.choices.take(Site.DATA, self.w.data, self.taken)
             except ProtocolError as err:  # counted and logged; the buffer keeps serving everyone else
                 self.taken += 1
-                self.w.ledger.malformed[err.sender] += 1
+                self.w.ledger.malformed[-1 if err.sender is None else err.sender] += 1  # -1: unnamed (as tapes)
                 self.w.reports.note("malformed message", "fault", sender=err.sender)
                 log.warning("%s", err)
                 continue

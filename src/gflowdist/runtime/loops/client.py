@@ -12,6 +12,7 @@ from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.loops.priorities import initial_priorities
 from gflowdist.runtime.protocol import Command, command_of
+from gflowdist.runtime.roles import Actor
 from gflowdist.runtime.state import ActorState, TrainerState
 from gflowdist.runtime.tape import Site, batch_digest
 from gflowdist.runtime.wiring import Wiring
@@ -42,7 +43,7 @@ def concat_batches(
     fresh: Mapping[str, torch.Tensor] | None,
     replayed: Mapping[str, torch.Tensor] | None,
     device: torch.device | str = "cpu",
-) -> dict | None:
+) -> dict[str, Any] | None:
     """Fresh trajectories followed by replayed ones, field by field (fields only ``fresh`` has stay as they are).
 
     Replayed tensors (received into host memory) move to the device of the fresh ones first (to
@@ -62,7 +63,7 @@ def concat_batches(
     return {k: torch.cat([fresh[k], replayed[k].to(fresh[k].device)]) if k in replayed else fresh[k] for k in fresh}
 
 
-def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buffer: int) -> int:
+def ship(w: Wiring, producer: Actor, batch: dict[str, Any], state: TrainerState | ActorState, buffer: int) -> int:
     """Send ``batch`` to my buffer (asynchronously), stamped with my policy version and the
     ``producer``'s initial priorities (if any); returns its size."""
     n = trajectory_count(batch)
@@ -81,7 +82,7 @@ def ship(w: Wiring, producer, batch: dict, state: TrainerState | ActorState, buf
     return n
 
 
-def use_locally(w: Wiring, batch: dict, state: TrainerState) -> None:
+def use_locally(w: Wiring, batch: dict[str, Any], state: TrainerState) -> None:
     """Count ``batch`` as produced and used here (a trainer without a buffer)."""
     n = trajectory_count(batch)
     w.ledger.produced += n

@@ -31,7 +31,7 @@ names those that did not); meanwhile a lost collector is named as on every rank.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,11 +123,24 @@ def run_inference(policy: Actor, w: Wiring, state: ActorState) -> InferenceStats
     return loop.stats
 
 
+def _act_of(policy: Actor) -> Callable[..., Any]:
+    """The policy's ``act`` (an actor class run on an inference rank defines it, as the ``gflowdist.rl`` actors do)."""
+    act: object = getattr(policy, "act", None)  # not a method of Actor: the classes that serve through inference have it
+    if not callable(act):
+        cls = type(policy)
+        raise GflowdistError(
+            f"roles.actor: {cls.__module__}.{cls.__qualname__} has no act(obs, ...) method, which an inference "
+            "rank runs for its actors (layout.inference); the gflowdist.rl actors define it"
+        )
+    return act
+
+
 class InferenceLoop:
     """One inference rank's loop: its actors, the batch being gathered, one method per step."""
 
     def __init__(self, policy: Actor, w: Wiring, state: ActorState):
         self.policy, self.w, self.state = policy, w, state
+        self.act = _act_of(policy)
         placement = w.context.placement
         self.trainer, self.actors = placement.trainer, tuple(placement.served)
         settings = w.settings
@@ -261,7 +274,7 @@ class InferenceLoop:
         obs = torch.cat([r.obs for r in batch]) if len(batch) > 1 else batch[0].obs
         args = [torch.cat([r.args[i] for r in batch]) for i in range(len(batch[0].args))]
         with torch.no_grad(), self.w.timer.phase("forward"):
-            out = self.policy.act(obs, *args)
+            out = self.act(obs, *args)
         forward_s = time.monotonic() - begun
         counts = [int(r.obs.shape[0]) for r in batch]
         with self.w.timer.phase("reply"):

@@ -45,7 +45,29 @@ from gflowdist.runtime.loops.agent_group import AgentGroup
 from gflowdist.runtime.roles import Trainer
 from gflowdist.timing import StepTimer
 
-__all__ = ["LearnerStep", "read_loss", "split_minibatches"]
+__all__ = ["LearnerStep", "read_loss", "split_minibatches", "model_of", "optimizer_of"]
+
+
+def model_of(trainer: Trainer) -> torch.nn.Module:
+    """``trainer.model``, which the step needs now; a :class:`GflowdistError` naming the class when it is None."""
+    if trainer.model is None:
+        raise GflowdistError(_unset(trainer, "model"))
+    return trainer.model
+
+
+def optimizer_of(trainer: Trainer) -> torch.optim.Optimizer:
+    """``trainer.optimizer``, which the step needs now; a :class:`GflowdistError` naming the class when it is None."""
+    if trainer.optimizer is None:
+        raise GflowdistError(_unset(trainer, "optimizer"))
+    return trainer.optimizer
+
+
+def _unset(trainer: Trainer, field: str) -> str:
+    cls = type(trainer)
+    return (
+        f"roles.trainer: {cls.__module__}.{cls.__qualname__}.setup() left self.{field} None; a trainer sets "
+        "self.model and self.optimizer in setup() (gflowdist.runtime.roles.Trainer)"
+    )
 
 
 def read_loss(result: Any, owner: str) -> tuple[torch.Tensor, dict[str, float]]:
@@ -181,7 +203,7 @@ class LearnerStep:
         scheduler = trainer.scheduler
         if scheduler is not None:
             scheduler.step()
-            values["lr"] = float(trainer.optimizer.param_groups[0]["lr"])
+            values["lr"] = float(optimizer_of(trainer).param_groups[0]["lr"])
         return values
 
     def _optimizer_step(self, minibatch: dict[str, Any], step: int) -> tuple[bool, dict[str, float]]:
@@ -199,18 +221,18 @@ class LearnerStep:
         """
         trainer, timer = self.trainer, self.timer
         with timer.phase("loss"):
-            trainer.optimizer.zero_grad(set_to_none=True)
+            optimizer_of(trainer).zero_grad(set_to_none=True)
             loss, aux = read_loss(trainer.loss(minibatch), self.loss_owner)
         if self.stops_on_kl(aux):
             return False, {"loss": float(loss.detach()), **aux}
         with timer.phase("loss"):
             usable = loss_is_usable(loss, mode=self.on_nonfinite, rank=self.rank, step=step)
             if usable:
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch 2.13
             else:
                 self.skipped += 1
                 self.note_skip(step)
-                for param in trainer.model.parameters():
+                for param in model_of(trainer).parameters():
                     if param.requires_grad:
                         param.grad = torch.zeros_like(param)
         self.group.average_gradients(trainer.model)
@@ -218,9 +240,9 @@ class LearnerStep:
         if usable or self.group.averages_gradients:
             with timer.phase("optimizer"):
                 if self.config.max_grad_norm is not None:
-                    norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), self.config.max_grad_norm)
+                    norm = torch.nn.utils.clip_grad_norm_(model_of(trainer).parameters(), self.config.max_grad_norm)
                     values["grad_norm"] = float(norm)
-                trainer.optimizer.step()
+                optimizer_of(trainer).step()
         elif self.config.max_grad_norm is not None:
             values["grad_norm"] = 0.0
         return True, values

@@ -25,18 +25,19 @@ from gflowdist.errors import GflowdistError
 from gflowdist.replay import ReplayBuffer
 from gflowdist.runtime import protocol
 from gflowdist.runtime.protocol import Outgoing
+from gflowdist.runtime.roles import Actor, Trainer
 
 __all__ = ["initial_priorities", "sample_reply_for", "replayed_batch", "priority_update", "apply_priority_update"]
 
 
 def _checked(values: Any, count: int, source: str) -> torch.Tensor:
-    values = torch.as_tensor(values).detach().flatten().to("cpu", torch.float32)
-    if values.numel() != count:
-        raise GflowdistError(f"{source} returned {values.numel()} priorities for a batch of {count}")
-    return values
+    checked = torch.as_tensor(values).detach().flatten().to("cpu", torch.float32)
+    if checked.numel() != count:
+        raise GflowdistError(f"{source} returned {checked.numel()} priorities for a batch of {count}")
+    return checked
 
 
-def initial_priorities(producer, batch: Mapping[str, torch.Tensor], n: int) -> torch.Tensor | None:
+def initial_priorities(producer: Actor, batch: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
     """``producer.initial_priorities(batch)`` as ``n`` float32 values on the host, or None.
 
     None also for an actor whose policy runs on an inference rank (``producer.remote``): it holds no
@@ -66,7 +67,7 @@ def replayed_batch(body: Mapping[str, Any]) -> dict[str, torch.Tensor] | None:
     return {**batch, "weights": body["weights"], "keys": body["keys"]}
 
 
-def priority_update(trainer, batch: Mapping[str, torch.Tensor], replayed: int) -> Outgoing | None:
+def priority_update(trainer: Trainer, batch: dict[str, torch.Tensor], replayed: int) -> Outgoing | None:
     """The :func:`~gflowdist.runtime.protocol.priorities` message for the last ``replayed`` items of
     ``batch``, or None (nothing replayed with keys, or the trainer gives no priorities)."""
     if not replayed or "keys" not in batch:

@@ -18,6 +18,7 @@ Each step is a method of :class:`TrainerLoop`; the user's code runs in
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
@@ -36,7 +37,7 @@ from gflowdist.runtime.loops.client import (
     trajectory_count,
     use_locally,
 )
-from gflowdist.runtime.loops.learner_step import LearnerStep
+from gflowdist.runtime.loops.learner_step import LearnerStep, model_of
 from gflowdist.runtime.loops.priorities import priority_update, replayed_batch
 from gflowdist.runtime.roles import Trainer
 from gflowdist.runtime.staging import DevicePath
@@ -71,7 +72,7 @@ class ReplayRequests:
         self.prefetch = w.settings.prefetch
         self.outstanding = 0
 
-    def take(self, state: TrainerState, fresh: int | None) -> dict | None:
+    def take(self, state: TrainerState, fresh: int | None) -> dict[str, Any] | None:
         """The replayed batch for this step (None: nothing asked yet, or my buffer had too little);
         from a prioritized buffer with ``weights`` and ``keys``."""
         w, replayed = self.w, None
@@ -123,8 +124,8 @@ class TrainerLoop:
         self.inference = tuple(placement.inference_ranks)
         self.group = AgentGroup(w.context.agent_group, self.settings.sync, w.timer)
         settings = self.settings
-        replays = self.buffer is not None and (settings.replay_fraction > 0 or settings.learner_batch)
-        self.requests = ReplayRequests(w, self.buffer) if replays else None
+        replays = settings.replay_fraction > 0 or settings.learner_batch
+        self.requests = ReplayRequests(w, self.buffer) if self.buffer is not None and replays else None
         layout = w.context.layout
         self.evaluator = (
             layout.coordinator
@@ -174,7 +175,7 @@ class TrainerLoop:
         self.finish()
 
     # -- the steps, in order ------------------------------------------------------------------
-    def rollout(self) -> dict | None:
+    def rollout(self) -> dict[str, Any] | None:
         """The user's batch, checked where it is made (:func:`~gflowdist.runtime.loops.batches.check_batch`)."""
         with self.w.timer.phase("rollout"):
             fresh = self.trainer.rollout(self.state.version)
@@ -182,7 +183,7 @@ class TrainerLoop:
             check_batch(fresh, role_method(self.trainer, "rollout"), nonfinite=self.settings.on_nonfinite_batch)
         return fresh
 
-    def ship(self, fresh: dict | None) -> None:
+    def ship(self, fresh: dict[str, Any] | None) -> None:
         """Fresh trajectories to my buffer (or counted as used here, without one)."""
         if fresh is None:
             return
@@ -192,7 +193,7 @@ class TrainerLoop:
         with self.w.timer.phase("send"):
             ship(self.w, self.trainer, fresh, self.state, self.buffer)
 
-    def replayed(self, fresh: dict | None) -> dict | None:
+    def replayed(self, fresh: dict[str, Any] | None) -> dict[str, Any] | None:
         """This step's replayed trajectories (``replay.replay_fraction`` of the batch, or a pure
         learner's ``replay.learner_batch``), if any."""
         if fresh is None and (self.requests is None or not self.settings.learner_batch):
@@ -204,27 +205,29 @@ class TrainerLoop:
         count = None if fresh is None else trajectory_count(fresh)
         return self.requests.take(self.state, count) if self.requests is not None else None
 
-    def combine(self, fresh: dict | None, replayed: dict | None) -> dict | None:
+    def combine(self, fresh: dict[str, Any] | None, replayed: dict[str, Any] | None) -> dict[str, Any] | None:
         """Fresh followed by replayed trajectories. A fresh batch my buffer refuses (its fields, per-item shapes
         or dtypes differ from the replayed ones) is refused here first, in the buffer's words
         (``faults.on_bad_batch``): ``fail`` raises, ``drop`` learns from the replayed items alone."""
-        refusal = None if fresh is None else refusal_before_concat(fresh, replayed)
-        if refusal is not None:
-            n = trajectory_count(fresh)
-            seq = self.state.produced - n  # ship() counted it
-            ctx = self.w.context
-            text = refusal_text(
-                f"buffer {ctx.describe_rank(self.buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal
-            )
-            self.w.liveness.refusals.refused_myself(
-                seq
-            )  # the buffer's own refusal of it, when it comes, is not a second one
-            self.w.reports.note("batch refused", "fault", seq=seq)
-            made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
-            on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
-            log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
-            fresh = None  # drop: this step learns from what the buffer stores
+        if fresh is not None and replayed is not None and self.buffer is not None:  # only a buffer's items refuse
+            refusal = refusal_before_concat(fresh, replayed)
+            if refusal is not None:
+                self._refused(fresh, replayed, self.buffer, refusal)
+                fresh = None  # drop: this step learns from what the buffer stores
         return concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
+
+    def _refused(self, fresh: dict[str, Any], replayed: dict[str, Any], buffer: int, refusal: str) -> None:
+        """``fresh`` refused before my buffer saw it: noted, then ``faults.on_bad_batch`` (``fail`` raises)."""
+        n = trajectory_count(fresh)
+        seq = self.state.produced - n  # ship() counted it
+        ctx = self.w.context
+        text = refusal_text(f"buffer {ctx.describe_rank(buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal)
+        # the buffer's own refusal of it, when it comes, is not a second one
+        self.w.liveness.refusals.refused_myself(seq)
+        self.w.reports.note("batch refused", "fault", seq=seq)
+        made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
+        on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
+        log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
 
     def wait_for_items(self) -> None:
         """A pure learner whose buffer cannot serve yet: no step; back off, stay alive, ask again."""
@@ -238,7 +241,7 @@ class TrainerLoop:
             self.idle.pause()
         self.keep_alive()
 
-    def learn(self, batch: dict) -> dict[str, float]:
+    def learn(self, batch: dict[str, Any]) -> dict[str, float]:
         """prepare -> epochs x minibatches of (loss -> backward -> average in my agent group ->
         clip -> optimizer step) -> lr schedule -> version + 1 (:class:`LearnerStep`); the step's
         loss and named values for the metrics."""
@@ -248,10 +251,10 @@ class TrainerLoop:
         self.idle.reset()
         return values
 
-    def return_priorities(self, batch: dict, replayed: dict | None) -> None:
+    def return_priorities(self, batch: dict[str, Any], replayed: dict[str, Any] | None) -> None:
         """The replayed items' new priorities (:meth:`Trainer.priorities`) to my buffer, not waited for."""
         update = priority_update(self.trainer, batch, 0 if replayed is None else trajectory_count(replayed))
-        if update is not None:
+        if update is not None and self.buffer is not None:  # replayed items: there is a buffer
             self.w.data.isend(*update, self.buffer)
 
     def sync(self) -> None:
@@ -264,7 +267,7 @@ class TrainerLoop:
             self.send_weights()
         if self.evaluator is not None and self.state.version % self.settings.sync.weights_to_coordinator_every == 0:
             with self.w.timer.phase("publish"):
-                weights = self.device_path.host_weights(self.trainer.model, self.state.version)
+                weights = self.device_path.host_weights(model_of(self.trainer), self.state.version)
                 self.w.control.isend(*protocol.weights(weights, self.state.version), self.evaluator)
         step, settings = self.state.step, self.settings
         if step % settings.log_every == 0 or step == settings.steps - 1:
@@ -338,7 +341,7 @@ class TrainerLoop:
         if not ready:
             return
         with self.w.timer.phase("publish"):  # one copy off my device, whatever the number of actors
-            weights = self.device_path.host_weights(self.trainer.model, self.state.version)
+            weights = self.device_path.host_weights(model_of(self.trainer), self.state.version)
             for actor in ready:
                 channel.isend(*protocol.weights(weights, self.state.version), actor)
             if self.inference:  # my actors act through them: they only hear how far I am (their pacing)
