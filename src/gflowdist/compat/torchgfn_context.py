@@ -4,7 +4,9 @@ Private helper of :mod:`gflowdist.compat.torchgfn` (import from there). It holds
 the two context dataclasses, :class:`DistributedContext` and
 :class:`DistributedContextMPI4Py`, with torchgfn's field names, and the two
 entry points that build them, :func:`initialize_distributed_compute` and
-:func:`initialize_distributed_compute_mpi4py`.
+:func:`initialize_distributed_compute_mpi4py`; the process group the first one
+may make (and the context's ``cleanup`` destroys) is
+:mod:`gflowdist.compat.torchgfn_process_group`'s.
 
 Rank assignment is torchgfn's (``RankLayout.build`` / ``from_hostnames``),
 computed by :func:`gflowdist.layout.plan_layout` with the layout config of
@@ -34,16 +36,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gflowdist.comm import Communicator, in_mpi_job, launcher_world_size, world_comm
-from gflowdist.comm.rendezvous import reachable_address
-from gflowdist.comm.session import current_session
 from gflowdist.compat.torchgfn_groups import engine_of, native_handle, torch_initialized, world_for
 from gflowdist.compat.torchgfn_layout import as_layout
+from gflowdist.compat.torchgfn_process_group import check_dist_backend, init_process_group, release_process_group
 from gflowdist.context import DistributedContext as CoreContext
 from gflowdist.engines import LOCAL, MPI, TORCH
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
@@ -59,9 +58,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: torch.distributed backends ``initialize_distributed_compute`` accepts (torchgfn's list).
-DIST_BACKENDS = ("ccl", "mpi", "gloo")
 
 # -- layout ---------------------------------------------------------------------------------
 
@@ -284,7 +280,7 @@ class DistributedContext(_RankFacts):
             self.core.cleanup()
         if self.dc_mpi4py is not None:
             self.dc_mpi4py.cleanup()
-        _release_process_group()
+        release_process_group()
 
     def get_train_group(self, backend: str = "mpi") -> Any:
         """The trainers' group of ``backend``: ``"mpi"`` -> ``dc_mpi4py``'s, ``"torch"`` -> this context's."""
@@ -337,100 +333,6 @@ def initialize_distributed_compute_mpi4py(
     return DistributedContextMPI4Py(**_context_fields(core))
 
 
-def _first_env(*names: str) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
-
-
-def _check_dist_backend(dist_backend: str) -> None:
-    import torch.distributed as dist
-
-    if dist_backend not in DIST_BACKENDS:
-        raise ConfigError(
-            f"invalid backend {dist_backend!r}; expected one of {', '.join(DIST_BACKENDS)}", key="dist_backend"
-        )
-    if dist_backend == "mpi" and not dist.is_mpi_available():
-        raise GflowdistError(
-            "dist_backend='mpi': this torch was built without MPI support; use "
-            "dist_backend='gloo' (or initialize_distributed_compute_mpi4py for MPI groups)"
-        )
-    if dist_backend == "ccl":
-        try:
-            import oneccl_bindings_for_pytorch  # noqa: F401
-        except ImportError as exc:
-            raise GflowdistError(f"dist_backend='ccl' needs oneccl_bindings_for_pytorch: {exc}") from exc
-    if dist_backend == "gloo" and not dist.is_gloo_available():
-        raise GflowdistError("dist_backend='gloo': this torch was built without gloo")
-
-
-def _rendezvous_over_mpi() -> str:
-    """``tcp://address:port`` agreed through MPI: an address of rank 0's host and a port free there.
-
-    One host: ``127.0.0.1``. Several: the first address rank 0's host name
-    resolves to that is not a loopback one (the store listens on that address
-    only, so ``127.0.1.1`` from ``/etc/hosts`` would be unreachable from the
-    other hosts); when there is none, every rank raises :class:`ConfigError`.
-    """
-    mpi_world = world_for(MPI.name)
-    hosts = [h.decode() for h in mpi_world.all_gather_bytes(mpi_world.host.encode())]
-    mine = b""
-    if mpi_world.rank == 0:
-        try:
-            address = "127.0.0.1" if len(set(hosts)) == 1 else reachable_address(socket.gethostname())
-            with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.bind((address, 0))
-                port = probe.getsockname()[1]
-            mine = f"tcp://{f'[{address}]' if ':' in address else address}:{port}".encode()
-        except (OSError, ConfigError) as exc:
-            mine = f"error:{exc}".encode()
-    agreed = mpi_world.all_gather_bytes(mine)[0].decode()
-    if agreed.startswith("error:"):
-        raise ConfigError(
-            f"the ranks could not agree on a rendezvous address through MPI: "
-            f"{agreed[len('error:') :]}; set MASTER_ADDR and MASTER_PORT",
-            key="MASTER_ADDR",
-        )
-    return agreed
-
-
-def _init_process_group(dist_backend: str, world_size: int) -> None:
-    """torchgfn's process-group set-up: rank and size from the launcher's variables."""
-    from datetime import timedelta
-
-    from gflowdist.comm.rendezvous import init_default_group
-
-    rank = _first_env("PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "PMIX_RANK", "RANK")
-    if rank is None or not rank.isdigit():
-        raise GflowdistError(
-            f"initialize_distributed_compute: the launcher announced {world_size} ranks "
-            f"but no rank variable (PMI_RANK, OMPI_COMM_WORLD_RANK, RANK) was found"
-        )
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        init_method = "env://"
-    elif in_mpi_job():
-        init_method = _rendezvous_over_mpi()  # torchgfn needs MASTER_ADDR/MASTER_PORT set by hand
-    else:
-        raise GflowdistError(
-            "initialize_distributed_compute: set MASTER_ADDR and MASTER_PORT, or start "
-            "the job with mpiexec (ranks then agree on an address through MPI)"
-        )
-    logger.info(
-        "initializing torch.distributed (%s) as rank %s of %d via %s", dist_backend, rank, world_size, init_method
-    )
-    init_default_group(
-        dist_backend, init_method=init_method, world_size=world_size, rank=int(rank), timeout=timedelta(minutes=5)
-    )
-    current_session().owns_process_group = True
-
-
-def _release_process_group() -> None:
-    """Destroy the process group initialize_distributed_compute created (idempotent)."""
-    current_session().release_process_group()
-
-
 def initialize_distributed_compute(
     dist_backend: str,
     num_remote_buffers: int,
@@ -447,14 +349,14 @@ def initialize_distributed_compute(
     MPI groups. One announced rank: torchgfn's single-process mode.
     """
     torchgfn_layout_config(num_remote_buffers, num_agent_groups, 1 if use_coordinator else 0)
-    _check_dist_backend(dist_backend)
+    check_dist_backend(dist_backend)
     coordinators = 1 if use_coordinator else 0
     if not torch_initialized():
         size = launcher_world_size()
         if size <= 1:
             core = _create_core(world_comm(), num_remote_buffers, num_agent_groups, coordinators)
             return DistributedContext(training_ranks=[0], **_context_fields(core, LOCAL.name))
-        _init_process_group(dist_backend, size)
+        init_process_group(dist_backend, size)
     world = world_for(TORCH.name)
     core = _create_core(world, num_remote_buffers, num_agent_groups, coordinators)
     dc = None
