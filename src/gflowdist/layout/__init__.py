@@ -7,21 +7,15 @@
     print(layout.describe())
 
 Pure arithmetic (no MPI, no torch.distributed); the rules and worked examples
-are in docs/layout.md and :mod:`gflowdist.layout.planning`.
+are in docs/layout.md, :mod:`gflowdist.layout.counts` and :mod:`gflowdist.layout.planning`.
 """
 
 from __future__ import annotations
 
+from gflowdist.layout.counts import LayoutCounts, describe_fit, fitting_world_sizes, resolve_counts, split_evenly
 from gflowdist.layout.hosts import parse_host_list
 from gflowdist.layout.model import Layout, RankPlacement, Role
-from gflowdist.layout.planning import (
-    LayoutCounts,
-    describe_fit,
-    fitting_world_sizes,
-    plan_layout,
-    resolve_counts,
-    split_evenly,
-)
+from gflowdist.layout.planning import plan_layout
 
 __all__ = [
     "Role",

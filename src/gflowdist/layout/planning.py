@@ -9,8 +9,8 @@ Notation: ``W`` ranks, ``T`` trainers, ``A`` actors, ``B`` buffers,
 ``G`` agent groups. ``split(n, m)`` is ``m`` near-equal parts of ``n``, the
 first ``n mod m`` one larger: ``split(5, 3) = [2, 2, 1]``.
 
-1. **Counts.** ``W = T + A + B + I + C``. At most one count is ``"rest"``, which
-   gets ``W - I - C - (the other two)``.
+1. **Counts** (:mod:`gflowdist.layout.counts`). ``W = T + A + B + I + C``. At most one count
+   is ``"rest"``, which gets ``W - I - C - (the other two)``.
 2. **Chunks.** The ranks other than the coordinator are cut into ``B`` chunks
    (one chunk without a buffer when ``B = 0``); a chunk is some client ranks
    followed by its buffer rank.
@@ -45,140 +45,21 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gflowdist.config.loading import section_from_mapping
-from gflowdist.config.sections import REST, LayoutConfig
-from gflowdist.errors import ConfigError, LayoutError
+from gflowdist.config.sections import LayoutConfig
+from gflowdist.errors import LayoutError
+from gflowdist.layout.counts import (
+    LayoutCounts,
+    as_layout_config,
+    counted,
+    describe_fit,
+    fitting_world_sizes,
+    resolve_counts,
+    split_evenly,
+)
 from gflowdist.layout.model import Layout, Role
 
+# the counts (step 1) are gflowdist.layout.counts'; named here too, as before
 __all__ = ["plan_layout", "split_evenly", "resolve_counts", "LayoutCounts", "fitting_world_sizes", "describe_fit"]
-
-_ROLE_NAMES = ("trainers", "actors", "buffers")
-
-
-def split_evenly(total: int, parts: int) -> list[int]:
-    """``parts`` near-equal sizes summing to ``total``; the first ``total % parts`` are one larger."""
-    base, extra = divmod(total, parts)
-    return [base + 1 if index < extra else base for index in range(parts)]
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
-@dataclass(frozen=True)
-class LayoutCounts:
-    """Resolved role counts: ``trainers + actors + buffers + (1 if coordinator) == world_size``."""
-
-    trainers: int
-    actors: int
-    buffers: int
-    coordinator: bool
-    inference: int = 0
-
-    @property
-    def clients(self) -> int:
-        """Ranks a buffer may serve: ``trainers + actors``."""
-        return self.trainers + self.actors
-
-
-def _as_layout_config(layout_cfg: LayoutConfig | Mapping[str, Any]) -> LayoutConfig:
-    if isinstance(layout_cfg, LayoutConfig):
-        return layout_cfg
-    if isinstance(layout_cfg, Mapping):
-        try:
-            return section_from_mapping(LayoutConfig, layout_cfg, "layout")
-        except ConfigError as err:
-            raise LayoutError(f"invalid layout: {err}") from None
-    raise LayoutError(f"expected a LayoutConfig or a mapping, found {type(layout_cfg).__name__}")
-
-
-def resolve_counts(world_size: int, layout_cfg: LayoutConfig) -> LayoutCounts:
-    """Turn the configured counts (numbers or one ``"rest"``) into numbers for ``world_size``.
-
-    Raises :class:`LayoutError` explaining the sum when the counts do not add up.
-    """
-    configured = layout_cfg.counts()
-    rest = [name for name in _ROLE_NAMES if configured[name] == REST]
-    if len(rest) > 1:
-        raise LayoutError(f"at most one count may be 'rest', but {' and '.join(rest)} both are")
-    for name in _ROLE_NAMES:
-        value = configured[name]
-        if value != REST and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise LayoutError(f"the number of {name} must be an integer >= 0 or 'rest', found {value!r}")
-    coordinators = 1 if layout_cfg.coordinator else 0
-    inference = int(getattr(layout_cfg, "inference", 0))
-    fixed = {name: int(configured[name]) for name in _ROLE_NAMES if name not in rest}
-    terms = [_count(number, name[:-1]) for name, number in fixed.items() if number or name == "trainers"]
-    if inference:
-        terms.append(_count(inference, "inference rank"))
-    if coordinators:
-        terms.append("1 coordinator")
-    needed = sum(fixed.values()) + inference + coordinators
-    if rest:
-        left = world_size - needed
-        if left < 0:
-            raise LayoutError(
-                f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} before "
-                f"the 'rest' {rest[0]}, but the job has {world_size}"
-            )
-        fixed[rest[0]] = left
-    elif needed != world_size:
-        if needed > world_size:
-            raise LayoutError(
-                f"layout needs {' + '.join(terms)} = {_count(needed, 'rank')} but the job has {world_size}"
-            )
-        raise LayoutError(
-            f"layout accounts for {' + '.join(terms)} = {_count(needed, 'rank')} but the job has {world_size}",
-            fix=f"give one count as 'rest' or start {needed} ranks",
-        )
-    counts = LayoutCounts(fixed["trainers"], fixed["actors"], fixed["buffers"], bool(coordinators), inference)
-    _check_counts(world_size, counts, layout_cfg.agent_groups, rest[0] if rest else None)
-    if inference > counts.actors:
-        raise LayoutError(
-            f"layout.inference is {inference} but the layout has {_count(counts.actors, 'actor')}: "
-            "every inference rank serves at least one actor"
-        )
-    return counts
-
-
-def _check_counts(world_size: int, counts: LayoutCounts, groups: int, rest: str | None) -> None:
-    if counts.trainers == 0:
-        if rest == "trainers":
-            others = " - ".join(
-                [_count(world_size, "rank")]
-                + [
-                    _count(number, noun)
-                    for number, noun in (
-                        (counts.actors, "actor"),
-                        (counts.buffers, "buffer"),
-                        (int(counts.coordinator), "coordinator"),
-                    )
-                    if number
-                ]
-            )
-            raise LayoutError(
-                f"no rank is left for the 'rest' trainers: {others} = 0 trainers; at least one trainer is needed"
-            )
-        raise LayoutError("layout has 0 trainers; at least one trainer is needed")
-    if groups < 1:
-        raise LayoutError(f"the number of agent groups must be >= 1, found {groups}")
-    if counts.trainers % groups:
-        raise LayoutError(
-            f"{_count(counts.trainers, 'trainer')} cannot be split into {groups} "
-            f"equal agent groups ({counts.trainers} is not a multiple of {groups})"
-        )
-    if counts.actors and not counts.buffers:
-        raise LayoutError(
-            f"{_count(counts.actors, 'actor')} but no buffer: actors send their "
-            "trajectories to a buffer, so at least one buffer is needed"
-        )
-    if counts.buffers > counts.clients:
-        raise LayoutError(
-            f"{_count(counts.buffers, 'buffer')} but only "
-            f"{_count(counts.trainers, 'trainer')} + {_count(counts.actors, 'actor')}"
-            f" = {_count(counts.clients, 'client')} to serve: every buffer needs at "
-            "least one client"
-        )
 
 
 @dataclass
@@ -225,8 +106,8 @@ def _node_local_chunks(
         ranks = [rank for rank in range(world_size) if hosts[rank] == host and rank != coordinator]
         if len(ranks) < 2 * per_host:
             raise LayoutError(
-                f"placement 'node-local': host '{host}' has {_count(len(ranks), 'rank')} besides "
-                f"the coordinator, but placing {_count(per_host, 'buffer')} on each host needs "
+                f"placement 'node-local': host '{host}' has {counted(len(ranks), 'rank')} besides "
+                f"the coordinator, but placing {counted(per_host, 'buffer')} on each host needs "
                 f"at least {2 * per_host} there (each buffer plus one client)"
             )
         start = 0
@@ -242,7 +123,7 @@ def _node_local_chunks(
         raise LayoutError(
             "placement 'node-local' would give buffers unequal loads: "
             f"buffer {busiest.buffer} on '{busiest_host}' would serve "
-            f"{_count(max(loads), 'client')} but buffer {idlest.buffer} on "
+            f"{counted(max(loads), 'client')} but buffer {idlest.buffer} on "
             f"'{idlest_host}' {min(loads)}; clients per buffer must differ by at most "
             "one (spread the ranks evenly over the hosts, or use placement 'block')"
         )
@@ -261,7 +142,7 @@ def _deal_trainers(chunks: list[_Chunk], trainers: int) -> None:
                 left -= 1
         if left == before:
             raise LayoutError(
-                f"internal error: {_count(left, 'trainer')} did not fit in the "
+                f"internal error: {counted(left, 'trainer')} did not fit in the "
                 f"{sum(len(chunk.clients) for chunk in chunks)} client slots"
             )
 
@@ -274,8 +155,8 @@ def _check_hosts(world_size: int, hosts: Sequence[str] | None) -> tuple[str, ...
     names = tuple(hosts)
     if len(names) != world_size:
         raise LayoutError(
-            f"hosts lists {_count(len(names), 'name')} but the job has "
-            f"{_count(world_size, 'rank')}; give one host name per rank"
+            f"hosts lists {counted(len(names), 'name')} but the job has "
+            f"{counted(world_size, 'rank')}; give one host name per rank"
         )
     for rank, name in enumerate(names):
         if not isinstance(name, str) or not name:
@@ -373,7 +254,7 @@ def _place_inference(
     feeding = [trainer for trainer, actors in actors_of.items() if actors]
     if counts.inference < len(feeding):
         raise LayoutError(
-            f"layout.inference is {counts.inference} but {_count(len(feeding), 'trainer')} have actors: an "
+            f"layout.inference is {counts.inference} but {counted(len(feeding), 'trainer')} have actors: an "
             "inference rank holds one trainer's weights, so each such trainer needs at least one"
         )
     ranks = iter(placed.ranks)
@@ -381,7 +262,7 @@ def _place_inference(
         if share > len(actors_of[trainer]):
             raise LayoutError(
                 f"layout.inference is {counts.inference}: trainer {trainer} would get {share} inference ranks "
-                f"for its {_count(len(actors_of[trainer]), 'actor')}; every inference rank serves at least one actor"
+                f"for its {counted(len(actors_of[trainer]), 'actor')}; every inference rank serves at least one actor"
             )
         start = 0
         for size in split_evenly(len(actors_of[trainer]), share):
@@ -412,7 +293,7 @@ def plan_layout(
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise LayoutError(f"world size must be an integer >= 1, found {world_size!r}")
-    config = _as_layout_config(layout_cfg)
+    config = as_layout_config(layout_cfg)
     host_names = _check_hosts(world_size, hosts)
     counts = resolve_counts(world_size, config)
     coordinator = world_size - 1 if counts.coordinator else None
@@ -435,34 +316,3 @@ def plan_layout(
     else:
         chunks = _block_chunks(counts)
     return _assemble(world_size, counts, config.agent_groups, chunks, coordinator, host_names, placement, note)
-
-
-def fitting_world_sizes(layout_cfg: LayoutConfig, *, up_to: int = 256) -> list[int]:
-    """The world sizes ``1..up_to`` whose counts this layout can fill (block arithmetic).
-
-    Host-dependent rules of ``node-local`` placement are not applied: they need
-    the host of every rank.
-    """
-    sizes = []
-    for world_size in range(1, up_to + 1):
-        try:
-            resolve_counts(world_size, layout_cfg)
-        except LayoutError:
-            continue
-        sizes.append(world_size)
-    return sizes
-
-
-def describe_fit(layout_cfg: LayoutConfig, *, up_to: int = 256) -> str:
-    """Which ``-n`` fits this layout: ``"-n 4"``, ``"-n 3 or more"``, ``"-n 2 or 3"``, ``"-n 2, 4, 6, 8, ..."``,
-    or why none."""
-    sizes = fitting_world_sizes(layout_cfg, up_to=up_to)
-    if not sizes:
-        return f"no number of ranks up to {up_to} fits these counts"
-    if sizes == list(range(sizes[0], up_to + 1)):
-        return f"-n {sizes[0]}" if sizes[0] == up_to else f"-n {sizes[0]} or more"
-    if len(sizes) == 1:
-        return f"-n {sizes[0]}"
-    if len(sizes) > 4:
-        return f"-n {', '.join(str(size) for size in sizes[:4])}, ..."
-    return f"-n {', '.join(str(size) for size in sizes[:-1])} or {sizes[-1]}"
