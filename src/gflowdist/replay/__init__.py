@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 #: Where each public name lives. Imported on first access (PEP 562), so that the config's checks can read
 #: :mod:`gflowdist.replay.registry` without loading torch (``gflowdist layout`` stays light).
 _HOMES = {
-    "AdmitResult": "buffer",
-    "RateLimitedError": "buffer",
+    "AdmitResult": "admission",
+    "RateLimitedError": "admission",
     "ReplayBuffer": "buffer",
     "HashIndex": "key_index",
     "row_hash": "key_index",
@@ -48,7 +48,8 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
-    from gflowdist.replay.buffer import AdmitResult, RateLimitedError, ReplayBuffer
+    from gflowdist.replay.admission import AdmitResult, RateLimitedError
+    from gflowdist.replay.buffer import ReplayBuffer
     from gflowdist.replay.key_index import HashIndex, row_hash
     from gflowdist.replay.priorities import BetaSchedule
     from gflowdist.replay.rate_limiter import RateLimiter, wait_until

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
-from gflowdist.errors import ConfigError, GflowdistError
+from gflowdist.replay.admission import AdmitResult, RateLimitedError
+from gflowdist.replay.buffer_state import buffer_state, load_buffer_state
 from gflowdist.replay.config_parts import sampler_named, writer_named
 from gflowdist.replay.priorities import check_priorities, current_keys, item_keys
 from gflowdist.replay.rate_limiter import RateLimiter, wait_until
@@ -52,32 +52,6 @@ from gflowdist.replay.writers import (
 )
 
 __all__ = ["AdmitResult", "RateLimitedError", "ReplayBuffer"]
-
-STATE_VERSION = 1
-
-
-class RateLimitedError(GflowdistError):
-    """``extend`` or ``sample`` was called while the rate limiter forbids it."""
-
-
-@dataclass(frozen=True)
-class AdmitResult:
-    """What :meth:`ReplayBuffer.extend` did with ``offered`` items.
-
-    ``offered == admitted + rejected_duplicate + rejected_low_score``;
-    ``evicted`` counts stored items (older ones, or admitted ones overwritten
-    within the call) that left the buffer. ``slots[k]`` is where item ``k``
-    is stored, ``-1`` if it is not; ``admitted_mask[k]`` whether it passed
-    admission.
-    """
-
-    offered: int
-    admitted: int
-    rejected_duplicate: int
-    rejected_low_score: int
-    evicted: int
-    slots: torch.Tensor
-    admitted_mask: torch.Tensor
 
 
 class ReplayBuffer:
@@ -464,42 +438,10 @@ class ReplayBuffer:
         """Only tensors and plain (msgpack-able) values: no pickle needed to save it.
 
         Includes the generator state, so a restored buffer draws the same
-        samples the original would have drawn next.
+        samples the original would have drawn next (:mod:`gflowdist.replay.buffer_state`).
         """
-        live = self.storage.live_indices()
-        return {
-            "version": STATE_VERSION,
-            "storage": self.storage.state_dict(),
-            "metadata": {name: values[live].clone() for name, values in self.metadata.items()},
-            "sampler": self.sampler.state_dict(),
-            "writer": self.writer.state_dict(),
-            "rate_limiter": None if self.rate_limiter is None else self.rate_limiter.state_dict(),
-            "counters": dict(self.counters),
-            "generator": self.generator.get_state(),
-        }
+        return buffer_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from :meth:`state_dict` into a buffer built the same way."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"replay checkpoint version {state.get('version')!r} is not the supported version {STATE_VERSION}",
-                key="replay",
-            )
-        if (state["rate_limiter"] is None) != (self.rate_limiter is None):
-            raise ConfigError(
-                "checkpoint and buffer disagree on having a rate limiter", key="replay.samples_per_insert"
-            )
-        self.storage.load_state_dict(state["storage"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.writer.load_state_dict(state["writer"])
-        if self.rate_limiter is not None:
-            self.rate_limiter.load_state_dict(state["rate_limiter"])
-        live = self.storage.live_indices()
-        saved = state["metadata"]
-        self.stamps = torch.zeros(self.capacity, len(STAMPS), dtype=torch.int64)
-        self.stamps[live] = torch.stack([saved[name].to(torch.int64) for name in STAMPS], 1)
-        self.scores = torch.full((self.capacity,), math.nan, dtype=torch.float32)
-        self.scores[live] = saved["score"].to(torch.float32)
-        # counters added since (sample_calls, priority updates) start at 0 from older checkpoints
-        self.counters = {name: int(state["counters"].get(name, 0)) for name in self.counters}
-        self.generator.set_state(state["generator"])
+        load_buffer_state(self, state)
