@@ -212,22 +212,22 @@ class TrainerLoop:
         if fresh is not None and replayed is not None and self.buffer is not None:  # only a buffer's items refuse
             refusal = refusal_before_concat(fresh, replayed)
             if refusal is not None:
-                self._refused(fresh, replayed, self.buffer, refusal)
+                n = trajectory_count(fresh)
+                seq = self.state.produced - n  # ship() counted it
+                ctx = self.w.context
+                text = refusal_text(
+                    f"buffer {ctx.describe_rank(self.buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal
+                )
+                # the buffer's own refusal of it, when it comes, is not a second one
+                self.w.liveness.refusals.refused_myself(seq)
+                self.w.reports.note("batch refused", "fault", seq=seq)
+                made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
+                on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
+                log.warning(
+                    "step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed)
+                )
                 fresh = None  # drop: this step learns from what the buffer stores
         return concat_batches(self.device_path.stage(fresh), self.device_path.stage(replayed), self.trainer.device)
-
-    def _refused(self, fresh: dict[str, Any], replayed: dict[str, Any], buffer: int, refusal: str) -> None:
-        """``fresh`` refused before my buffer saw it: noted, then ``faults.on_bad_batch`` (``fail`` raises)."""
-        n = trajectory_count(fresh)
-        seq = self.state.produced - n  # ship() counted it
-        ctx = self.w.context
-        text = refusal_text(f"buffer {ctx.describe_rank(buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal)
-        # the buffer's own refusal of it, when it comes, is not a second one
-        self.w.liveness.refusals.refused_myself(seq)
-        self.w.reports.note("batch refused", "fault", seq=seq)
-        made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
-        on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
-        log.warning("step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed))
 
     def wait_for_items(self) -> None:
         """A pure learner whose buffer cannot serve yet: no step; back off, stay alive, ask again."""
