@@ -4,9 +4,8 @@
 that runs over the group's collectives: barrier, reductions, gathers,
 broadcast, and the byte gathers that always run on the group's gloo twin (its
 ``p2p`` group, made beside an nccl group when needed). Each collective is started
-asynchronously and waited for by polling when a wait hook or a timeout asks for
-it (:meth:`~gflowdist.comm.base.Communicator._await`), so heartbeats go on
-during a long one. Point-to-point traffic, its threads and the communicator's
+asynchronously and waited for by polling when the communicator's wait hook or a
+timeout asks for it, so heartbeats go on during a long one. Point-to-point traffic, its threads and the communicator's
 lifetime are :class:`~gflowdist.comm.torch_dist.TorchComm`'s.
 """
 
