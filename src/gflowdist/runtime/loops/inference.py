@@ -125,7 +125,8 @@ def run_inference(policy: Actor, w: Wiring, state: ActorState) -> InferenceStats
 
 def _act_of(policy: Actor) -> Callable[..., Any]:
     """The policy's ``act`` (an actor class run on an inference rank defines it, as the ``gflowdist.rl`` actors do)."""
-    act: object = getattr(policy, "act", None)  # not a method of Actor: the classes that serve through inference have it
+    # not a method of Actor: the classes that serve through inference have it
+    act: object = getattr(policy, "act", None)
     if not callable(act):
         cls = type(policy)
         raise GflowdistError(
