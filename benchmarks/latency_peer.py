@@ -126,6 +126,7 @@ def run_peer(
     env[MARK] = token
     began = time.monotonic()
     timed_out = False
+    adopting = set_subreaper(True)  # orphans of the peer come to this process, to be killed and reaped
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
             command,
@@ -147,6 +148,9 @@ def run_peer(
                 time.sleep(0.5)
         finally:
             leftovers = end_all(proc, tracker, token)
+            reap(leftovers)
+            if adopting:
+                set_subreaper(False)
     output = log_path.read_text(errors="replace")
     show_progress(log_path, shown, log)
     if timed_out:
@@ -170,6 +174,31 @@ def show_progress(log_path: Path, shown: int, log: Callable[[str], None]) -> int
         if line.startswith("peer: "):
             log("  " + line)
     return max(shown, len(complete))
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process adopt its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), or stop;
+    False where the OS has no such feature."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) == 0
+
+
+def reap(pids: list[int]) -> None:
+    """Collect the exit status of each of ``pids`` that is this process's child (adopted orphans), so
+    none stays a zombie; others are left to their parents."""
+    deadline = time.monotonic() + 5
+    for pid in pids:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours, or already collected
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
 
 
 def marked(token: str) -> list[int]:

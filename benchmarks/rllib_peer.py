@@ -47,6 +47,8 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     "algo": "APPO",
     "runners": 4,
+    "learners": 0,
+    "requests_in_flight": 2,
     "envs_per_runner": 4,
     "latency_s": 0.002,
     "target": 475.0,
@@ -129,8 +131,9 @@ def build(cfg: dict[str, Any]) -> Any:
             num_env_runners=cfg["runners"],
             num_envs_per_env_runner=cfg["envs_per_runner"],
             num_cpus_per_env_runner=1,
+            max_requests_in_flight_per_env_runner=cfg["requests_in_flight"],
         )
-        .learners(num_learners=0)
+        .learners(num_learners=cfg["learners"], num_cpus_per_learner=1)
         .training(lr=cfg["lr"], vf_loss_coeff=0.05, entropy_coeff=0.0)
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[cfg["hidden"], cfg["hidden"]], vf_share_layers=True))
         .reporting(min_time_s_per_iteration=1.0)
@@ -167,6 +170,8 @@ def train(cfg: dict[str, Any], log: Any = print) -> dict[str, Any]:
                 else None,
             }
             points.append(point)
+            if len(points) % 10 == 0:
+                log(f"peer: iteration {len(points)}, {now:.1f} s, {point['env_steps']} env steps sampled")
             if point["trained_steps"] and (now >= next_eval or now >= cfg["budget_s"]):
                 next_eval = now + cfg["eval_every_s"]
                 stop_clock = time.perf_counter()
@@ -263,7 +268,7 @@ def main(argv: list[str]) -> int:
 
         versions = {"ray": ray.__version__}
         ray.init(
-            num_cpus=cfg["runners"] + 2,
+            num_cpus=cfg["runners"] + cfg["learners"] + 2,
             include_dashboard=False,
             log_to_driver=False,
             object_store_memory=200 * 1024 * 1024,

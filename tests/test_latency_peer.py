@@ -143,6 +143,7 @@ def test_run_peer_reads_the_result_and_ends_what_the_peer_left(tmp_path):
     assert result["leftovers"] == 1  # the child the stand-in left, killed
     child = int(pid_file.read_text())
     assert not is_running(child)
+    assert not os.path.exists(f"/proc/{child}")  # killed and reaped here (adopted), not left a zombie
     assert logged == ["  peer: 1.0 s, 100 env steps, greedy return 20.0"]
 
 
