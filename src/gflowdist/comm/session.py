@@ -232,19 +232,29 @@ class Session:
 # -- the current session ---------------------------------------------------------------
 
 _PROCESS = Session()
-_THREAD = threading.local()  # .session: the session of a rank that is a thread (the local engine)
+
+
+class _Bound(threading.local):
+    """The session of a rank that is a thread (the local engine); None on any other thread."""
+
+    # a class default: reading it on a thread that bound nothing costs no AttributeError (every
+    # torchgfn send and recv asks for the current session)
+    session: Session | None = None
+
+
+_THREAD = _Bound()
 
 
 def current_session() -> Session:
     """The session of this thread's rank: the one bound to it (:func:`bound_session`), else the process's."""
-    bound: Session | None = getattr(_THREAD, "session", None)
+    bound = _THREAD.session
     return bound if bound is not None else _PROCESS
 
 
 @contextmanager
 def bound_session(session: Session) -> Iterator[Session]:
     """Make ``session`` this thread's current one while the block runs (a rank that is a thread); closed at its end."""
-    previous: Session | None = getattr(_THREAD, "session", None)
+    previous = _THREAD.session
     _THREAD.session = session
     try:
         yield session
