@@ -126,3 +126,46 @@ def test_two_local_engine_jobs_in_one_process_leave_nothing_behind(tmp_path, fre
         assert current_session() is fresh_session
         left = [t.name for t in threading.enumerate() if t.ident not in before_threads and t.is_alive()]
         assert left == [], f"job {n} left threads behind: {left}"
+
+
+CLOSE_A_TORCH_SESSION = r"""
+import sys, threading
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+import torch.distributed as dist
+from gflowdist.comm import world_comm, release_world_comm
+from gflowdist.comm.session import current_session
+import gflowdist.ops as ops
+
+session = current_session()
+world = world_comm("torch")  # initialises gloo from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+session.owns_process_group = True  # as torchgfn's initialize_distributed_compute marks the group it made
+group = world.split([[0]])
+group.send(b"to myself", 0, tag=3)  # its receiver threads run
+ops.bind_axis("DP", group)
+print("holding", sorted(session.holdings().items()))
+release_world_comm()
+print("after", sorted(session.holdings().items()))
+print("initialized", dist.is_initialized())
+print("threads", sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))
+"""
+
+
+def test_closing_a_torch_session_frees_the_groups_and_destroys_the_process_group(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from gflowdist.jobenv import free_port, without_launcher
+
+    env = dict(without_launcher(dict(os.environ)), RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
+    script = tmp_path / "close_torch_session.py"
+    script.write_text(CLOSE_A_TORCH_SESSION)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    holding = "holding [('axes', 1), ('groups', 2), ('open', 2), ('process_group', 1), ('worlds', 1)]"
+    assert holding in lines, done.stdout
+    assert "after [('axes', 0), ('groups', 0), ('open', 0), ('process_group', 0), ('worlds', 0)]" in lines
+    assert "initialized False" in lines
+    assert "threads []" in lines, done.stdout
