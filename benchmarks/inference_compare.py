@@ -8,30 +8,56 @@ per actor, actors unpaced, at **equal rank counts** (N + 3 ranks):
 
 - ``own forward``: N actors (``config.yaml``), each running its network;
 - ``inference``: N - 1 actors and 1 inference rank (``config_inference.yaml``),
-  which runs one forward for all the actors' requests.
+  which runs one forward for all the actors' requests; once with
+  ``inference.split: 1`` (an actor asks for all 16 environments and waits: the
+  actor and the inference rank take turns: the default) and once with
+  ``inference.split: 2`` (each half's request is in flight while the actor
+  steps the other half).
 
 **env steps/s**: the sum over the actors of (last - first reported
 ``env_steps``) / (the time between those reports), as for Ape-X.
-``inference`` = the inference run's env steps/s / the own-forward run's.
+``inference`` = the default-split (1) inference run's env steps/s / the own-forward
+run's. Where the time goes, from finals.json: ``actor wait`` = the actors' time
+waiting on the inference rank / their timed time, ``inf idle`` = the inference
+rank's idle time / its timed time; ``cpu ms/1k`` = the CPU milliseconds the
+actors and inference ranks used in their loops (``loop_cpu_s`` in finals.json)
+per 1,000 env steps: what acting costs, less sensitive to the machine's load
+than a rate.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gflowdist.config.sections import InferenceConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 APEX = ROOT / "examples" / "apex_cartpole"
 
 #: the policy whose forward dominates (a 3 x 512 MLP), 16 environments per actor (fewer round trips per step)
 POLICY = ["params.hidden=512", "params.layers=3", "params.envs_per_actor=16"]
+#: the inference runs' inference.split (the summary's ratio is the default split's)
+SPLITS = (1, 2)
+DEFAULT_SPLIT = InferenceConfig().split
 
 
-def run_one(name: str, actors: int, inference: int, steps: int, out_dir: Path, load1, child_env) -> dict:
-    """One Ape-X run of ``actors`` actors (+ ``inference`` inference ranks); its actors' env steps/s."""
+def run_one(
+    name: str,
+    actors: int,
+    inference: int,
+    steps: int,
+    out_dir: Path,
+    load1,
+    child_env,
+    split: int = 1,
+    extra: tuple[str, ...] = (),
+) -> dict:
+    """One Ape-X run of ``actors`` actors (+ ``inference`` inference ranks, ``split``); its actors' env steps/s."""
     config = APEX / ("config_inference.yaml" if inference else "config.yaml")
     ranks = actors + inference + 3
     cmd = [
@@ -43,7 +69,7 @@ def run_one(name: str, actors: int, inference: int, steps: int, out_dir: Path, l
         "-n",
         str(ranks),
         f"layout.actors={actors}",
-        *([f"layout.inference={inference}"] if inference else []),
+        *([f"layout.inference={inference}", f"inference.split={split}"] if inference else []),
         f"run.steps={steps}",
         f"run.out_dir={out_dir}",
         f"run.name=latency-{name.replace(' ', '-')}",
@@ -55,6 +81,7 @@ def run_one(name: str, actors: int, inference: int, steps: int, out_dir: Path, l
         "params.eval_episodes=1",
         "replay.learner_batch=32",
         *POLICY,
+        *extra,
     ]
     began, load = time.monotonic(), load1()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=child_env())
@@ -77,10 +104,52 @@ def run_one(name: str, actors: int, inference: int, steps: int, out_dir: Path, l
         "mean_batch": served["mean_batch"] if served else None,
         "delay_ms": served["delay_mean_ms"] if served else None,
         "forward_ms": served["forward_mean_ms"] if served else None,
+        "closed_by": served["closed_by"] if served else None,
+        "split": split if inference else None,
+        "actor_wait": _wait_share(finals) if served else None,
+        "cpu_ms_per_1k": _cpu_per_steps(finals, rows),
+        "inference_idle": _idle_share(finals) if served else None,
         "wall_s": time.monotonic() - began,
         "load": (load, load1()),
         "run_dir": str(run_dir),
     }
+
+
+def _timed_s(final: dict) -> float:
+    return sum(sum(durations) for durations in final["timing"]["phases"].values())
+
+
+def _cpu_per_steps(finals: dict, rows: list[dict]) -> float | None:
+    """CPU milliseconds the acting ranks (actors and inference ranks) used in their loops per 1,000 env steps."""
+    acting = [f for f in finals.values() if f["role"] in ("actor", "inference")]
+    steps = sum(
+        max((row["env_steps"] for row in rows if row["rank"] == int(rank) and "env_steps" in row), default=0)
+        for rank, f in finals.items()
+        if f["role"] == "actor"
+    )
+    if not steps or not all("loop_cpu_s" in f for f in acting):
+        return None
+    return 1e6 * sum(f["loop_cpu_s"] for f in acting) / steps
+
+
+def _wait_share(finals: dict) -> float:
+    """The actors' mean share of their timed time spent waiting on their inference rank."""
+    shares = []
+    for final in finals.values():
+        if final["role"] == "actor" and _timed_s(final):
+            waited = sum(w.get("inference", 0.0) for w in final["timing"]["waits"].values())
+            shares.append(waited / _timed_s(final))
+    return statistics.fmean(shares) if shares else 0.0
+
+
+def _idle_share(finals: dict) -> float:
+    """The inference ranks' mean share of their timed time spent idle (no request to serve)."""
+    shares = [
+        sum(f["timing"]["phases"].get("idle", [])) / _timed_s(f)
+        for f in finals.values()
+        if f["role"] == "inference" and _timed_s(f)
+    ]
+    return statistics.fmean(shares) if shares else 0.0
 
 
 def _summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
@@ -93,19 +162,24 @@ def _summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
 
 
 def run_pair(actors: int, steps: int, out_dir: Path, load1, child_env) -> list[dict]:
-    """Own forward (``actors`` actors) then one inference rank (``actors - 1`` actors), equal rank counts."""
-    own = run_one(f"own forward {actors}A", actors, 0, steps, out_dir, load1, child_env)
-    central = run_one(f"inference {actors - 1}A+1I", actors - 1, 1, steps, out_dir, load1, child_env)
-    return [own, central]
+    """Own forward (``actors`` actors), then one inference rank (``actors - 1`` actors) at each of
+    :data:`SPLITS`: equal rank counts."""
+    runs = [run_one(f"own forward {actors}A", actors, 0, steps, out_dir, load1, child_env)]
+    for split in SPLITS:
+        name = f"inference {actors - 1}A+1I split {split}"
+        runs.append(run_one(name, actors - 1, 1, steps, out_dir, load1, child_env, split))
+    return runs
 
 
-def inference_ratio(pair: list[dict]) -> float | None:
-    own, central = pair
+def inference_ratio(runs: list[dict]) -> float | None:
+    """The default split's env steps/s over the own-forward run's (the last run's when none has it)."""
+    own = runs[0]
+    central = next((r for r in runs[1:] if r.get("split") == DEFAULT_SPLIT), runs[-1])
     return central["env_per_s"] / own["env_per_s"] if own["env_per_s"] else None
 
 
-def table(pair: list[dict], table_lines, fmt, load_cell) -> list[str]:
-    base = pair[0]["env_per_s"]
+def table(runs: list[dict], table_lines, fmt, load_cell) -> list[str]:
+    base = runs[0]["env_per_s"]
     rows = [
         [
             r["name"],
@@ -115,10 +189,26 @@ def table(pair: list[dict], table_lines, fmt, load_cell) -> list[str]:
             fmt(r["mean_batch"], ".1f"),
             fmt(r["delay_ms"], ".2f"),
             fmt(r["forward_ms"], ".2f"),
+            fmt(100 * r["actor_wait"] if r.get("actor_wait") is not None else None, ".0f", "%"),
+            fmt(100 * r["inference_idle"] if r.get("inference_idle") is not None else None, ".0f", "%"),
+            fmt(r.get("cpu_ms_per_1k"), ".0f"),
             fmt(r["wall_s"], ".0f"),
             load_cell(r["load"]),
         ]
-        for r in pair
+        for r in runs
     ]
-    head = ["setup", "ranks", "env steps/s", "vs own", "batch obs", "queue ms", "forward ms", "wall s", "load"]
+    head = [
+        "setup",
+        "ranks",
+        "env steps/s",
+        "vs own",
+        "batch obs",
+        "queue ms",
+        "forward ms",
+        "actor wait",
+        "inf idle",
+        "cpu ms/1k",
+        "wall s",
+        "load",
+    ]
     return table_lines(head, rows)

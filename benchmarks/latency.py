@@ -54,9 +54,9 @@ per batch of 16 trajectories; ``RewardOracle``):
 Ape-X actors with their own forward against actors whose forward runs on one
 inference rank (``layout.inference: 1``), at equal rank counts
 (``--inference-actors`` N: N own-forward actors, or N - 1 actors + 1 inference
-rank), with a policy whose forward dominates (a 3 x 512 MLP, no simulated
-latency). ``inference`` = the inference run's env steps/s / the own-forward
-run's.
+rank, at ``inference.split`` 1 and 2), with a policy whose forward dominates (a
+3 x 512 MLP, no simulated latency). ``inference`` = the default split's (1)
+env steps/s / the own-forward run's.
 
 **The peer** (``benchmarks/latency_peer.py``, ``benchmarks/rllib_peer.py``):
 RLlib's APPO on the new API stack (ray 2.60.0 in a virtual environment of

@@ -217,6 +217,13 @@ MALFORMED = [
     ("inference: {max_delay_ms: .nan}", "inference.max_delay_ms", ["expected a finite number", "float nan"]),
     ("inference: {max_batch: 0}", "inference.max_batch", ["expected an integer >= 1", "int 0"]),
     ("layout: {inference: -1}", "layout.inference", ["expected an integer >= 0", "int -1"]),
+    ("inference: {split: 0}", "inference.split", ["expected an integer >= 1 and <= 16", "int 0"]),
+    ("inference: {split: 17}", "inference.split", ["expected an integer >= 1 and <= 16", "int 17"]),
+    (
+        "layout: {inference: 1}\ninference: {split: 3}\nparams: {envs_per_actor: 16}",
+        "inference.split",
+        ["is 3, which does not divide params.envs_per_actor (16)", "inference.split equal groups"],
+    ),
     (
         "layout: {inference: 1}\nrun: {record: true}",
         "run.record",

@@ -1,6 +1,7 @@
-"""Inference ranks (layout.inference) on real ranks under mpiexec: the Ape-X and IMPALA examples with their
-config_inference.yaml (scaled down), a request whose observation shape changes, a lost inference rank, and
-the same job on the local engine.
+"""Inference ranks (layout.inference) on real ranks under mpiexec: the Ape-X example with their
+config_inference.yaml (scaled down) at inference.split 1 and 2, the IMPALA example at split 2, a request whose
+observation shape changes, a lost inference rank, and the same job on the local engine (tests/jobs/inference.yaml:
+split 2, one environment per group).
 
 What is checked: the actors get no weights (no load_weights phase; their policy runs on the inference
 rank, which loads the learner's weights), every request is answered in some batch, the ledger balances,
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+
+import pytest
 
 from tests.support.jobs import pid_of_rank, read_json
 from tests.support.launching import REPO
@@ -34,6 +37,7 @@ def _check_served(finals: dict[int, dict], run) -> dict:
     assert sum(int(size) * n for size, n in stats["sizes"].items()) == stats["observations"]
     assert sum(stats["closed_by"].values()) == stats["batches"]
     assert all(int(size) <= stats["max_batch"] for size in stats["sizes"])
+    assert all(f["loop_cpu_s"] > 0 for f in [server, *actors])  # the CPU their loops used (benchmarks read it)
     assert "load_weights" in server["timing"]["phases"]  # the learner's weights reach the inference rank
     assert all("load_weights" not in a["timing"]["phases"] for a in actors)  # and never an actor
     # every request an actor waited for was answered (its waits on the inference rank are in its timer)
@@ -44,9 +48,11 @@ def _check_served(finals: dict[int, dict], run) -> dict:
     return stats
 
 
-def test_apex_example_with_an_inference_rank(job_factory):
+@pytest.mark.parametrize("split", [1, 2])
+def test_apex_example_with_an_inference_rank(job_factory, split):
     steps = 200
     job = job_factory(
+        f"inference.split={split}",
         f"run.steps={steps}",
         "run.log_every=20",
         "replay.capacity=4000",
@@ -67,7 +73,9 @@ def test_apex_example_with_an_inference_rank(job_factory):
     buffer = next(f for f in finals.values() if f["role"] == "buffer")["replay"]
     assert learner["step"] == steps
     produced = sum(f["ledger"]["produced"] for f in finals.values() if f["role"] == "actor")
-    # one request per vector step of 4 environments, each step's transitions shipped (n-step: all but the last 2)
+    # one request per vector step of each of the `split` groups of 4 / split environments, each step's transitions
+    # shipped (n-step: all but the last 2)
+    assert stats["observations"] == stats["requests"] * 4 // split
     assert produced <= stats["observations"] and buffer["admitted"] == produced > 0
     assert buffer["initial_priorities"] == 0  # actors without weights send no |td|: the buffer's largest priority
     assert job.no_process_left()
@@ -83,6 +91,7 @@ def test_impala_example_with_an_inference_rank(job_factory):
         f"replay.max_staleness={stale}",
         "sync.weights_to_coordinator_every=60",
         "params.envs_per_actor=4",
+        "inference.split=2",
         "params.unroll_length=16",
         "params.eval_episodes=2",
         "params.target_return=100000",
@@ -99,6 +108,7 @@ def test_impala_example_with_an_inference_rank(job_factory):
     assert sum(lags.values()) == steps * 8 and max(lags) <= stale
     produced = sum(f["ledger"]["produced"] for f in finals.values() if f["role"] == "actor")
     assert stats["observations"] == produced * 16  # one observation per unroll step, each acted on centrally
+    assert stats["observations"] == stats["requests"] * 2  # each request: one group of 2 of the 4 environments
     assert job.no_process_left()
 
 
@@ -106,8 +116,10 @@ def test_a_request_whose_observation_shape_changes_is_refused_naming_the_actor(l
     # the inference loop's check, on the local engine (ranks as threads); real ranks serve requests above
     job = local_job_factory("params.shift_rank=2", "params.shift_after=16", config=JOBS / "inference.yaml")
     assert job.wait(120) != 0
+    # inference.split 2 (inference.yaml): 2 groups of 1 environment, a rollout of 4 vector steps asks 8 times (its
+    # first 2 requests before any step); 16 environment steps are 2 rollouts, so the shift starts at request 16
     assert (
-        "inference rank 4 refused a request: actor rank 2 sent request 8 with observation shape (5,) float32, "
+        "inference rank 4 refused a request: actor rank 2 sent request 16 with observation shape (5,) float32, "
         "expected (4,) float32" in job.output
     ), job.output
     assert "rank 2 (actor on " in job.output

@@ -61,6 +61,10 @@ _PARAMS_CHECK = MappingCheck()
 _TOP_LEVEL = [*SECTIONS, "params"]
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _frozen_params(value: Any) -> Mapping[str, Any]:
     try:
         checked = _PARAMS_CHECK(value)
@@ -135,6 +139,14 @@ class Config:
                 file=self.file,
             )
         object.__setattr__(self, "params", _frozen_params(self.params))
+        envs, split = self.params.get("envs_per_actor"), self.inference.split
+        if self.layout.inference and isinstance(envs, int) and _is_count(envs) and envs % split:
+            raise ConfigError(
+                f"is {split}, which does not divide params.envs_per_actor ({envs}): an actor served by an "
+                "inference rank steps its environments in inference.split equal groups",
+                key="inference.split",
+                file=self.file,
+            )
 
     # --- loading ---------------------------------------------------------
 

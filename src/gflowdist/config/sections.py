@@ -373,6 +373,10 @@ class ReportConfig(Section):
     )
 
 
+#: The most groups an actor's environments may be split into (``inference.split``).
+MAX_SPLIT = 16
+
+
 @dataclass(frozen=True)
 class InferenceConfig(Section):
     """The inference ranks' dynamic batching (``layout.inference``; docs/inference.md)."""
@@ -388,6 +392,13 @@ class InferenceConfig(Section):
         2.0,
         FloatCheck(0.0, 10000.0),
         "...or once its oldest request has waited this long (milliseconds), or once every actor it serves is waiting.",
+    )
+    split: int = setting(
+        1,
+        IntCheck(low=1, high=MAX_SPLIT),
+        "An actor served by an inference rank steps its environments in this many equal groups and keeps each "
+        "group's request in flight while it steps the others (double buffering at 2: pays when stepping is slow); must "
+        "divide params.envs_per_actor. 1: one request for all of them, answered before any steps.",
     )
 
 

@@ -104,13 +104,8 @@ class EnvironmentActor(VectorEnvActor):
         return None if self.paced(policy_version) else self.collect()
 
     def collect(self) -> dict[str, torch.Tensor]:
-        """Step every environment ``rollout_steps`` times; the transitions that became complete."""
-        for _ in range(self.rollout_steps):
-            self.step_environments()
+        """Step every environment ``rollout_steps`` times with :meth:`act`'s actions; the transitions that became
+        complete."""
+        for step, _ in self.vector_steps(self.rollout_steps, self.epsilon):
+            self.transitions.push(step.obs, step.action, step.reward, step.next_obs, step.terminated, step.truncated)
         return self.transitions.take()
-
-    def step_environments(self) -> None:
-        """One step of every environment with :meth:`act`'s actions."""
-        actions = self.policy(self.obs_tensor(), self.epsilon).numpy()
-        step = self.step_with(actions)
-        self.transitions.push(step.obs, actions, step.reward, step.next_obs, step.terminated, step.truncated)

@@ -79,6 +79,10 @@ class UnrollActor(VectorEnvActor):
         "log_prob": [E]}``, and ``"logits"`` ``[E, A]`` / ``"value"`` ``[E]`` when recorded."""
         raise NotImplementedError(f"{type(self).__name__} must implement act(obs)")
 
+    def actions_of(self, out: Mapping[str, torch.Tensor]) -> np.ndarray:
+        """``out["action"]`` (what :meth:`act` returned), as numpy."""
+        return out["action"].detach().cpu().numpy()
+
     def setup(self) -> None:
         params = self.params
         length = params.get("unroll_length", 20)
@@ -153,10 +157,7 @@ class UnrollActor(VectorEnvActor):
         """``E`` unrolls of ``T`` steps, or None while my queue is full (:meth:`held`)."""
         if self.held(policy_version):
             return None
-        for t in range(self.unroll_length):
-            out = self.policy(self.obs_tensor())
-            action = out["action"].detach().cpu()
-            step = self.step_with(action.numpy())
+        for t, (step, out) in enumerate(self.vector_steps(self.unroll_length)):
             self.recorder.record(t, step, out)
         self.unrolls_sent += self.num_envs
         # acting through an inference rank: the unrolls carry the oldest version that acted in them

@@ -23,8 +23,9 @@ LIMIT_KEY = "faults.max_message_bytes"
 #: Unacknowledged sends per peer on the control and weights channels (the data channel's is replay.max_in_flight).
 CONTROL_IN_FLIGHT = 64
 WEIGHTS_IN_FLIGHT = 2
-#: ... on the inference channel (an actor has one request out at a time; its inference rank one reply to each)
-INFERENCE_IN_FLIGHT = 4
+#: ... on the inference channel, beyond ``inference.split`` (an actor has that many requests out at a time, then its
+#: ``done``; its inference rank one reply to each)
+INFERENCE_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Channels:
             data=channel(Tags.DATA, settings.max_in_flight),
             control=channel(Tags.CONTROL, CONTROL_IN_FLIGHT),
             weights=channel(Tags.WEIGHTS, WEIGHTS_IN_FLIGHT),
-            inference=channel(Tags.INFERENCE, INFERENCE_IN_FLIGHT),
+            inference=channel(Tags.INFERENCE, settings.inference_split + INFERENCE_IN_FLIGHT),
         )
         if trace is not None:
             observer = TraceObserver(trace)

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -113,6 +114,7 @@ class Rank:
     resumed_step: int | None  # the step of the checkpoint resumed from (its manifest's)
     skipped: list[str]  # newer checkpoints not resumed from, each naming the file and what is wrong
     inference: InferenceStats | None = None  # an inference rank's batches and queueing delays
+    loop_cpu_s: float | None = None  # the CPU seconds my process spent in its role's loop
 
 
 def _run(process: RankProcess, config: Config, resume_dir: str | None, out: TextIO) -> JobResult | None:
@@ -153,7 +155,9 @@ def _run_to_end(
 ) -> JobResult | None:
     """The role's loop, the final checkpoint and report; on the collector, the run's end."""
     w = rank.w
+    cpu = time.process_time()
     _run_loop(process.context.role, rank, collector)
+    rank.loop_cpu_s = time.process_time() - cpu
     final_name = checkpoints.checkpoint_name(w.generation)
     checkpoint_file = w.reports.save_part(
         final_name
@@ -295,8 +299,9 @@ def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
 
 
 def _final_extras(rank: Rank, checkpoint_file: dict[str, Any]) -> dict[str, Any]:
-    """What my final report carries besides ledger and timers: staleness, steps, summary, pid, my final
-    checkpoint file's size and digest, replay stats."""
+    """What my final report carries besides ledger and timers: staleness, steps, summary, pid, the CPU seconds
+    my process spent in its role's loop (``loop_cpu_s``; absent when it did not finish it), my final checkpoint
+    file's size and digest, replay stats."""
     trainer = rank.state if isinstance(rank.state, TrainerState) else None
     extra = {
         "staleness": {str(k): v for k, v in trainer.staleness.items()} if trainer else {},
@@ -305,6 +310,8 @@ def _final_extras(rank: Rank, checkpoint_file: dict[str, Any]) -> dict[str, Any]
         "pid": os.getpid(),
         "checkpoint_file": checkpoint_file,
     }
+    if rank.loop_cpu_s is not None:
+        extra["loop_cpu_s"] = rank.loop_cpu_s
     if rank.replay is not None:
         extra["replay"] = rank.replay.stats()
     if rank.inference is not None:

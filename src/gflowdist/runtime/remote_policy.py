@@ -13,7 +13,10 @@ actor.
 Every wait for a reply has a deadline, ``faults.peer_timeout_s``: an inference
 rank that does not answer in time is lost, named by rank, role and host
 (:class:`~gflowdist.errors.PeerLostError`). While it waits the actor keeps
-heartbeating and hearing the collector. A refused request (its observation
+heartbeating and hearing the collector. Several requests may be in flight at
+once (:meth:`RemotePolicy.submit`, :meth:`RemotePolicy.result`: an actor whose
+environments are split in groups, ``inference.split``); their results are taken
+in the order they were sent. A refused request (its observation
 shape changed) raises :class:`~gflowdist.errors.GflowdistError` with the
 inference rank's text, which names the actor.
 """
@@ -21,6 +24,7 @@ inference rank's text, which names the actor.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,14 +47,33 @@ class RemotePolicy:
         self.announced = 0  # the newest version my trainer announced (protocol.policy_version)
         self.oldest: int | None = None  # the oldest version a reply carried since mark()
         self.seq = 0
+        self.outstanding: deque[int] = deque()  # requests sent and not yet answered, oldest first
         self.requests = 0
         self.waited_s = 0.0
 
     def __call__(self, obs: torch.Tensor, *args: torch.Tensor) -> Any:
         """What the policy's ``act(obs, *args)`` gives for these rows, computed on my inference rank."""
-        w, seq = self.w, self.seq
+        return self.result(self.submit(obs, *args))
+
+    def submit(self, obs: torch.Tensor, *args: torch.Tensor) -> int:
+        """Send a request for ``act(obs, *args)`` without waiting; its number, for :meth:`result`.
+
+        Several may be in flight (``inference.split``); their results are taken in the order they were sent.
+        """
+        seq = self.seq
         self.seq += 1
-        w.inference.isend(*protocol.infer_request(obs, list(args), seq), self.rank)
+        self.w.inference.isend(*protocol.infer_request(obs, list(args), seq), self.rank)
+        self.outstanding.append(seq)
+        return seq
+
+    def result(self, seq: int) -> Any:
+        """The outputs for request ``seq`` (the oldest still unanswered), waiting up to ``faults.peer_timeout_s``."""
+        w = self.w
+        if not self.outstanding or self.outstanding[0] != seq:
+            raise GflowdistError(
+                f"actor rank {w.rank} took the result of inference request {seq}, but its oldest unanswered request "
+                f"is {self.outstanding[0] if self.outstanding else 'none'}: results are taken in the order sent"
+            )
         started = time.monotonic()
         deadline = started + w.settings.inference_reply_s
         backoff = Backoff(spin_s=0.0005, first_sleep_s=2e-5, max_sleep_s=0.001)
@@ -71,6 +94,7 @@ class RemotePolicy:
                 backoff.pause()
                 msg = w.inference.try_recv(self.rank)
         self.waited_s += time.monotonic() - started
+        self.outstanding.popleft()
         self.requests += 1
         body = msg.body
         if not isinstance(body, Mapping) or body.get("seq") != seq:
@@ -100,5 +124,9 @@ class RemotePolicy:
         return self.version if self.oldest is None else self.oldest
 
     def finish(self) -> None:
-        """My last request was sent: my inference rank may stop serving me."""
+        """My last request was answered: my inference rank may stop serving me."""
+        if self.outstanding:
+            raise GflowdistError(
+                f"actor rank {self.w.rank} finished with inference requests {list(self.outstanding)} unanswered"
+            )
         self.w.inference.send(*protocol.done(), self.rank)

@@ -77,6 +77,7 @@ class Settings:
     # inference (layout.inference)
     inference_max_batch: int
     inference_max_delay_ms: float
+    inference_split: int
     # the sections a component reads whole (frozen themselves)
     sync: SyncConfig
     learner: LearnerConfig
@@ -111,6 +112,7 @@ class Settings:
             curves=tuple(config.report.curves),
             inference_max_batch=config.inference.max_batch,
             inference_max_delay_ms=float(config.inference.max_delay_ms),
+            inference_split=config.inference.split,
             sync=config.sync,
             learner=config.learner,
         )
