@@ -20,9 +20,9 @@ per actor, actors unpaced, at **equal rank counts** (N + 3 ranks):
 run's. Where the time goes, from finals.json: ``actor wait`` = the actors' time
 waiting on the inference rank / their timed time, ``inf idle`` = the inference
 rank's idle time / its timed time; ``cpu ms/1k`` = the CPU milliseconds the
-actors and inference ranks used in their loops (``loop_cpu_s`` in finals.json)
-per 1,000 env steps: what acting costs, less sensitive to the machine's load
-than a rate.
+actors and inference ranks used in their loops (``loop_cpu_s`` in finals.json,
+the loop thread's) per 1,000 env steps: what acting costs, less sensitive to
+the machine's load than a rate.
 """
 
 from __future__ import annotations

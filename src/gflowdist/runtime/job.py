@@ -114,7 +114,7 @@ class Rank:
     resumed_step: int | None  # the step of the checkpoint resumed from (its manifest's)
     skipped: list[str]  # newer checkpoints not resumed from, each naming the file and what is wrong
     inference: InferenceStats | None = None  # an inference rank's batches and queueing delays
-    loop_cpu_s: float | None = None  # the CPU seconds my process spent in its role's loop
+    loop_cpu_s: float | None = None  # the CPU seconds my role's loop used (its thread's)
 
 
 def _run(process: RankProcess, config: Config, resume_dir: str | None, out: TextIO) -> JobResult | None:
@@ -155,9 +155,9 @@ def _run_to_end(
 ) -> JobResult | None:
     """The role's loop, the final checkpoint and report; on the collector, the run's end."""
     w = rank.w
-    cpu = time.process_time()
+    cpu = time.thread_time()  # this thread's: a rank of the local engine is a thread of one process
     _run_loop(process.context.role, rank, collector)
-    rank.loop_cpu_s = time.process_time() - cpu
+    rank.loop_cpu_s = time.thread_time() - cpu
     final_name = checkpoints.checkpoint_name(w.generation)
     checkpoint_file = w.reports.save_part(
         final_name
@@ -300,7 +300,7 @@ def _run_loop(role: Role, rank: Rank, collector: Collector | None) -> None:
 
 def _final_extras(rank: Rank, checkpoint_file: dict[str, Any]) -> dict[str, Any]:
     """What my final report carries besides ledger and timers: staleness, steps, summary, pid, the CPU seconds
-    my process spent in its role's loop (``loop_cpu_s``; absent when it did not finish it), my final checkpoint
+    my role's loop used, on its thread (``loop_cpu_s``; absent when it did not finish it), my final checkpoint
     file's size and digest, replay stats."""
     trainer = rank.state if isinstance(rank.state, TrainerState) else None
     extra = {
