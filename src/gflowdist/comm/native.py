@@ -63,7 +63,7 @@ class NotAMemberError(GflowdistError):
     """A collective was asked of a group this rank is not a member of."""
 
 
-def _torch_dist():
+def _torch_dist() -> Any:
     """``torch.distributed`` when it is imported and initialised, else None (importing nothing)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -71,7 +71,7 @@ def _torch_dist():
     return dist
 
 
-def _mpi():
+def _mpi() -> Any:
     """``mpi4py.MPI`` when the program imported it, else None (never initialises MPI)."""
     return sys.modules.get("mpi4py.MPI")
 

@@ -21,7 +21,6 @@ return within their poll interval.
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +31,11 @@ import numpy as np
 import torch
 
 from gflowdist.comm.base import (
+    ArrayLike,
     AsyncSendHandle,
     Communicator,
     CompletedSend,
+    Inbox,
     ReduceOp,
     check_groups,
     file_in_inbox,
@@ -75,7 +76,7 @@ class _Group:
         self.members = list(members)  # world ranks, in this group's rank order
         self.size = len(self.members)
         self.cond = threading.Condition(world.lock)
-        self.inboxes: list[dict[int, collections.deque]] = [{} for _ in self.members]
+        self.inboxes: list[Inbox] = [{} for _ in self.members]
         self.rounds: dict[int, _Round] = {}
 
 
@@ -179,11 +180,11 @@ class ThreadComm(Communicator):
     def barrier(self, timeout: float | None = None) -> None:
         self._exchange(True, "barrier", timeout)
 
-    def all_reduce(self, x, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True):
+    def all_reduce(self, x: ArrayLike, op: ReduceOp = ReduceOp.SUM, *, inplace: bool = True) -> ArrayLike:
         if op is ReduceOp.AVG:
             require_float_for_avg(x)
         values, _ = self._exchange(_copy(x), f"all_reduce ({op.value})")
-        result = _reduce(values, op)
+        result: ArrayLike = _reduce(values, op)  # the same kind as x: every rank passed one
         if not inplace:
             return result
         if isinstance(x, torch.Tensor):
@@ -192,11 +193,11 @@ class ThreadComm(Communicator):
             np.copyto(x, result)
         return x
 
-    def all_gather(self, x):
+    def all_gather(self, x: ArrayLike) -> list[ArrayLike]:
         values, _ = self._exchange(_copy(x), "all_gather")
         return [_copy(v) for v in values]
 
-    def broadcast(self, x, src: int = 0):
+    def broadcast(self, x: ArrayLike, src: int = 0) -> ArrayLike:
         self._check_peer(src, "src")
         values, _ = self._exchange(_copy(x) if self.rank == src else True, f"broadcast from rank {src}")
         if self.rank != src:
@@ -206,7 +207,7 @@ class ThreadComm(Communicator):
                 np.copyto(x, values[src])
         return x
 
-    def gather(self, x, dst: int = 0):
+    def gather(self, x: ArrayLike, dst: int = 0) -> list[ArrayLike] | None:
         self._check_peer(dst, "dst")
         values, _ = self._exchange(_copy(x), f"gather to rank {dst}")
         return [_copy(v) for v in values] if self.rank == dst else None
@@ -237,7 +238,7 @@ class ThreadComm(Communicator):
             file_in_inbox(self._group.inboxes[dst], tag, (self.rank, payload, kind))
         return CompletedSend(dst, tag, payload.numel())
 
-    def try_recv_kind(self, src: int | None = None, tag: int = 0):
+    def try_recv_kind(self, src: int | None = None, tag: int = 0) -> tuple[int, torch.Tensor, int] | None:
         self._check_peer(src, "src", allow_none=True)
         self._check_aborted()
         with self._group.cond:
@@ -254,11 +255,11 @@ class ThreadComm(Communicator):
             raise JobAborted(code)
 
 
-def _copy(x):
+def _copy(x: ArrayLike) -> ArrayLike:
     return x.detach().clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
 
 
-def _reduce(values: list[Any], op: ReduceOp):
+def _reduce(values: list[Any], op: ReduceOp) -> Any:
     """``values`` reduced in rank order (the same bits on every rank)."""
     result = _copy(values[0])
     for value in values[1:]:
