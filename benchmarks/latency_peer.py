@@ -247,7 +247,10 @@ def parse_result(text: str) -> dict:
     if not isinstance(result, dict) or "ok" not in result:
         raise PeerUnavailable(f"the peer's result has no 'ok' field: {text[:200]!r}")
     if not result["ok"]:
-        raise PeerUnavailable(f"RLlib failed in the peer: {result.get('error')}\n" + tail(result.get("trace", "")))
+        logs = f" (ray's logs: {result['ray_dir']})" if result.get("ray_dir") else ""
+        raise PeerUnavailable(
+            f"RLlib failed in the peer{logs}: {result.get('error')}\n" + tail(result.get("trace", ""))
+        )
     for key in ("env_per_s", "time_to_target"):
         value = result.get(key)
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):

@@ -29,7 +29,9 @@ What it measures, with the same workload as gflowdist's Ape-X rows:
 
 It writes one JSON object to OUT.json (``ok`` false with ``error`` when
 RLlib failed), calls ``ray.shutdown()`` on every path, and stops at
-``budget_s`` of training. It adopts ray's orphaned processes (Linux's child
+``budget_s`` of training. ray's session directory is a temporary directory
+of its own, removed after a run that succeeded (kept, with ray's logs,
+after one that failed). It adopts ray's orphaned processes (Linux's child
 subreaper) and waits for them, killing what is left after 15 s, so none
 outlives it as a zombie; latency_peer.py kills whatever is left after that.
 """
@@ -37,7 +39,9 @@ outlives it as a zombie; latency_peer.py kills whatever is left after that.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -262,12 +266,15 @@ def main(argv: list[str]) -> int:
     out = Path(argv[2])
     began = time.perf_counter()
     become_subreaper()
+    ray_dir = None
     try:
         cfg = settings(argv[1])
         import ray
 
         versions = {"ray": ray.__version__}
+        ray_dir = tempfile.mkdtemp(prefix="gflowdist-ray-")  # short: ray's sockets live under it
         ray.init(
+            _temp_dir=ray_dir,
             num_cpus=cfg["runners"] + cfg["learners"] + 2,
             include_dashboard=False,
             log_to_driver=False,
@@ -281,9 +288,17 @@ def main(argv: list[str]) -> int:
             killed = reap_children()
             if killed:
                 print(f"peer: killed {killed} of ray's processes left after ray.shutdown()", flush=True)
+        shutil.rmtree(ray_dir, ignore_errors=True)  # kept when RLlib failed: its logs are there
     except Exception as error:  # the peer's failure is reported to latency.py, whatever it was
         out.write_text(
-            json.dumps({"ok": False, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()})
+            json.dumps(
+                {
+                    "ok": False,
+                    "error": f"{type(error).__name__}: {error}",
+                    "trace": traceback.format_exc(),
+                    "ray_dir": ray_dir,
+                }
+            )
         )
         print(traceback.format_exc(), file=sys.stderr)
         return 1

@@ -71,8 +71,11 @@ def test_parse_result_reads_the_peers_json_and_names_its_failure():
         "error": "RuntimeError: raylet died",
         "trace": "Traceback\n  line\nRuntimeError: raylet died",
     }
-    with pytest.raises(lp.PeerUnavailable, match="RLlib failed in the peer: RuntimeError: raylet died"):
+    with pytest.raises(lp.PeerUnavailable, match="RLlib failed in the peer: RuntimeError: raylet died") as caught:
         lp.parse_result(json.dumps(failed))
+    assert str(caught.value).splitlines()[-1] == "RuntimeError: raylet died"  # the trace's last lines follow
+    with pytest.raises(lp.PeerUnavailable, match=r"in the peer \(ray's logs: /tmp/gflowdist-ray-x\): Runtime"):
+        lp.parse_result(json.dumps({**failed, "ray_dir": "/tmp/gflowdist-ray-x"}))
     with pytest.raises(lp.PeerUnavailable, match="not JSON"):
         lp.parse_result("{half")
     with pytest.raises(lp.PeerUnavailable, match="bad env_per_s: -1"):
