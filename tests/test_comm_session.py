@@ -8,6 +8,7 @@ another in one process leave nothing behind.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -126,6 +127,8 @@ def test_two_local_engine_jobs_in_one_process_leave_nothing_behind(tmp_path, fre
         assert current_session() is fresh_session
         left = [t.name for t in threading.enumerate() if t.ident not in before_threads and t.is_alive()]
         assert left == [], f"job {n} left threads behind: {left}"
+        logs = [h for h in logging.getLogger("gflowdist").handlers if hasattr(h, "gflowdist_rank")]
+        assert logs == [], f"job {n} left its ranks' log files open: {logs}"
 
 
 CLOSE_A_TORCH_SESSION = r"""

@@ -78,6 +78,9 @@ def run_in_process(config: Config, nprocs: int, *, resume_dir: str | None = None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        from gflowdist.runtime.process import close_thread_logs
+
+        close_thread_logs()  # every rank has ended: its logs/rank-N.log is closed (nothing left to the next job)
     code = world.aborted if world.aborted is not None else max(codes.values(), default=0)
     if code != 0:
         if world.run_dir is not None:  # where the post-mortem is, and how to resume (as gflowdist run says it)

@@ -171,6 +171,14 @@ def _ignore_peer_death_signal(deaths: Deaths | None = None) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
+def close_thread_logs() -> None:
+    """Close the ``logs/rank-N.log`` handlers that ranks as threads added (their job has ended)."""
+    root = logging.getLogger("gflowdist")
+    for handler in [h for h in root.handlers if getattr(h, "gflowdist_rank", None) is not None]:
+        root.removeHandler(handler)
+        handler.close()
+
+
 def _setup_logging(run_dir: Path, rank: int, *, threads: bool = False) -> None:
     """``logs/rank-N.log`` for the ``gflowdist`` loggers, ``logs/rank-N.stacks`` for stack dumps.
 
