@@ -3,13 +3,14 @@ the throughput in a window after the replacement against the same window before 
 
     python benchmarks/replace.py                 # 1 repeat, 20 s windows: ~2 minutes on a quiet 2-core machine
     python benchmarks/replace.py --window 60 --repeats 3
+    python benchmarks/replace.py --quick         # 5 s windows, 200 messages in the routes table: a smoke run
 
 The toy job (``tests/jobs/toy.yaml`` with ``-n 5``: trainers 0-1, actor 2, buffer 3, coordinator 4;
 ``params.delay_s`` 0.03, ``log_every`` 1, ``params.actor_metrics``: the actor writes a metrics row after each
 batch it ships, with its trajectory count), ``faults.peer_timeout_s`` 3, ``heartbeat_s`` 0.2,
-``max_restarts`` 1. Once the actor has run for a window, ``kill -9`` of it; the replacement is started by the
-collector with ``MPI_Comm_spawn``; a window after its first metrics row, SIGTERM to ``gflowdist run`` (a clean
-stop) and the run's ledger must balance with rank 2 named replaced.
+``max_restarts`` 1. Once the actor has run for a window, ``kill -9`` of it; the spare actor the job spawned at
+start-up (``MPI_Comm_spawn``) takes its place; a window after its first metrics row, SIGTERM to ``gflowdist run``
+(a clean stop) and the run's ledger must balance with rank 2 named replaced.
 
 Every time is on this host's clock, from polling ``metrics.jsonl`` every 20 ms:
 
@@ -20,6 +21,9 @@ Every time is on this host's clock, from polling ``metrics.jsonl`` every 20 ms:
   first row), and their ratio: the throughput the lost actor took with it, back;
 - **job trajectories/s** (trainers' and actor's rows together) over the same windows, and the ratio: the
   baseline is the window before the kill, in the same run.
+
+Then the cost of the path itself (:mod:`routes`, in the same command): a message to a process reached through
+the spares' intercommunicator against one over the world, round trips and streams, same run.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import routes  # a sibling benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "jobs" / "toy.yaml"
@@ -178,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--window", type=float, default=20.0, help="seconds before the kill and after the first batch")
+    parser.add_argument("--quick", action="store_true", help="one repeat, 5 s windows, 200 messages per route row")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.window = 1, 5.0
+    start_load = os.getloadavg()
     results = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="gflowdist-replace-") as tmp:
@@ -186,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"repeat {repeat + 1}: {results[-1]}", flush=True)
     load = os.getloadavg()
     print(
-        f"\nload average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; windows of {args.window:g} s; {len(results)} runs"
+        f"\nload average {start_load[0]:.1f} at the start, {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; "
+        f"windows of {args.window:g} s; {len(results)} runs"
     )
     print(f"{'measure':<52} {'median':>10} {'min':>10} {'max':>10}")
 
@@ -201,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     row("job trajectories/s, window before the kill", [r["job_before"] for r in results])
     row("job trajectories/s, window after", [r["job_after"] for r in results])
     row("job after / before (target >= 0.95)", [r["job_after"] / r["job_before"] for r in results], "x")
+    messages = 200 if args.quick else 2000
+    print(f"\nthe routed path against the world ({messages} messages of each kind, benchmarks/routes.py):")
+    print("\n".join(routes.table(routes.measure(messages))))
     return 0
 
 

@@ -86,6 +86,40 @@ def test_startup_quick_times_the_run_and_its_steps(tmp_path):
     assert number(ranks[1]) > 0 and number(ranks[3]) > 0  # wall and CPU
 
 
+@pytest.mark.slow
+def test_replace_quick_times_the_replacement_and_the_routed_path():
+    """The real job (5 ranks, the actor killed with kill -9, its spare takes over) and the routes table."""
+    lines = run_quick("replace")
+    first = [line for line in lines if line.startswith("kill -9 to the replacement's first batch")]
+    assert first and float(first[0].split()[-3]) > 0, lines
+    ratio = [line for line in lines if line.startswith("actor after / before")]
+    assert ratio and float(ratio[0].split()[-4]) > 0, lines
+    small = row(lines, "416")
+    assert min(number(cell) for cell in small[1:]) > 0, small
+
+
+def test_replace_rates_come_from_cumulative_counts_in_a_window():
+    bench = load("replace")
+    points = [(10.0, 0), (11.0, 100), (12.0, 300), (20.0, 900)]
+    assert bench._rate(points, 10.0, 12.0) == pytest.approx(150.0)  # (300 - 0) / 2 s
+    assert bench._rate(points, 11.5, 13.0) != bench._rate(points, 11.5, 13.0)  # one point inside: nan
+
+    rows = bench.Rows(Path("unused"))
+    rows.rows = [(10.0, {"rank": 0, "trajectories": 0}), (12.0, {"rank": 0, "trajectories": 40})]
+    rows.rows += [(9.0, {"rank": 2, "trajectories": 500}), (10.0, {"rank": 2, "trajectories": 8})]
+    rows.rows += [(12.0, {"rank": 2, "trajectories": 48})]
+    # the actor's count restarts at 10.0 (its replacement): only its rows from then on count
+    assert bench._job_rate(rows, 9.0, 12.0, restart=10.0) == pytest.approx(20.0 + 20.0)
+
+
+def test_routes_table_gives_the_routed_over_world_ratio_of_each_size():
+    routes = load("routes")
+    result = {"416": {"world_us": 100.0, "routed_us": 150.0, "world_msgs": 2000.0, "routed_msgs": 1000.0}}
+    header, line = routes.table(result)
+    assert "routed us/trip" in header
+    assert line.split() == ["416", "100.0", "150.0", "1.50x", "2000", "1000", "0.50x"]
+
+
 def test_time_to_l1_is_the_first_step_where_every_trainer_is_below_the_target():
     bench = load("hypergrid")
     rows = [

@@ -298,8 +298,15 @@ class MPIComm(Communicator):
         self, src: int | None = None, tag: int = 0, *, timeout: float | None = None
     ) -> tuple[int, torch.Tensor, int]:
         found = self.try_recv_kind(src, tag)  # fast path: the message is already here
-        if found is not None or self._routes:  # routed peers: the general wait probes each of them
-            return found if found is not None else super().recv_kind(src, tag, timeout=timeout)
+        if found is not None:
+            return found
+        if self._routes:  # routed peers: probe each place in turn (try_recv_kind) for a while, then the general wait
+            spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
+            while time.perf_counter() < spin_until:
+                found = self.try_recv_kind(src, tag)
+                if found is not None:
+                    return found
+            return super().recv_kind(src, tag, timeout=timeout)
         # A reply that is on its way usually lands within microseconds: probe for it in a tight
         # loop first, then wait the general way (spin, back off, keep-alive hook, deadline).
         spin_until = time.perf_counter() + (RECV_SPIN_S if timeout is None else min(RECV_SPIN_S, timeout))
