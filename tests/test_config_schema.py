@@ -225,11 +225,6 @@ MALFORMED = [
         ["is 3, which does not divide params.envs_per_actor (16)", "inference.split equal groups"],
     ),
     (
-        "layout: {inference: 1}\nrun: {record: true}",
-        "run.record",
-        ["cannot record a run with inference ranks (layout.inference is 1)", "record without them"],
-    ),
-    (
         "launch: {engine: tourch}",
         "launch.engine",
         ["one of 'auto', 'mpi', 'torch'", "str 'tourch'", "did you mean 'torch'"],

@@ -10,12 +10,15 @@ the report has the inference section, the unrolls' policy versions stay within r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
+from gflowdist.runtime.tape import Site, read_recording, recording_path
 from tests.support.jobs import pid_of_rank, read_json
 from tests.support.launching import REPO
 
@@ -149,3 +152,32 @@ def test_the_same_job_on_the_local_engine(job_factory):
     finals = _finals(run)
     _check_served(finals, run)
     assert finals[0]["step"] == 60
+
+
+def _rows(run) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if k != "time"} for row in rows]
+
+
+def test_a_recorded_run_with_an_inference_rank_replays_to_the_bit(job_factory):
+    """Which requests the inference rank took, in which order, and which ran together (INFER, SERVE), and when
+    its weights came (INBOX) are replayed as recorded: the same batches, the same losses, the same metrics."""
+    settings = ["run.steps=40", "faults.peer_timeout_s=20"]
+    recorded = job_factory(*settings, "--record", config=JOBS / "inference.yaml")
+    assert recorded.wait(240) == 0, recorded.output
+    run = recorded.run_dir()
+    replay = job_factory(str(run), command="replay", config=None)
+    assert replay.wait(240) == 0, replay.output
+    assert "gflowdist: replay identical" in replay.output, replay.output
+    replayed = Path(read_json(next((run / "replays").glob("*/replay.json")))["replayed"])
+    assert _rows(replayed) == _rows(run) and _rows(run)
+    assert read_json(replayed / "ledger.json")["per_rank"] == read_json(run / "ledger.json")["per_rank"]
+    served, again = _finals(run)[4]["inference"], _finals(replayed)[4]["inference"]
+    assert served["batches"] > 0
+    # the inference rank's recording: each request and done it took (INFER), each batch it ran (SERVE)
+    _, events, complete = read_recording(recording_path(run, 4))
+    assert complete and sum(e[0] == Site.SERVE for e in events) == served["batches"]
+    assert sum(e[0] == Site.INFER for e in events) == served["requests"] + 2  # + each of the 2 actors' done
+    for key in ("batches", "requests", "observations", "sizes"):  # the same requests batched together
+        assert again[key] == served[key], key
+    assert recorded.no_process_left() and replay.no_process_left()

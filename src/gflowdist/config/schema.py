@@ -131,13 +131,6 @@ class Config:
                 key="faults.on_actor_loss",
                 file=self.file,
             )
-        if self.layout.inference and self.run.record:
-            raise ConfigError(
-                f"cannot record a run with inference ranks (layout.inference is {self.layout.inference}): which "
-                "requests an inference rank batches together is not recorded yet; record without them",
-                key="run.record",
-                file=self.file,
-            )
         object.__setattr__(self, "params", _frozen_params(self.params))
         envs, split = self.params.get("envs_per_actor"), self.inference.split
         if self.layout.inference and isinstance(envs, int) and _is_count(envs) and envs % split:

@@ -16,7 +16,8 @@ call finds nothing:
 - a stop is seen before the recorded step and at no other (a real signal
   still stops the replay, which then says it was interrupted).
 - a timed choice (a buffer's summary; a trainer's weights not sent to an actor
-  whose earlier weights were still in flight) is made where the recording made it.
+  whose earlier weights were still in flight; an inference rank running the
+  requests it gathered as one batch) is made where the recording made it.
 - a check (a step's loss, a digest of shipped trajectories) must give the
   recorded value to the bit.
 
@@ -47,7 +48,7 @@ __all__ = ["ReplayTape", "describe_event"]
 #: A replay may take this many times as long as the recorded run between two events of a rank.
 SLOWER = 10.0
 #: What a rank's points count, by role (for the divergence message); a BATCH check's point is a trajectory count.
-UNITS = {"trainer": "step", "actor": "iteration", "buffer": "message", "coordinator": "message"}
+UNITS = {"trainer": "step", "actor": "iteration", "buffer": "message", "coordinator": "message", "inference": "message"}
 
 
 def describe_event(event: list[Any] | None) -> str:
@@ -56,7 +57,7 @@ def describe_event(event: list[Any] | None) -> str:
         return "nothing (the recording ends)"
     site, point = Site(event[0]), event[1]
     at = "" if point == FREE else f" at {point}"
-    if site in (Site.DATA, Site.CONTROL, Site.INBOX):
+    if site in (Site.DATA, Site.CONTROL, Site.INBOX, Site.INFER):
         kind = "a malformed message" if event[3] == MALFORMED else MessageType(event[3]).name
         seq = f" seq {event[4]}" if event[4] != -1 else ""
         return f"{site.name}: {kind}{seq} from rank {event[2]}{at}"
@@ -66,6 +67,8 @@ def describe_event(event: list[Any] | None) -> str:
         return f"{site.name} check{at}: {event[2]!r}"
     if site is Site.WEIGHTS:
         return f"WEIGHTS{at}: none sent to actor {event[2]} (its earlier weights in flight)"
+    if site is Site.SERVE:
+        return f"SERVE{at}: the requests gathered so far run as one batch"
     return f"{site.name}{at}"
 
 

@@ -13,13 +13,17 @@ at which step a stop is seen. Each such choice goes through this rank's tape
 | ``STOP`` | trainers, actors | the step before which a stop was seen, and its reason |
 | ``SUMMARY`` | a buffer's idle turns | that a summary for the coordinator went out now (a timed choice) |
 | ``WEIGHTS`` | a trainer's turns | which actor got no weights this time (its earlier weights still in flight) |
+| ``INFER`` | an inference rank's loop | which actor's request (or done) it takes next |
+| ``SERVE`` | an inference rank's loop | that the requests gathered so far run as one batch now (which requests were batched together) |
 | ``LOSS``, ``BATCH`` | trainers; trainers and actors | checks, not choices: each step's loss, a digest of each shipped batch |
 
 Every event is ``[site, point, ..., ms]``, ``ms`` the milliseconds since the
 tape opened (a replay waits for a recorded message about ten times as long as the
 recorded run took to come to it, at least ``faults.peer_timeout_s``), and
 ``point`` where the rank was:
-a trainer's step (a turn of its loop), an actor's iteration, a buffer's count of messages taken,
+a trainer's step (a turn of its loop), an actor's iteration, a buffer's count of messages taken
+(an inference rank's: of the requests and dones it took; its trainer's weights and stop are
+``INBOX`` events at that count),
 :data:`FREE` in loops that run for as long as messages come (the
 coordinator's, the collector's wait for the final reports).
 
@@ -60,8 +64,9 @@ __all__ = [
     "batch_digest",
 ]
 
-#: Version of the recording files (2: each event ends with its milliseconds since the tape opened; 3: WEIGHTS events).
-RECORD_FORMAT = 3
+#: Version of the recording files (2: each event ends with its milliseconds since the tape opened; 3: WEIGHTS events;
+#: 4: INFER and SERVE events, of inference ranks).
+RECORD_FORMAT = 4
 #: The point of an event in a loop that is not counted in steps (as long as messages come).
 FREE = -1
 #: The "type" of a take that raised ProtocolError (a malformed message, counted and skipped).
@@ -79,6 +84,8 @@ class Site(enum.IntEnum):
     LOSS = 6
     BATCH = 7
     WEIGHTS = 8
+    INFER = 9
+    SERVE = 10
 
     @property
     def numbered(self) -> bool:
@@ -86,7 +93,7 @@ class Site(enum.IntEnum):
 
         Not on CONTROL: heartbeats share its numbers, and how many a rank sends depends on time.
         """
-        return self in (Site.DATA, Site.INBOX)
+        return self in (Site.DATA, Site.INBOX, Site.INFER)
 
 
 def recording_path(run_dir: str | Path, rank: int) -> Path:

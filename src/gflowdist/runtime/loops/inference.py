@@ -23,6 +23,13 @@ saw; a request that differs is refused (:func:`~gflowdist.runtime.protocol.infer
 with a text naming the actor, the field, expected and got, and the actor fails
 with it.
 
+Record and replay (``--record``): the requests (and dones) this rank takes, in
+order (``INFER``), its trainer's weights and stop (``INBOX``), each at the count
+of requests taken so far, and the points at which a batch ran (``SERVE``) are
+its timed choices; a replay takes and batches as recorded, so every batch holds
+the same requests in the same order (and the policy draws the same random
+numbers for them).
+
 Every wait has a deadline: once my trainer said stop, the actors I serve have
 ``faults.peer_timeout_s`` to say done (:class:`~gflowdist.errors.DeadlineError`
 names those that did not); meanwhile a lost collector is named as on every rank.
@@ -43,6 +50,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.roles import Actor
 from gflowdist.runtime.state import ActorState
+from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 
 __all__ = ["run_inference", "InferenceStats"]
@@ -150,6 +158,7 @@ class InferenceLoop:
         self.pending: list[_Request] = []
         self.rows = 0
         self.done: set[int] = set()
+        self.taken = 0  # requests and dones taken: the point of my recorded choices
         self.trainer_stopped = False
         self.stopped_at = 0.0
         #: the shapes every request must have: (obs row shape, obs dtype, arg row shapes and dtypes), who set them
@@ -166,11 +175,12 @@ class InferenceLoop:
                 self.read_trainer()
             got = self.gather()
             why = self.ready()
-            if why:
+            # which requests run together is a timed choice: recorded (--record), or made as recorded (replay)
+            if self.pending and self.w.choices.decide(Site.SERVE, self.taken, bool(why)):
                 if idle_s:
                     w.timer.record("idle", idle_s, end=started)
                     idle_s = 0.0
-                self.serve(why)
+                self.serve(why or "as recorded")
                 idle.reset()
             elif not got:
                 idle.pause()
@@ -178,7 +188,7 @@ class InferenceLoop:
                 idle_s += idle_end - started
             w.liveness.heartbeat(self.state.version)
             self.check_deadline()
-        if self.pending:
+        if self.pending and self.w.choices.decide(Site.SERVE, self.taken, True):
             self.serve("end")
         if idle_s:
             w.timer.record("idle", idle_s, end=idle_end)
@@ -194,13 +204,14 @@ class InferenceLoop:
     def read_trainer(self) -> None:
         """Load the newest weights my trainer sent (older ones in the same look are skipped); note its stop."""
         newest = None
-        msg = self.w.weights.try_recv(self.trainer)
+        take = self.w.choices.take
+        msg = take(Site.INBOX, self.w.weights, self.taken, source=self.trainer)
         while msg is not None:
             if command_of(msg) is Command.STOP:
                 self.trainer_stopped, self.stopped_at = True, time.monotonic()
             elif msg.type is MessageType.WEIGHTS:
                 newest = msg
-            msg = self.w.weights.try_recv(self.trainer)
+            msg = take(Site.INBOX, self.w.weights, self.taken, source=self.trainer)
         if newest is not None:
             with self.w.timer.phase("load_weights"):
                 self.policy.load_weights(newest.body["state"], newest.body["version"])
@@ -209,14 +220,15 @@ class InferenceLoop:
     def gather(self) -> bool:
         """Take every request that arrived (and every actor's done); True if anything arrived."""
         got = False
-        msg = self.w.inference.try_recv()
+        msg = self.w.choices.take(Site.INFER, self.w.inference, self.taken)
         while msg is not None:
             got = True
+            self.taken += 1
             if command_of(msg) is Command.DONE:
                 self.done.add(msg.sender)
             elif msg.type is MessageType.INFER_REQUEST:
                 self.admit(msg.sender, msg.body)
-            msg = self.w.inference.try_recv()
+            msg = self.w.choices.take(Site.INFER, self.w.inference, self.taken)
         return got
 
     def admit(self, actor: int, body: Mapping[str, Any]) -> None:

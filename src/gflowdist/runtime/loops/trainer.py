@@ -345,6 +345,7 @@ class TrainerLoop:
             for actor in ready:
                 channel.isend(*protocol.weights(weights, self.state.version), actor)
             if self.inference:  # my actors act through them: they only hear how far I am (their pacing)
-                for actor in self.reachable_actors:
-                    if channel.in_flight(actor) < channel.max_in_flight:
+                for actor in self.reachable_actors:  # one whose notes are all in flight gets none (recorded)
+                    full = channel.in_flight(actor) >= channel.max_in_flight
+                    if not self.w.choices.decide(Site.WEIGHTS, self.turn, full, who=actor):
                         channel.isend(*protocol.policy_version(self.state.version), actor)
