@@ -1,7 +1,8 @@
 """Inference ranks (layout.inference) on real ranks under mpiexec: the Ape-X example with their
-config_inference.yaml (scaled down) at inference.split 1 and 2, the IMPALA example at split 2, a request whose
-observation shape changes, a lost inference rank, and the same job on the local engine (tests/jobs/inference.yaml:
-split 2, one environment per group).
+config_inference.yaml (scaled down) at inference.split 1 and 2, the IMPALA example at split 2 and a lost
+inference rank; on the local engine (ranks as threads of this process, tests/support/local_jobs.py): a request
+whose observation shape changes, and the same job run to its end (tests/jobs/inference.yaml: split 2, one
+environment per group).
 
 What is checked: the actors get no weights (no load_weights phase; their policy runs on the inference
 rank, which loads the learner's weights), every request is answered in some batch, the ledger balances,
@@ -144,8 +145,9 @@ def test_a_lost_inference_rank_is_named(job_factory):
     assert job.no_process_left()
 
 
-def test_the_same_job_on_the_local_engine(job_factory):
-    job = job_factory("launch.engine=local", config=JOBS / "inference.yaml")
+def test_the_same_job_on_the_local_engine(local_job_factory):
+    # in this process (the CLI's local-engine entry as a process: tests/test_engine_local.py)
+    job = local_job_factory("launch.engine=local", config=JOBS / "inference.yaml")
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     assert read_json(run / "ledger.json")["balanced"]
