@@ -494,6 +494,9 @@ def main() -> int:
     parser.add_argument("--gfn-weights-every", type=int, default=4, help="HyperGrid sync.weights_to_actors_every")
     parser.add_argument("--no-peer", action="store_true", help="leave out the RLlib peer (the CI smoke test)")
     parser.add_argument("--peer-actors", type=int, default=4, help="RLlib env runners, against Ape-X this many")
+    parser.add_argument(
+        "--peer-learners", type=int, default=0, help="RLlib learner actors (0: its default local learner)"
+    )
     parser.add_argument("--peer-venv", type=Path, default=latency_peer.DEFAULT_VENV, help="the peer's environment")
     parser.add_argument(
         "--inference-actors",
@@ -524,7 +527,9 @@ def main() -> int:
             apex.append(run_apex(actors, ENV_LATENCY_S, mode, out_dir))
             print(f"  Ape-X {actors}: {json.dumps({k: v for k, v in apex[-1].items() if k != 'where'})}", flush=True)
         if not args.no_peer:
-            peer = latency_peer.run(args.peer_actors, args.peer_venv, mode, ENV_LATENCY_S, out_dir, load1)
+            peer = latency_peer.run(
+                args.peer_actors, args.peer_venv, mode, ENV_LATENCY_S, out_dir, load1, args.peer_learners
+            )
     if "hypergrid" not in skip:
         bare = run_bare(ORACLE_LATENCY_S, mode)
         print(f"  bare: {json.dumps(bare)}", flush=True)

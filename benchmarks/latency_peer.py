@@ -300,12 +300,15 @@ def table_row(peer: dict, load: tuple[float, float]) -> dict:
     }
 
 
-def run(actors: int, venv: Path, mode: dict, latency_s: float, out_dir: Path, load: Callable[[], float]) -> dict:
+def run(
+    actors: int, venv: Path, mode: dict, latency_s: float, out_dir: Path, load: Callable[[], float], learners: int = 0
+) -> dict:
     """The RLlib peer of latency.py's ``mode`` with its table row, or ``{"error": why}`` when it could not be
     built or run (the reason is printed too)."""
     before = load()
     settings = {
         "runners": actors,
+        "learners": learners,
         "envs_per_runner": 4,
         "latency_s": latency_s,
         "target": mode["target"],
