@@ -53,7 +53,7 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     assert match["a4"] == match["a8"] == "-"  # not measured in the smoke run
     assert match["r"] == "not-run" and "rllib: not run: left out (--no-peer)" in lines
     assert match["i"].endswith("x") and float(match["i"][:-1]) > 0  # the inference column was measured
-    for name in ("own forward 2A", "inference 1A+1I"):
+    for name in ("own forward 2A", "inference 1A+1I split 1", "inference 1A+1I split 2"):
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[1].replace(",", "")) > 0, row  # env steps/s
     for name in ("single process", "Ape-X 2", "bare", "1T + 1A"):
