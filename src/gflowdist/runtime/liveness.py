@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from gflowdist.timing.trace import TraceRecorder
 if TYPE_CHECKING:
     from gflowdist.runtime.replacing import Spares
 
-__all__ = ["StopFlag", "Deaths", "Refusals", "Liveness", "collector_rank"]
+__all__ = ["SignalFlag", "StopFlag", "Deaths", "Refusals", "Liveness", "collector_rank"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -45,30 +44,65 @@ def collector_rank(layout: Layout) -> int:
     return layout.coordinator if layout.coordinator is not None else 0
 
 
+class SignalFlag:
+    """A flag that a signal handler may set: plain attributes, no lock.
+
+    A :class:`threading.Event` takes its condition's lock in ``set``; a second signal that arrives while
+    the first one's handler is inside ``set`` runs its handler on the same thread, which then waits
+    forever on that lock. Seen: hydra sent SIGUSR1 twice (an actor killed, then its replacement ended),
+    and a buffer hung in ``Event.set`` inside its own handler until its peers named it lost.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class StopFlag:
     """Set by SIGINT/SIGTERM or by the coordinator's ``stop``; every loop checks it each step.
 
-    With a ``trace`` (``run.trace``), the moment it is set is an instant event ``stop`` with the reason.
+    With a ``trace`` (``run.trace``), the moment it is set is an instant event ``stop`` with the reason
+    (for a signal, the moment a loop first sees it: a handler only sets attributes, see :class:`SignalFlag`).
     """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._flag = SignalFlag()
         self.reason = ""
         self.trace: TraceRecorder | None = None
+        self._traced = False
 
     def set(self, reason: str) -> None:
-        if not self._event.is_set():
+        self._note(reason)
+        self._trace_once()
+
+    def _note(self, reason: str) -> None:
+        if not self._flag.is_set():
             self.reason = reason
-            self._event.set()
-            if self.trace is not None:
-                self.trace.instant("stop", "stop", {"reason": reason})
+            self._flag.set()
+
+    def _trace_once(self) -> None:
+        if self._flag.is_set() and not self._traced and self.trace is not None:
+            self._traced = True
+            self.trace.instant("stop", "stop", {"reason": self.reason})
 
     def __bool__(self) -> bool:
-        return self._event.is_set()
+        if self._flag.is_set() and not self._traced:
+            self._trace_once()
+        return self._flag.is_set()
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:
-            self.set(f"signal {signal.Signals(signum).name}")
+            self._note(f"signal {signal.Signals(signum).name}")  # attributes only (SignalFlag)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, handler)
@@ -81,16 +115,17 @@ class Deaths:
     it: meanwhile nobody sends to an actor, since a send to a dead rank stalls all of the sender's MPI
     traffic (MPICH 5) or fails (gloo). ``heard`` is set with it and never cleared. ``lost``: the ranks
     gone on without; the end of such a process may not wait for them
-    (:func:`gflowdist.runtime.process.end_within`).
+    (:func:`gflowdist.runtime.process.end_within`). Both flags are :class:`SignalFlag`: the signal may
+    come again while its handler runs.
     """
 
     def __init__(self) -> None:
-        self.unnamed = threading.Event()
-        self.heard = threading.Event()
+        self.unnamed = SignalFlag()
+        self.heard = SignalFlag()
         self.lost: set[int] = set()
 
     def signalled(self) -> None:
-        """A rank died, not yet named (from a signal handler: flags only)."""
+        """A rank died, not yet named (from a signal handler: attributes only)."""
         self.unnamed.set()
         self.heard.set()
 
