@@ -10,6 +10,11 @@ the trainers are training:
 - ``not started``: the replacement fails in its role's setup(): it is named as not started, and the job
   goes on without rank 2 (as under ``continue``) to its last step, the ledger balanced.
 
+A third, smaller job (trainer 0 = collector, actor 1, buffer 2) has its spare actor die at the worst moment:
+right after the collector made it rank 1 and told its trainer and buffer so
+(``GFLOWDIST_STANDIN_FAULT=on-call``). Nobody waits on it: the collector names it as not started within
+``faults.startup_timeout_s``, the job goes on without rank 1 and stops cleanly; no process is left.
+
 The replaced job is then resumed (``--resume``) for 10 more steps: its final checkpoint's manifest keeps the
 lost process's counts, so rank 2's ledger carries them on and the resumed run balances too. Every process of
 the jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
@@ -24,6 +29,7 @@ import signal
 import time
 from pathlib import Path
 
+from gflowdist.standin import FAULT_VARIABLE
 from tests.support.jobs import pid_of_rank, read_json
 
 FAST = ("faults.heartbeat_s=0.2", "faults.peer_timeout_s=4", "faults.on_actor_loss=replace", "faults.max_restarts=1")
@@ -59,10 +65,24 @@ def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_na
 ):
     replaced = job_factory("run.steps=100000", *JOB)
     failing = job_factory("run.steps=150", *JOB, "params.fail_standin=1", "faults.startup_timeout_s=20")
-    runs = {job: job.wait_for_metrics(4, timeout=180) for job in (replaced, failing)}
+    small = ("layout.actors=1", "layout.coordinator=false", "-n", "3", "run.log_every=1", "params.delay_s=0.03")
+    dying = job_factory(
+        "run.steps=100000", *small, *FAST, "faults.startup_timeout_s=20", env={FAULT_VARIABLE: "on-call"}
+    )
+    runs = {job: job.wait_for_metrics(4, timeout=180) for job in (replaced, failing, dying)}
     for job, run in runs.items():
-        _wait_for("metrics of the actor", lambda run=run: len(_actor_rows(run)) >= 2, job)
-        os.kill(pid_of_rank(run, 2), signal.SIGKILL)
+        if job is not dying:
+            _wait_for("metrics of the actor", lambda run=run: len(_actor_rows(run)) >= 2, job)
+        os.kill(pid_of_rank(run, 1 if job is dying else 2), signal.SIGKILL)
+
+    _wait_for(
+        "the replacement named as not started", lambda: "its replacement sent no heartbeat" in dying.output, dying
+    )
+    trained = len(_rows(runs[dying], 0))
+    _wait_for("the job going on", lambda: len(_rows(runs[dying], 0)) >= trained + 3, dying)
+    dying.proc.send_signal(signal.SIGTERM)
+    assert dying.wait(120) == 143, dying.output
+    _check_died_on_call(dying.output, runs[dying])
 
     run = runs[replaced]
     _wait_for(
@@ -75,7 +95,7 @@ def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_na
     _check_replaced(replaced.output, run)
     assert failing.wait(240) == 0, failing.output
     _check_not_started(failing.output, runs[failing])
-    assert replaced.no_process_left() and failing.no_process_left()
+    assert replaced.no_process_left() and failing.no_process_left() and dying.no_process_left()
     # the final checkpoint's manifest keeps the lost process's counts: a resumed run balances to its end
     earlier = read_json(run / "ledger.json")["per_rank"]["2"]
     reached = read_json(run / "finals.json")["0"]["step"]
@@ -134,3 +154,21 @@ def _check_not_started(out: str, run: Path) -> None:
     assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["2"], ledger
     assert "went on without rank 2" in ledger["final_line"]
     assert [read_json(run / "finals.json")[str(r)]["step"] for r in (0, 1)] == [150, 150]
+
+
+def _check_died_on_call(out: str, run: Path) -> None:
+    assert re.search(
+        r"^gflowdist: replacing rank 1 \(actor on \S+\) \(lost: no heartbeat .*\): spare actor 1 of 1, started "
+        r"with MPI_Comm_spawn, takes its place$",
+        out,
+        re.M,
+    ), out
+    assert re.search(
+        r"^gflowdist: lost rank 1 \(actor on \S+\): its replacement sent no heartbeat within "
+        r"faults.startup_timeout_s \(20 s; its log: logs/rank-1.log\); going on without it",
+        out,
+        re.M,
+    ), out
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["1"], ledger
+    assert "went on without rank 1" in ledger["final_line"]
