@@ -2,7 +2,7 @@
 
 A handler that took a lock (threading.Event.set) hung a buffer when hydra's SIGUSR1 came twice, the second
 inside the first handler's set: py-spy showed its main thread waiting on the Event's lock in the nested
-handler, and tests/test_replace_actor.py's failing stand-in job failed 3 runs in 7, naming the live buffer
+handler, and tests/test_replace_actor.py's failing stand-in job failed 5 runs in 10, naming the live buffer
 or coordinator lost. That real-rank job is the regression test of the hang (the window inside Event.set
 cannot be hit on purpose); these check what the handlers do now.
 """
