@@ -1,7 +1,7 @@
 """The MPI engine (mpi4py).
 
 Point-to-point framing: a message of at most ``chunk_bytes`` is one MPI
-message on wire tag ``tag << 2 | kind << 1`` (:func:`wire_tag`; the kind is the
+message on wire tag ``tag << 2 | kind << 1`` (:func:`~gflowdist.comm.mpi_wire.wire_tag`; the kind is the
 one bit :meth:`~gflowdist.comm.base.Communicator.recv_kind` reads back). A
 larger one is a sequence on that wire tag ``| 1``: an int64 total length, then
 the chunks. The receiver
@@ -47,7 +47,11 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import BufferPool, as_byte_array
-from gflowdist.comm.polling import Backoff, poll_until
+from gflowdist.comm.mpi_wire import CHUNKED as _CHUNKED
+from gflowdist.comm.mpi_wire import KIND_SHIFT as _KIND_SHIFT
+from gflowdist.comm.mpi_wire import TAG_SHIFT as _TAG_SHIFT
+from gflowdist.comm.mpi_wire import MPISendHandle, wire_tag
+from gflowdist.comm.polling import poll_until
 from gflowdist.comm.session import register
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.engines import MPI as MPI_ENGINE
@@ -56,50 +60,14 @@ from gflowdist.errors import ProtocolError
 __all__ = ["MPIComm", "wire_tag"]
 
 _OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
-_CHUNKED = 1
-_KIND_SHIFT = 1
-_TAG_SHIFT = 2
 _UINT8 = torch.uint8
 _U8 = np.dtype(np.uint8)
 _new_bytes = np.empty
 _ANY_SOURCE, _ANY_TAG, _BYTE = MPI.ANY_SOURCE, MPI.ANY_TAG, MPI.BYTE
 _fromaddress = MPI.buffer.fromaddress
 
-
-def wire_tag(tag: int, kind: int = 0, chunked: bool = False) -> int:
-    """The MPI tag a message of ``tag`` and ``kind`` (0/1) travels on: ``tag << 2 | kind << 1 | chunked``."""
-    return (tag << _TAG_SHIFT) | (kind << _KIND_SHIFT) | (_CHUNKED if chunked else 0)
-
-
 #: :meth:`MPIComm.recv` polls this long in a tight loop before the general wait (see there)
 RECV_SPIN_S = 200e-6
-
-
-class _MPISendHandle(AsyncSendHandle):
-    __slots__ = ("_buffers", "_done", "_requests", "dst", "nbytes", "tag")
-
-    def __init__(self, dst: int, tag: int, nbytes: int, requests: list[MPI.Request], buffers: list[Any]):
-        self.dst, self.tag, self.nbytes = dst, tag, nbytes
-        self._requests = requests
-        self._buffers = buffers  # owned until complete
-        self._done = False
-
-    def is_complete(self) -> bool:
-        if not self._done and MPI.Request.Testall(self._requests):
-            self._done = True
-            self._buffers = []
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> None:
-        # Spin about as long as the transfer should take (1 GB/s), then back off.
-        backoff = Backoff(spin_s=0.002 + self.nbytes / 1e9)
-        poll_until(
-            lambda: True if self.is_complete() else None,
-            timeout=timeout,
-            what=f"send of {self.nbytes} bytes to rank {self.dst} (tag {self.tag})",
-            peer=self.dst,
-            backoff=backoff,
-        )
 
 
 class MPIComm(Communicator):
@@ -123,7 +91,7 @@ class MPIComm(Communicator):
         self._pool_min = self._pool.min_bytes  # smaller receives get a fresh array
         self._improbe = self._p2p.Improbe
         self._status = MPI.Status()
-        self._in_flight: list[_MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
+        self._in_flight: list[MPISendHandle] = []  # keeps buffers alive if a caller drops a handle
         self._draining: dict[tuple[int, int], int] = {}  # (sender, wire tag) -> bytes of a refused message
         self._freed = False
         #: peers reached through an intercommunicator, at a rank of its remote group: replacements, or a stand-in's
@@ -252,7 +220,7 @@ class MPIComm(Communicator):
         p2p, to = self._routes[dst] if dst in self._routes else (self._p2p, dst)
         if nbytes <= self.chunk_bytes:
             request = p2p.Isend([payload, MPI.BYTE], to, wire)
-            handle = _MPISendHandle(dst, tag, nbytes, [request], [payload, data])
+            handle = MPISendHandle(dst, tag, nbytes, [request], [payload, data])
         else:
             header = np.array([nbytes], dtype=np.int64)
             with self._send_lock:  # the parts of one message must not interleave with another's
@@ -260,7 +228,7 @@ class MPIComm(Communicator):
                 for start in range(0, nbytes, self.chunk_bytes):
                     part = payload[start : start + self.chunk_bytes]
                     requests.append(p2p.Isend([part, MPI.BYTE], to, wire | _CHUNKED))
-            handle = _MPISendHandle(dst, tag, nbytes, requests, [header, payload, data])
+            handle = MPISendHandle(dst, tag, nbytes, requests, [header, payload, data])
         if not handle.is_complete():
             if len(self._in_flight) >= 64:
                 self._in_flight = [h for h in self._in_flight if not h.is_complete()]
