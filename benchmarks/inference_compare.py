@@ -100,7 +100,7 @@ def run_one(
         "name": name,
         "ranks": ranks,
         "actors": actors,
-        "env_per_s": _summed_rate(rows, actor_ranks, "env_steps"),
+        "env_per_s": summed_rate(rows, actor_ranks, "env_steps"),
         "mean_batch": served["mean_batch"] if served else None,
         "delay_ms": served["delay_mean_ms"] if served else None,
         "forward_ms": served["forward_mean_ms"] if served else None,
@@ -152,7 +152,8 @@ def _idle_share(finals: dict) -> float:
     return statistics.fmean(shares) if shares else 0.0
 
 
-def _summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
+def summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
+    """Sum over ``ranks`` of (last - first ``field``) / (their time apart), from metrics rows."""
     total = 0.0
     for rank in ranks:
         mine = [row for row in rows if row["rank"] == rank and field in row]

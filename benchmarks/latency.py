@@ -94,6 +94,7 @@ import inference_compare
 import latency_peer
 from gflowdist.timing.text_table import table_lines
 from hypergrid import child_env, load_average, parse_result, run_directory
+from inference_compare import summed_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 APEX = ROOT / "examples" / "apex_cartpole"
@@ -205,16 +206,6 @@ def run_apex(actors: int, latency_s: float, mode: dict, out_dir: Path) -> dict:
 
 def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
-    """Sum over ``ranks`` of (last - first ``field``) / (their time apart), from metrics rows."""
-    total = 0.0
-    for rank in ranks:
-        mine = [row for row in rows if row["rank"] == rank and field in row]
-        if len(mine) >= 2 and mine[-1]["time"] > mine[0]["time"]:
-            total += (mine[-1][field] - mine[0][field]) / (mine[-1]["time"] - mine[0]["time"])
-    return total
 
 
 def where_time_goes(finals: dict) -> dict[str, dict[str, float]]:
