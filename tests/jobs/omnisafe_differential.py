@@ -184,3 +184,7 @@ if __name__ == "__main__":
     modules()
     aliases()
     print(f"OMNISAFE DIFFERENTIAL OK {SIZE}", flush=True)
+    # torch's rule (OmniSafe's scripts skip it): destroy the process group before exit, or a gloo worker
+    # may drop its last finished work while the interpreter shuts down and abort the rank
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

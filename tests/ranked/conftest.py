@@ -35,6 +35,14 @@ def comm():
         raise RuntimeError(f"expected the {ENGINE} engine, got {world.engine}")
     yield world
     world.barrier()
+    if ENGINE == "torch":
+        # torch's rule for a script that made its process group: destroy it before exit, or a gloo worker
+        # may drop its last finished collective while the interpreter shuts down and abort the rank
+        # ("terminate called without an active exception"); gflowdist's world over it is freed first
+        from gflowdist.comm.select import release_world_comm
+
+        release_world_comm()
+        dist.destroy_process_group()
 
 
 @pytest.hookimpl(hookwrapper=True)

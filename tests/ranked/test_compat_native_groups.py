@@ -127,6 +127,22 @@ def check_every_module(group, members, rank: int) -> None:
     virtex.synchronize(group)
 
 
+def ring_in_group_ranks(sub, members) -> None:
+    """Point to point over the wrapper of a user's group: ranks are the group's, not the world's.
+
+    A gloo wrapper once sent over the world's group with group ranks: group
+    rank 0 (world rank 1) then posted its receives on itself, and freeing it
+    failed with "Pair is not connected".
+    """
+    n, me = len(members), sub.rank
+    if n < 2:
+        return
+    sub.send(f"from world rank {members[me]}".encode(), (me + 1) % n, tag=5)
+    source, got = sub.recv((me - 1) % n, tag=5, timeout=30)
+    assert source == (me - 1) % n
+    assert got.numpy().tobytes() == f"from world rank {members[(me - 1) % n]}".encode()
+
+
 def test_user_built_groups_in_every_compat_module(comm):
     if comm.engine == "local":
         pytest.skip("a world of one has no torch process group or MPI communicator to build from")
@@ -134,6 +150,7 @@ def test_user_built_groups_in_every_compat_module(comm):
     if comm.rank in members:
         check_every_module(group, members, comm.rank)
         assert as_communicator(group) is as_communicator(group), "one wrapper per group, cached"
+        ring_in_group_ranks(as_communicator(group), members)
     else:  # what torch / MPI give a non-member: sizes of -1, collectives refused
         assert tg.get_world_size("mpi", group) == -1 == virtex.get_world_size(group)
         with pytest.raises(NotAMemberError, match="all_reduce: this rank is not a member"):

@@ -79,7 +79,9 @@ class TorchComm(TorchCollectives):
         max_recv_bytes: int | None = None,
     ):
         super().__init__(group, p2p_group=p2p_group, is_world=is_world)
-        self._pg = p2p_group if p2p_group is not None else dist.group.WORLD  # its send/recv take the works
+        # send/recv travel in the gloo group of the collectives' ranks (_p2p_ranks number them there):
+        # a user's sub-group carries its own, in its own ranks; the world's gloo group is WORLD
+        self._pg = self._p2p if self._p2p is not None else dist.group.WORLD
         self._p2p_ranks = [self._group_to_p2p_rank(r) for r in range(self.size)]
         if chunk_bytes is not None:
             self.chunk_bytes = int(chunk_bytes)
