@@ -7,14 +7,24 @@
 - ``netns_hosts`` (:mod:`tests.support.netns`): two network-namespace hosts
   for a module (skipped with the reason where namespaces are unavailable).
 
+The suite's jobs skip report.png (``GFLOWDIST_REPORT_FIGURE=0``, set below) unless a test
+asks for it.
+
 Tests marked ``gpu`` run where torch sees a CUDA device and are skipped,
 with that reason, elsewhere (``pytest -m gpu`` runs only them).
 """
 
 import compileall
+import os
 from pathlib import Path
 
 import pytest
+
+from gflowdist.timing.figure import FIGURE_VARIABLE
+
+# no report.png in the suite's runs (about a second of each job's end, some 70 jobs) but where a test asks
+# for it (report.figure=true) or checks that a run draws it by default (it sets the variable to 1)
+os.environ.setdefault(FIGURE_VARIABLE, "0")
 
 from tests.support.jobs import job_factory  # noqa: F401 (a fixture)
 from tests.support.local_jobs import local_job_factory  # noqa: F401 (a fixture)

@@ -54,6 +54,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "run.log_every=10",
         "run.tensorboard=true",
         "run.trace=true",
+        "report.figure=true",  # the suite skips it by default (tests/conftest.py)
         config=HYPERGRID,
     )
     assert job.returncode == 0, job.output

@@ -124,7 +124,7 @@ def _end(output: str) -> list[str]:
 
 
 def test_a_run_ends_on_one_screen_and_keeps_the_whole_report_in_its_file(local_job_factory):
-    job = local_job_factory()
+    job = local_job_factory("report.figure=true")  # the suite skips the figure unless asked (tests/conftest.py)
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     end = _end(job.output)
@@ -148,7 +148,7 @@ def test_a_run_ends_on_one_screen_and_keeps_the_whole_report_in_its_file(local_j
 
 
 def test_ctrl_c_ends_with_the_resume_command_and_the_resumed_run_keeps_both_generations(job_factory):
-    first = job_factory("run.steps=100000", "params.delay_s=0.01")
+    first = job_factory("run.steps=100000", "params.delay_s=0.01", "report.figure=true")
     run = first.wait_for_metrics(6)
     first.proc.send_signal(signal.SIGINT)
     assert first.wait(60) == 130, first.output
@@ -157,7 +157,7 @@ def test_ctrl_c_ends_with_the_resume_command_and_the_resumed_run_keeps_both_gene
     ), first.output
     produced_before = read_json(run / "ledger.json")["totals"]["produced"]
     reached = max(read_json(run / "checkpoints" / "gen-0000-final" / "MANIFEST.json")["steps"].values())
-    second = job_factory(f"run.steps={reached + 10}", "params.delay_s=0", "--resume", str(run))
+    second = job_factory(f"run.steps={reached + 10}", "params.delay_s=0", "report.figure=true", "--resume", str(run))
     second.out_dir = run.parent
     assert second.wait(120) == 0, second.output
     for kept in ("report.gen0.txt", "report.gen0.json", "report.gen0.png", "trace.gen0.json"):

@@ -31,7 +31,12 @@ FAST = ("faults.heartbeat_s=0.2", "faults.peer_timeout_s=4")
 def test_a_failed_run_leaves_a_partial_report_and_trace_that_gflowdist_report_reads(job_factory, local_job_factory):
     lost = job_factory("run.steps=100000", "params.delay_s=0.01", *FAST)
     raises = local_job_factory(
-        "run.steps=100", "params.loss_fail_rank=1", "params.loss_fail_at=30", "faults.checkpoint_every=10", *FAST
+        "run.steps=100",
+        "params.loss_fail_rank=1",
+        "params.loss_fail_at=30",
+        "faults.checkpoint_every=10",
+        "report.figure=true",  # a failed run draws it too (the suite skips it unless asked: tests/conftest.py)
+        *FAST,
     )
     run = lost.wait_for_metrics(4)
     os.kill(pid_of_rank(run, 2), signal.SIGKILL)

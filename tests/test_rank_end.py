@@ -21,7 +21,7 @@ def test_a_rank_joins_its_threads_and_runs_its_exit_handlers_before_it_ends(job_
     running when the job is over) has ended and its atexit handler has run: what an interpreter's exit does."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    job = job_factory("-n", "3", "--engine", engine, "run.steps=3", f"params.exit_marks={marks}")
+    job = job_factory("-n", "3", "--engine", engine, "run.steps=3", f"params.exit_marks={marks}", "report.figure=true")
     assert job.wait(180) == 0, job.output
     for rank in range(3):
         assert (marks / f"thread-{rank}").read_text() == "done", job.output

@@ -21,7 +21,7 @@ from tests.support.jobs import pid_of_rank, read_json
 
 
 def test_normal_run_balances_and_writes_the_run_directory(job_factory):
-    job = job_factory()
+    job = job_factory("report.figure=true")  # the suite skips the figure unless asked (tests/conftest.py)
     assert job.wait(120) == 0, job.output
     run = job.run_dir()
     for name in (

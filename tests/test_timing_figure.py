@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from gflowdist.config import Config
+from gflowdist.errors import ConfigError
 from gflowdist.timing import StepTimer, build_report
-from gflowdist.timing.figure import figure_unavailable_reason, save_figure
+from gflowdist.timing.figure import FIGURE_VARIABLE, figure_unavailable_reason, figure_wanted, save_figure
 from gflowdist.timing.trace_figure import WindowError, draw_timeline, trace_span_ms
 
 pytest.importorskip("matplotlib")
@@ -84,3 +86,35 @@ def test_timeline_of_a_stretch_without_phases_and_a_window_outside_the_trace(tmp
     with pytest.raises(WindowError, match=r"window 99999:100100 ms is outside the trace, which spans 1\.0 to 20\.0 ms"):
         draw_timeline(trace, tmp_path / "outside.png", window_ms=(99999.0, 100100.0))
     assert not (tmp_path / "outside.png").exists()
+
+
+def test_report_figure_decides_and_null_asks_the_environment() -> None:
+    for env in ({}, {FIGURE_VARIABLE: "0"}, {FIGURE_VARIABLE: "1"}):
+        assert figure_wanted(True, env) is True and figure_wanted(False, env) is False  # the key wins
+    assert figure_wanted(None, {}) is True  # the default: draw
+    assert figure_wanted(None, {FIGURE_VARIABLE: "0"}) is False
+    assert figure_wanted(None, {FIGURE_VARIABLE: "1"}) is True
+    with pytest.raises(ConfigError, match=f"environment: {FIGURE_VARIABLE}: expected 0 or 1 .*found 'yes'"):
+        figure_wanted(None, {FIGURE_VARIABLE: "yes"})
+    assert Config().report.figure is None
+    assert Config().apply_overrides(["report.figure=false"]).report.figure is False
+    with pytest.raises(ConfigError, match=r"report\.figure"):
+        Config().apply_overrides(["report.figure=2"])
+
+
+def test_without_the_figure_a_report_writes_its_text_and_json_only(tmp_path: Path) -> None:
+    report = build_report({0: _timer({"rollout": [1.0]}, 1, 0.5)}, roles={0: "trainer"}, metrics=[])
+    (tmp_path / "report.png").write_bytes(PNG_MAGIC)  # left by an attempt that drew one: not this report's
+    saved = report.save(tmp_path, figure=False)
+    assert saved.png_skipped == "report.figure is false"
+    assert sorted(p.name for p in saved.paths) == ["report.json", "report.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "report.txt"]
+
+
+def test_gflowdist_run_refuses_a_bad_variable_before_it_launches(monkeypatch) -> None:
+    from gflowdist.cli import preflight
+
+    monkeypatch.setenv(FIGURE_VARIABLE, "true")
+    with pytest.raises(ConfigError, match=f"{FIGURE_VARIABLE}: expected 0 or 1"):
+        preflight.check_extras(Config())
+    preflight.check_extras(Config().apply_overrides(["report.figure=true"]))  # the key answers: not asked

@@ -2,7 +2,7 @@
 
 import sys
 
-from tests.support.launching import run_torch
+from tests.support.launching import lines, run_torch
 
 PROGRAM = "tests/jobs/exit_without_free.py"
 RUNS = 6  # without the exit hook about 6 runs in 10 abort here, so 6 clean runs are no accident
@@ -54,3 +54,20 @@ def test_a_tag_ignoring_transport_exchanges_on_several_tags_and_exits_cleanly():
             "EXCHANGED 1",
             "EXCHANGED 2",
         ]
+
+
+def test_the_exit_destroys_a_gloo_group_gflowdist_made_and_leaves_the_users():
+    """Torch aborts a process that exits with a gloo group undestroyed (about 1 run in 16 under load);
+    OmniSafe-style scripts never destroy the group gflowdist initialised for them."""
+    expected = {"made": "DESTROYED", "user": "KEPT", "raise": "KEPT"}
+    for mode, state in expected.items():
+        result = run_torch(2, [sys.executable, "tests/jobs/exit_with_made_group.py", mode], timeout=90)
+        assert not result.timed_out, f"{mode}: timed out:\n{result.output}"
+        assert result.returncode == (1 if mode == "raise" else 0), (
+            f"{mode}: exited {result.returncode}:\n{result.output}"
+        )
+        assert sorted(lines(result.output, "RANK")) == ["RANK 0 SUM 2", "RANK 1 SUM 2"], result.output
+        ends = sorted(line for line in result.output.splitlines() if line.startswith("AT EXIT"))
+        want = [f"AT EXIT - GROUP {state}"] * 2 if state == "DESTROYED" else [f"AT EXIT {r} GROUP KEPT" for r in (0, 1)]
+        assert ends == want, f"{mode}:\n{result.output}"
+        assert "terminate called" not in result.output

@@ -176,7 +176,13 @@ def needed_extras(config) -> list[Extra]:
 
 
 def check_extras(config) -> None:
-    """Step 1b: what the config asks for beyond the core is installed (found without importing it)."""
+    """Step 1b: what the config asks for beyond the core is installed (found without importing it).
+
+    Also GFLOWDIST_REPORT_FIGURE, where ``report.figure`` leaves it to the variable: 0 or 1.
+    """
+    from gflowdist.timing.figure import figure_wanted
+
+    figure_wanted(config.report.figure)
     for extra in needed_extras(config):
         if not extra.installed():
             also = " (or set run.tensorboard: false)" if extra.module == "tensorboard" else ""

@@ -93,9 +93,13 @@ def init_default_group(
 
     ``timeout`` bounds the rendezvous and is the process group's timeout
     (``None``: torch's defaults). See the module docstring for what listens
-    where and which error each failure raises.
+    where and which error each failure raises. A gloo group made here that
+    is still there when the process exits normally is destroyed then
+    (:func:`gflowdist.comm.session.made_default_group`).
     """
     import torch.distributed as dist
+
+    from gflowdist.comm.session import made_default_group
 
     extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if init_method == "env://":
@@ -110,11 +114,13 @@ def init_default_group(
             world_size=-1 if world_size is None else world_size,
             **extra,
         )
+        made_default_group()
         return
     store = _store(where, timeout if timeout is not None else _default_timeout())
     dist.init_process_group(
         backend, store=dist.PrefixStore("default_pg", store), rank=where.rank, world_size=where.world_size, **extra
     )
+    made_default_group()
 
 
 def bind_listener(

@@ -20,6 +20,10 @@ one process do not share a world, an axis or a registry. A session holds:
   (:meth:`Session.owns_process_group`, set by torchgfn's
   ``initialize_distributed_compute``).
 
+At the process's exit the communicators still open are freed, and a gloo
+default group that gflowdist initialised and nobody destroyed is destroyed
+(:func:`made_default_group`).
+
 :meth:`Session.close` tears all of that down, in this order:
 
 1. the axes are unbound (they name communicators freed next);
@@ -63,6 +67,7 @@ __all__ = [
     "unregister",
     "track",
     "forget",
+    "made_default_group",
 ]
 
 #: how long a closing session (the exit hook's included) waits, over all its open communicators, for them to free
@@ -293,8 +298,44 @@ def forget(comm: Any) -> None:
     current_session().forget(comm)
 
 
+#: torch.distributed's default group when gflowdist initialised it (a weak reference; see made_default_group)
+_MADE_GROUP: list[weakref.ref[Any]] = []
+
+
+def made_default_group() -> None:
+    """Note that gflowdist has just initialised torch.distributed's default group (``init_default_group``).
+
+    If that group is still the default one when the process exits normally
+    (no uncaught exception) and its backend is gloo, the exit destroys it,
+    after the communicators still open are freed. Torch asks every script to
+    call ``destroy_process_group()``; the compat layers' users (OmniSafe's
+    ``fork``, torchgfn's scripts) often do not, and then a gloo worker may
+    drop its last finished collective while the interpreter shuts down,
+    which aborts the process ("terminate called without an active
+    exception"). A group the user initialised is theirs: never destroyed here.
+    nccl groups are left alone (destroying one can wait on its peers).
+    """
+    import torch.distributed as dist
+
+    _MADE_GROUP[:] = [weakref.ref(dist.group.WORLD)] if dist.group.WORLD is not None else []
+
+
+def _destroy_made_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if not _MADE_GROUP or dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    made = _MADE_GROUP[0]()
+    _MADE_GROUP.clear()
+    if made is None or made is not dist.group.WORLD or dist.get_backend() != "gloo":
+        return
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception: a collective may be pending
+        return
+    dist.destroy_process_group()
+
+
 @atexit.register
 def _free_at_exit() -> None:
     # while daemon threads can still run Python (past atexit, a helper thread that returns from
-    # torch aborts the process)
+    # torch aborts the process); then the default group gflowdist made, if it is still there
     _PROCESS.free_open(EXIT_FREE_TIMEOUT_S)
+    _destroy_made_group()

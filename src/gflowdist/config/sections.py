@@ -371,6 +371,13 @@ class ReportConfig(Section):
         "Metrics report.png draws, in this order (up to 4; a metric several roles report gets a line per role); "
         "empty = the coordinator's first, then the trainers', actors', buffers', counts last.",
     )
+    figure: bool | None = setting(
+        None,
+        OptionalCheck(BoolCheck()),
+        "Draw report.png at each run's end (matplotlib: about a second of the coordinator's time). "
+        "false: report.txt and report.json only (gflowdist report RUN_DIR --png PATH draws it later); "
+        "null = the environment variable GFLOWDIST_REPORT_FIGURE (0 or 1) where it is set, else true.",
+    )
 
 
 #: The most groups an actor's environments may be split into (``inference.split``).

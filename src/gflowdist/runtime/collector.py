@@ -288,6 +288,7 @@ class Collector:
             unit=self.line.unit,
             warnings=(flood,) if flood else (),
             curves=self.w.settings.curves,
+            figure=self.w.settings.figure,
         )
 
     def flood_note(self) -> str | None:

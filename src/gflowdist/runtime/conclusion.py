@@ -161,9 +161,11 @@ def conclude_failed(
     missing: Mapping[int, str],
     resume: str | None,
     notes: Sequence[str] = (),
+    figure: bool = True,
 ) -> str:
     """A failed run's post-mortem in ``run_dir`` (see the module docstring) from what each rank held (``states``:
-    rank -> its partial final report, or what the collector last heard of it); returns the failure line."""
+    rank -> its partial final report, or what the collector last heard of it); returns the failure line.
+    ``figure``: draw report.png (``report.figure``)."""
     failure = failures[0]
     line = f"{failure.headline}; partial report in {run_dir / 'report.txt'}" + (f"; resume: {resume}" if resume else "")
     parts = {
@@ -209,7 +211,7 @@ def conclude_failed(
         states,
         ledgers,
         notes,
-        GenerationFacts(generation=generation),
+        GenerationFacts(generation=generation, figure=figure),
         failure=failure_lines(failures, resume),
     )
     (run_dir / "ledger.json").write_text(
@@ -306,7 +308,7 @@ def _report(
             generations=tuple(history),
             unit=facts.unit,
         )
-    report.save(run_dir)
+    report.save(run_dir, figure=facts.figure if facts is not None else True)
     return report
 
 

@@ -42,7 +42,7 @@ class GenerationFacts:
 
     ``produced_before``: the items the ranks had made before this generation (its rate counts from them);
     ``warnings``: lines a person must see on the console and in the report's notes; ``curves``: the
-    metrics ``report.curves`` asks the figure to draw.
+    metrics ``report.curves`` asks the figure to draw; ``figure``: whether report.png is drawn at all.
     """
 
     generation: int = 0
@@ -52,6 +52,7 @@ class GenerationFacts:
     unit: str = "trajectories"
     warnings: tuple[str, ...] = ()
     curves: tuple[str, ...] = ()
+    figure: bool = True
 
 
 def read_history(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -251,6 +251,7 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
         missing={r: f"no answer within {wait_s(w):g} s" for r in missing},
         resume=resume_command(process.run_dir),
         notes=[collector.generation_note] if collector.generation_note else [],
+        figure=w.settings.figure,
     )
     for rank in states:  # those waiting for the end may go (the torch engine's abort ends only this process)
         if rank != w.rank and rank not in lost and rank not in missing:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gflowdist.config import Config, LearnerConfig, SyncConfig
+from gflowdist.timing.figure import figure_wanted
 
 __all__ = ["Settings", "POSTMORTEM_CAP_S", "KEEPER_MARGIN_S"]
 
@@ -74,6 +75,8 @@ class Settings:
     replayed_per_step: Callable[[float | None], int]
     # report
     curves: tuple[str, ...]
+    #: draw report.png (``report.figure``, or GFLOWDIST_REPORT_FIGURE where it is null)
+    figure: bool
     # inference (layout.inference)
     inference_max_batch: int
     inference_max_delay_ms: float
@@ -110,6 +113,7 @@ class Settings:
             sampler_name=replay.sampler_name,
             replayed_per_step=replay.replayed_per_step,
             curves=tuple(config.report.curves),
+            figure=figure_wanted(config.report.figure),
             inference_max_batch=config.inference.max_batch,
             inference_max_delay_ms=float(config.inference.max_delay_ms),
             inference_split=config.inference.split,

@@ -388,8 +388,8 @@ class Report:
 
     # --- files ----------------------------------------------------------------------
 
-    def save(self, run_dir: str | os.PathLike[str]) -> SavedReport:
-        """Write ``report.txt``, ``report.json`` and, when matplotlib imports, ``report.png``.
+    def save(self, run_dir: str | os.PathLike[str], *, figure: bool = True) -> SavedReport:
+        """Write ``report.txt``, ``report.json`` and, when matplotlib imports and ``figure``, ``report.png``.
 
         The directory is created if needed; each file is written to a temporary
         name and renamed, so a reader never sees half a file. Without
@@ -404,6 +404,9 @@ class Report:
             _write_text(directory / "report.txt", self.to_text() + "\n"),
             _write_text(directory / "report.json", self.to_json() + "\n"),
         ]
+        if not figure:  # report.figure: false (a stale figure of an earlier generation would mislead)
+            (directory / "report.png").unlink(missing_ok=True)
+            return SavedReport(tuple(paths), "report.figure is false")
         reason = figure_unavailable_reason()
         if reason is None:
             paths.append(save_figure(self, directory / "report.png"))
