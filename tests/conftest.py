@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gflowdist.timing.figure import FIGURE_VARIABLE
+from gflowdist.config.figure_choice import FIGURE_VARIABLE
 
 # no report.png in the suite's runs (about a second of each job's end, some 70 jobs) but where a test asks
 # for it (report.figure=true) or checks that a run draws it by default (it sets the variable to 1)

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from gflowdist.config import Config
+from gflowdist.config.figure_choice import FIGURE_VARIABLE, figure_wanted
 from gflowdist.errors import ConfigError
 from gflowdist.timing import StepTimer, build_report
-from gflowdist.timing.figure import FIGURE_VARIABLE, figure_unavailable_reason, figure_wanted, save_figure
+from gflowdist.timing.figure import figure_unavailable_reason, save_figure
 from gflowdist.timing.trace_figure import WindowError, draw_timeline, trace_span_ms
 
 pytest.importorskip("matplotlib")

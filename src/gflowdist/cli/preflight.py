@@ -180,7 +180,7 @@ def check_extras(config) -> None:
 
     Also GFLOWDIST_REPORT_FIGURE, where ``report.figure`` leaves it to the variable: 0 or 1.
     """
-    from gflowdist.timing.figure import figure_wanted
+    from gflowdist.config.figure_choice import figure_wanted
 
     figure_wanted(config.report.figure)
     for extra in needed_extras(config):

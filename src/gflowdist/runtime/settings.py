@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gflowdist.config import Config, LearnerConfig, SyncConfig
-from gflowdist.timing.figure import figure_wanted
+from gflowdist.config.figure_choice import figure_wanted
 
 __all__ = ["Settings", "POSTMORTEM_CAP_S", "KEEPER_MARGIN_S"]
 
@@ -88,6 +88,7 @@ class Settings:
     @classmethod
     def of(cls, config: Config) -> Settings:
         """The settings of ``config``."""
+
         faults, run, replay = config.faults, config.run, config.replay
         return cls(
             heartbeat_s=float(faults.heartbeat_s),

@@ -26,12 +26,8 @@ Panels:
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from gflowdist.errors import ConfigError
 
 if TYPE_CHECKING:
     from gflowdist.timing.report import Report
@@ -42,30 +38,6 @@ __all__ = ["figure_unavailable_reason", "save_figure", "draw_figure", "curve_pan
 MAX_CURVES = 4
 #: Matrix cells are annotated with their seconds up to this many ranks.
 _ANNOTATE_MAX_RANKS = 10
-
-
-#: The environment variable that answers ``report.figure: null`` (``0`` or ``1``; unset: draw).
-FIGURE_VARIABLE = "GFLOWDIST_REPORT_FIGURE"
-
-
-def figure_wanted(configured: bool | None, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether a run draws report.png: ``report.figure``, or where it is null :data:`FIGURE_VARIABLE`, else yes.
-
-    A value of the variable other than ``0`` or ``1`` raises :class:`~gflowdist.errors.ConfigError`
-    naming it (``gflowdist run`` checks before it launches anything).
-    """
-    if configured is not None:
-        return configured
-    value = (os.environ if environ is None else environ).get(FIGURE_VARIABLE)
-    if value is None:
-        return True
-    if value not in ("0", "1"):
-        raise ConfigError(
-            f"expected 0 or 1 (it answers report.figure: null), found {value!r}",
-            key=FIGURE_VARIABLE,
-            file="environment",
-        )
-    return value == "1"
 
 
 def figure_unavailable_reason() -> str | None:
