@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gflowdist.errors import BadBatchError, BatchError
-from gflowdist.runtime.liveness import Refusals
+from gflowdist.runtime.liveness import Liveness, Refusals
 from gflowdist.runtime.loops.batches import check_batch, refusal_before_concat, role_method
 from gflowdist.runtime.loops.trainer import TrainerLoop
 
@@ -144,3 +144,22 @@ def test_a_shape_changing_batch_is_refused_before_the_concat_and_never_crashes_i
     )
     both = TrainerLoop.combine(loop, good(8), replayed)
     assert both["states"].shape == (16, 3, 2)  # a batch that fits is concatenated as before
+
+
+def test_a_refusal_reads_the_same_whether_the_trainer_or_its_buffer_saw_it_first():
+    """The restart rule compares failures by their text. The buffer's refusal lacked the origin that the
+    trainer's own check before its concat gives, so a job whose same failure came both ways was restarted
+    once more than faults.max_restarts allows after a repeated failure (tests/test_keep_training.py, once in CI)."""
+    grown = {**good(8), "states": torch.zeros(8, 4, 2)}
+    loop = _loop("fail", [])
+    loop.trainer = _Trainer()
+    loop.w.liveness.refusals.shipped(40, 5, role_method(loop.trainer, "rollout"))  # ship() records it
+    with pytest.raises(BadBatchError) as mine:
+        TrainerLoop.combine(loop, grown, good(8))
+    heard = SimpleNamespace(refusals=Refusals(), settings=SimpleNamespace(on_bad_batch="fail"), note=lambda *a, **k: 0)
+    heard.refusals.shipped(40, 5, role_method(loop.trainer, "rollout"))
+    buffers_words = str(mine.value).split(" (faults.on_bad_batch")[0]  # what the buffer sends: its refusal_text
+    with pytest.raises(BadBatchError) as theirs:
+        Liveness.refused(heard, {"seq": 40, "text": buffers_words})
+    assert str(theirs.value) == str(mine.value) and theirs.value.step == mine.value.step == 5
+    assert str(mine.value).endswith("; _Trainer.rollout made it at step 5")

@@ -141,18 +141,26 @@ class Deaths:
 
 
 class Refusals:
-    """My buffer's refusals of my batches: the step each recent batch was made at, those heard, those I made."""
+    """My buffer's refusals of my batches: the step each recent batch was made at (and by which method),
+    those heard, those I made."""
 
     def __init__(self) -> None:
         self.shipped_at: dict[int, int] = {}  # by the batch's first trajectory's seq
+        #: by seq, where the batch was made (``"ToyTrainer.rollout made it at step 5"``): a refusal names it
+        #: in the same words whether the buffer's refusal or the trainer's own check before its concat came first
+        self.origins: dict[int, str] = {}
         self.heard = 0  # refusals that reached me (hear_refusals)
         self.mine: set[int] = set()  # seqs of my batches I refused myself (before a concat)
 
-    def shipped(self, seq: int, step: int) -> None:
-        """My batch ``seq`` was made at trainer step ``step`` (a refusal of it names the step)."""
+    def shipped(self, seq: int, step: int, made_by: str = "") -> None:
+        """My batch ``seq`` was made at trainer step ``step`` by ``made_by`` (``"ToyTrainer.rollout"``;
+        a refusal of it names both)."""
         self.shipped_at[seq] = step
+        self.origins[seq] = f"{made_by} made it at step {step}" if made_by else ""
         if len(self.shipped_at) > SHIPPED_KEPT:
-            del self.shipped_at[next(iter(self.shipped_at))]
+            oldest = next(iter(self.shipped_at))
+            del self.shipped_at[oldest]
+            self.origins.pop(oldest, None)
 
     def refused_myself(self, seq: int) -> None:
         """I refused my batch ``seq`` myself: the buffer's refusal of it, when it comes, is not a second one."""
@@ -291,7 +299,8 @@ class Liveness:
             return
         self.note("batch refused", "fault", seq=body.get("seq"))
         step = refusals.shipped_at.get(body["seq"]) if "seq" in body else None
-        on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=step)
+        origin = refusals.origins.get(body["seq"], "") if "seq" in body else ""
+        on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=step, origin=origin)
 
     def hear_refusals(self, count: int) -> None:
         """Listen until I have heard ``count`` refusals from my buffer (a checkpoint's ack counts them; each

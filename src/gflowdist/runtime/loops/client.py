@@ -10,6 +10,7 @@ import torch
 
 from gflowdist.errors import DeadlineError, GflowdistError, PeerLostError
 from gflowdist.runtime import protocol
+from gflowdist.runtime.loops.batches import role_method
 from gflowdist.runtime.loops.priorities import initial_priorities
 from gflowdist.runtime.protocol import Command, command_of
 from gflowdist.runtime.roles import Actor
@@ -73,7 +74,7 @@ def ship(w: Wiring, producer: Actor, batch: dict[str, Any], state: TrainerState 
     )  # before it leaves: a diverged rank names itself
     w.ledger.produced += n
     if isinstance(state, TrainerState):  # a refusal of this batch names the step that made it
-        w.liveness.refusals.shipped(state.produced, state.step)
+        w.liveness.refusals.shipped(state.produced, state.step, role_method(producer, "rollout"))
     w.data.isend(
         *protocol.trajectories(batch, seq=state.produced, version=state.version, n=n, priorities=priorities), buffer
     )

@@ -221,7 +221,9 @@ class TrainerLoop:
                 # the buffer's own refusal of it, when it comes, is not a second one
                 self.w.liveness.refusals.refused_myself(seq)
                 self.w.reports.note("batch refused", "fault", seq=seq)
-                made = f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
+                made = self.w.liveness.refusals.origins.get(seq) or (
+                    f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
+                )  # the words of the buffer's refusal of it (Liveness.refused): one failure, one text
                 on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
                 log.warning(
                     "step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed)
