@@ -95,9 +95,11 @@ def test_a_fresh_batch_is_judged_against_the_replayed_one_in_the_buffers_words()
 
 def _loop(mode: str, notes: list) -> SimpleNamespace:
     roles = {1: "trainer", 2: "buffer"}
+    refusals = Refusals()
+    refusals.shipped(40, 5, "_Trainer.rollout")  # what ship() recorded of the step's batch (seq 40-47)
     w = SimpleNamespace(
         rank=1,
-        liveness=SimpleNamespace(refusals=Refusals()),
+        liveness=SimpleNamespace(refusals=refusals),
         context=SimpleNamespace(describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"),
         reports=SimpleNamespace(note=lambda event, category, **args: notes.append((event, args))),
     )
@@ -153,7 +155,6 @@ def test_a_refusal_reads_the_same_whether_the_trainer_or_its_buffer_saw_it_first
     grown = {**good(8), "states": torch.zeros(8, 4, 2)}
     loop = _loop("fail", [])
     loop.trainer = _Trainer()
-    loop.w.liveness.refusals.shipped(40, 5, role_method(loop.trainer, "rollout"))  # ship() records it
     with pytest.raises(BadBatchError) as mine:
         TrainerLoop.combine(loop, grown, good(8))
     heard = SimpleNamespace(refusals=Refusals(), settings=SimpleNamespace(on_bad_batch="fail"), note=lambda *a, **k: 0)

@@ -45,6 +45,8 @@ import sys
 import time
 from typing import Any
 
+from gflowdist.process_tree import is_running
+
 __all__ = ["main", "HANDSHAKE_TAG", "STANDIN_VARIABLE", "FAULT_VARIABLE"]
 
 #: Set in a replacement's environment: which replacement of its rank it is (1, 2, ...). A role may read it.
@@ -117,23 +119,13 @@ def _wait_for_call(MPI: Any, parent: Any, watch: str) -> dict | None:
         done, spec = request.test()
         if done and spec is not None:
             return spec
-        if done or (pids and not any(_alive(pid) for pid in pids)):
+        if done or (pids and not any(is_running(pid) for pid in pids)):
             break
         time.sleep(0.05)
     deadline = time.monotonic() + SPARE_END_S
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
         time.sleep(0.05)
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run(spec: dict, routes: dict[int, tuple[Any, int]]) -> None:

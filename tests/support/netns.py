@@ -62,6 +62,7 @@ from pathlib import Path
 
 import pytest
 
+from gflowdist.process_tree import is_running
 from tests.support.launching import REPO, JobResult, base_env, find_mpiexec, free_port, run_mpi
 
 #: the ssh stand-in hydra (and :meth:`HostSet.exec_argv`) uses to enter a host
@@ -477,7 +478,7 @@ def _cleanup_stale() -> list[str]:
     workdirs = [str(p) for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-files")]
     for name in _namespaces() + _links() + _etc_dirs() + workdirs:
         match = _RUN_NAME.match(Path(name).name)
-        if match and not _pid_alive(int(match["pid"])):
+        if match and not is_running(int(match["pid"])):
             tags.add(match["tag"])
     for tag in sorted(tags):
         destroy(tag)
@@ -555,16 +556,6 @@ def _kill_in_namespaces(namespaces: list[str], wait: float = 5.0) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.02)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

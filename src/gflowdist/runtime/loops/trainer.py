@@ -221,9 +221,8 @@ class TrainerLoop:
                 # the buffer's own refusal of it, when it comes, is not a second one
                 self.w.liveness.refusals.refused_myself(seq)
                 self.w.reports.note("batch refused", "fault", seq=seq)
-                made = self.w.liveness.refusals.origins.get(seq) or (
-                    f"{role_method(self.trainer, 'rollout')} made it at step {self.state.step}"
-                )  # the words of the buffer's refusal of it (Liveness.refused): one failure, one text
+                # ship() recorded where it was made: the words of the buffer's refusal too (Liveness.refused)
+                made = self.w.liveness.refusals.origins.get(seq, "")
                 on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
                 log.warning(
                     "step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed)
