@@ -1,8 +1,8 @@
-"""Where distribution pays: latency-bound CartPole (Ape-X) and oracle-bound HyperGrid against one process.
+"""Where distribution pays: latency-bound CartPole (Ape-X, IMPALA) and oracle-bound HyperGrid against one process.
 
     python benchmarks/latency.py                  # full: time to CartPole's 475, ~10-20 min on 2 busy cores
     python benchmarks/latency.py --quick          # shorter: target return 150, fewer HyperGrid steps
-    python benchmarks/latency.py --smoke --actors 2 --target-actors 2 --gfn-actors 1   # the CI smoke test
+    python benchmarks/latency.py --smoke --actors 2 --target-actors 2 --impala-actors 2 --gfn-actors 1   # the smoke test
 
 Every figure is a ratio to a baseline measured in the same run, on the
 same machine, with the same simulated slow work (gflowdist.simulation):
@@ -29,6 +29,18 @@ step waits, as a remote simulator does; ``SlowEnv``):
   latency-bound, less is time spent computing or waiting for a core. ``actorsN`` = Ape-X N's env
   steps/s / the single process's; ``time_to_target`` = Ape-X
   ``--target-actors``'s time / the single process's (below 1: faster).
+
+**IMPALA on CartPole, 2 ms per environment step** (``--impala-actors``,
+default 1,2,4,8): ``examples/impala_cartpole``'s single process with one
+actor's environments (its ``single_process.py``: the baseline of these rows)
+against ``gflowdist run examples/impala_cartpole/config.yaml`` with ``N``
+unroll actors (N + 3 ranks), on-policy as the example is (each actor waits
+for the learner step that uses its unroll). Its learner batch is the
+example's 16 unrolls, or one rollout of every actor (N x 8) where that is
+more: on-policy, a smaller one leaves an actor no whole rollout to send.
+The same columns as Ape-X's,
+each against the IMPALA baseline; its learner steps take 16 unrolls of 32
+steps each, so it evaluates every 25 of them (``--quick`` 10).
 
 **HyperGrid, 10 ms per oracle call** (``params.oracle_latency_s``, one call
 per batch of 16 trajectories; ``RewardOracle``):
@@ -83,7 +95,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -95,6 +106,8 @@ import latency_peer
 from gflowdist.timing.text_table import table_lines
 from hypergrid import child_env, load_average, parse_result, run_directory
 from inference_compare import summed_rate
+from latency_impala import run_impala, run_impala_single
+from latency_jobs import load1, metric_rows, run_env_job, where_time_goes
 from latency_tables import (
     cartpole_table,
     fmt,
@@ -122,10 +135,6 @@ MODES = {
 }
 #: learner steps of each central-inference run, by mode
 INFERENCE_STEPS = {"full": 600, "quick": 300, "smoke": 40}
-
-
-def load1() -> float:
-    return os.getloadavg()[0]
 
 
 # -- CartPole -----------------------------------------------------------------------------------
@@ -190,46 +199,7 @@ def run_apex(actors: int, latency_s: float, mode: dict, out_dir: Path) -> dict:
         "params.env_steps_per_update=null",
         *cartpole_overrides(latency_s, mode),
     ]
-    began, load = time.monotonic(), load1()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=mode["budget_s"] + 300, env=child_env())
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
-    run_dir = run_directory(out.stdout)
-    finals = json.loads((run_dir / "finals.json").read_text())
-    summary = next(f["summary"] for f in finals.values() if f["role"] == "coordinator")
-    rows = metric_rows(run_dir)
-    actor_ranks = {int(rank) for rank, f in finals.items() if f["role"] == "actor"}
-    return {
-        "name": f"Ape-X {actors}",
-        "actors": actors,
-        "env_per_s": summed_rate(rows, actor_ranks, "env_steps"),
-        "wait_pct": 100 * summed_rate(rows, actor_ranks, "env_wait_s") / max(len(actor_ranks), 1),
-        "time_to_target": summary["solved_at"]["seconds"] if summary["solved_at"] else None,
-        "learner_steps": max((p["learner_steps"] for p in summary["curve"]), default=0),
-        "wall_s": time.monotonic() - began,
-        "load": (load, load1()),
-        "where": where_time_goes(finals),
-        "run_dir": str(run_dir),
-    }
-
-
-def metric_rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def where_time_goes(finals: dict) -> dict[str, dict[str, float]]:
-    """Per role: the share (%) of its timed phases' seconds each phase took (the run's finals.json)."""
-    out: dict[str, dict[str, list[float]]] = {}
-    for final in finals.values():
-        phases = final.get("timing", {}).get("phases", {})
-        seconds = {name: float(sum(v)) if isinstance(v, list) else float(v) for name, v in phases.items()}
-        total = sum(seconds.values())
-        if total <= 0:
-            continue
-        role = out.setdefault(final["role"], {})
-        for name, value in seconds.items():
-            role.setdefault(name, []).append(100 * value / total)
-    return {role: {name: sum(v) / len(v) for name, v in shares.items()} for role, shares in out.items()}
+    return run_env_job(f"Ape-X {actors}", actors, cmd, mode["budget_s"] + 300)
 
 
 # -- HyperGrid ----------------------------------------------------------------------------------
@@ -348,6 +318,7 @@ def main() -> int:
     )
     parser.add_argument("--actors", default="1,2,4,8", help="Ape-X actor counts (default 1,2,4,8)")
     parser.add_argument("--target-actors", type=int, default=8, help="the Ape-X run of time_to_target (default 8)")
+    parser.add_argument("--impala-actors", default="1,2,4,8", help="IMPALA actor counts (default 1,2,4,8)")
     parser.add_argument("--gfn-actors", default="2", help="HyperGrid actor counts beside 1 trainer (default 2)")
     parser.add_argument("--gfn-batch", type=int, default=2 * BATCH, help="the HyperGrid learner's replayed batch")
     parser.add_argument("--gfn-weights-every", type=int, default=4, help="HyperGrid sync.weights_to_actors_every")
@@ -364,7 +335,7 @@ def main() -> int:
         help="central inference: N own-forward actors against N - 1 actors + 1 inference rank (default 4)",
     )
     parser.add_argument(
-        "--skip", default="", help="comma list of sections to leave out: cartpole, hypergrid, inference"
+        "--skip", default="", help="comma list of sections to leave out: cartpole, impala, hypergrid, inference"
     )
     parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
     parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
@@ -379,6 +350,7 @@ def main() -> int:
     began = time.monotonic()
     print(f"start: {load_average()}", flush=True)
     single, apex, bare, gfn, inference, peer = None, [], None, [], [], None
+    impala_single, impala = None, []
     if "cartpole" not in skip:
         single = run_single(ENV_LATENCY_S, mode)
         print(f"  single process: {json.dumps(single)}", flush=True)
@@ -389,6 +361,12 @@ def main() -> int:
             peer = latency_peer.run(
                 args.peer_actors, args.peer_venv, mode, ENV_LATENCY_S, out_dir, load1, args.peer_learners
             )
+    if "impala" not in skip:
+        impala_single = run_impala_single(ENV_LATENCY_S, mode, mode_name)
+        print(f"  single process (IMPALA): {json.dumps(impala_single)}", flush=True)
+        for actors in [int(a) for a in args.impala_actors.split(",")]:
+            impala.append(run_impala(actors, ENV_LATENCY_S, mode, mode_name, out_dir))
+            print(f"  IMPALA {actors}: {json.dumps({k: v for k, v in impala[-1].items() if k != 'where'})}", flush=True)
     if "hypergrid" not in skip:
         bare = run_bare(ORACLE_LATENCY_S, mode)
         print(f"  bare: {json.dumps(bare)}", flush=True)
@@ -409,6 +387,14 @@ def main() -> int:
         )
         peer_rows = [peer["row"]] if peer and "row" in peer else []
         print("\n".join(cartpole_table(single, apex, peer_rows)))
+    if impala_single is not None:
+        print()
+        print(
+            f"IMPALA, CartPole-v1, {1e3 * ENV_LATENCY_S:g} ms per environment step, target return {mode['target']:g}; "
+            "on-policy (each actor waits for the learner step that uses its unroll); baseline: the example's "
+            "single process with one actor's environments (params.envs_per_actor)"
+        )
+        print("\n".join(cartpole_table(impala_single, impala)))
     if bare is not None:
         print()
         print(
@@ -425,7 +411,7 @@ def main() -> int:
         print("\n".join(inference_compare.table(inference, table_lines, fmt, load_cell)))
     print()
     print("where the time goes (share of each role's timed phases, from finals.json):")
-    print("\n".join(where_lines([*apex, *gfn])) or "  -")
+    print("\n".join(where_lines([*apex, *impala, *gfn])) or "  -")
     print(latency_peer.lines(peer, apex, args.peer_actors, args.no_peer))
     print(f"end: {load_average()}; {time.monotonic() - began:.0f} s; run directories under {out_dir}")
     if args.plot and single is not None and apex:
@@ -433,7 +419,16 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"single": single, "apex": apex, "bare": bare, "gfn": gfn, "inference": inference, "peer": peer},
+                {
+                    "single": single,
+                    "apex": apex,
+                    "impala_single": impala_single,
+                    "impala": impala,
+                    "bare": bare,
+                    "gfn": gfn,
+                    "inference": inference,
+                    "peer": peer,
+                },
                 indent=1,
             )
         )

@@ -2,7 +2,7 @@
 
 No timing is asserted (the machine is shared): the smoke run checks that
 every path runs against the real runtime (a single process and Ape-X with
-2 actors, 5 real ranks, at 2 ms per environment step; bare HyperGrid and 1 trainer
+2 actors, 5 real ranks, at 2 ms per environment step; the same for IMPALA; bare HyperGrid and 1 trainer
 + 1 actor with a 10 ms oracle) and that the last line has the form a
 script reads. The helpers are checked on rows whose answer is derived here.
 """
@@ -34,6 +34,8 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
             "2",
             "--target-actors",
             "2",
+            "--impala-actors",
+            "2",
             "--gfn-actors",
             "1",
             "--inference-actors",
@@ -56,11 +58,14 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     for name in ("own forward 2A", "inference 1A+1I split 1", "inference 1A+1I split 2"):
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[1].replace(",", "")) > 0, row  # env steps/s
-    for name in ("single process", "Ape-X 2", "bare", "1T + 1A"):
+    for name in ("single process", "Ape-X 2", "single process (IMPALA)", "IMPALA 2", "bare", "1T + 1A"):
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[0].replace(",", "")) > 0, row  # env steps/s or ranks
     ape2 = next(line for line in lines if line.startswith("Ape-X 2  "))
     assert float(ape2.split()[3].rstrip("x")) > 0  # vs single
+    impala2 = next(line for line in lines if line.startswith("IMPALA 2  "))
+    assert float(impala2.split()[3].rstrip("x")) > 0  # vs the IMPALA single process
+    assert any(line.startswith("  IMPALA 2: actor ") for line in lines)  # where its time goes
     assert "load average" in lines[0] and any("load average" in line for line in lines[-3:])
 
 

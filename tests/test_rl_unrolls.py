@@ -126,3 +126,38 @@ def test_a_queue_asked_further_ahead_than_max_staleness_is_refused():
     Config.from_dict(
         {"replay": {"sampler": "uniform", "max_staleness": 0}}
     )  # not a queue: nothing asked ahead is dropped
+
+
+class _Placed:
+    """Where a role runs, as the pacing reads it (``context.layout``, ``context.placement``)."""
+
+    def __init__(self, layout, rank: int):
+        self.layout, self.placement = layout, layout.for_rank(rank)
+
+
+@pytest.mark.parametrize(("actors", "learner_batch", "refused"), [(2, 16, False), (4, 16, True), (4, 32, False)])
+def test_a_queue_pace_under_which_no_actor_could_ever_send_is_refused_at_setup(actors, learner_batch, refused):
+    """On-policy (max_staleness 0), 8 environments an actor: with 4 actors a learner batch of 16 leaves each
+    actor 4 unrolls at version 0, less than one rollout; before, every actor waited out its deadline."""
+    from gflowdist.layout.planning import plan_layout
+
+    queue = {"sampler": "queue", "capacity": 64, "learner_batch": learner_batch, "max_staleness": 0, "prefetch": 0}
+    config = Config.from_dict(
+        {
+            "layout": {"trainers": 1, "actors": actors, "buffers": 1, "coordinator": False},
+            "replay": queue,
+            "params": {"env_id": "CartPole-v1", "envs_per_actor": 8, "unroll_length": 4},
+        }
+    )
+    layout = plan_layout(actors + 2, config.layout)
+    rank = layout.actors[0]
+    made = RandomPolicy(rank=rank, config=config, generator=torch.Generator(), context=_Placed(layout, rank))
+    if not refused:
+        made.setup()
+        assert made.rollout(0) is not None  # its first rollout goes out
+        return
+    with pytest.raises(ConfigError) as err:
+        made.setup()
+    assert err.value.key == "replay.learner_batch"
+    assert str(err.value).startswith("replay.learner_batch: is 16 (read by RandomPolicy.setup): its learners take 4 ")
+    assert "e.g. replay.learner_batch: 32" in str(err.value)

@@ -44,6 +44,14 @@ policy that learns from it; the actors wait for every learner step). An actor th
 ``faults.peer_timeout_s`` seconds without its policy version moving raises
 :class:`~gflowdist.errors.DeadlineError` (its learner stopped consuming).
 
+A rollout sends ``E`` unrolls at once, so these bounds can hold every actor
+back for good: with ``S`` 0, 4 actors of 8 environments and a learner batch of
+16, each actor may have sent 4 unrolls at version 0, fewer than one rollout,
+and the learner never gets its first batch. :meth:`setup` refuses such a
+layout (:class:`~gflowdist.errors.ConfigError` naming
+``replay.learner_batch`` and the numbers), rather than letting every actor
+wait out its deadline.
+
 ``params`` read here (with defaults): ``env_id`` (required),
 ``envs_per_actor`` (1), ``unroll_length`` (20), ``record_logits`` (false),
 ``record_values`` (false), ``env_latency_s`` and ``env_cpu_s`` (0: a simulated
@@ -101,6 +109,7 @@ class UnrollActor(VectorEnvActor):
         )
         self.unrolls_sent = 0
         self.pace = self._queue_pace()
+        self._refuse_a_pace_that_stalls()
         self._held_since: tuple[float, int] | None = None  # (when, version) the current wait began
 
     def _queue_pace(self) -> tuple[float, float, float] | None:
@@ -116,10 +125,35 @@ class UnrollActor(VectorEnvActor):
             clients = layout.clients_of.get(placement.buffer, ())
             actors = max(1, sum(layout.role_of(r) is LayoutRole.ACTOR for r in clients))
             learners = max(1, sum(layout.role_of(r) is LayoutRole.TRAINER for r in clients))
+        self._pace_actors = actors
         lead = sync.weights_to_actors_every if sync is not None else 1
         per_version = replay.learner_batch * learners / actors
         staleness = math.inf if replay.max_staleness is None else (replay.max_staleness + 1) * per_version
         return math.ceil(replay.capacity / actors) + lead * per_version, per_version, staleness
+
+    def _refuse_a_pace_that_stalls(self) -> None:
+        """Raise where the actors, each sending whole rollouts of ``E`` unrolls within :meth:`allowed`, would
+        together send fewer unrolls than the learners take to reach some policy version (the actors alike)."""
+        if self.pace is None:
+            return
+        per_version, envs = self.pace[1], self.num_envs
+        actors = self._pace_actors
+        # sent by an actor by version v: whole rollouts within allowed(v); needed: per_version * (v + 1). The
+        # pattern repeats with a period that divides actors * envs versions (per_version * actors is whole).
+        for version in range(actors * envs):
+            sendable = math.floor(self.allowed(version) / envs + 1e-9) * envs
+            if sendable + 1e-9 < per_version * (version + 1):
+                replay = self.config.replay
+                raise ConfigError(
+                    f"is {replay.learner_batch} (read by {type(self).__name__}.setup): its learners take "
+                    f"{per_version:g} unrolls per policy version from each of the {actors} actor(s) of this buffer, "
+                    f"and each sends whole rollouts of params.envs_per_actor = {envs}; at version {version} (within "
+                    f"replay.max_staleness = {replay.max_staleness}) an actor may have sent {sendable} where the "
+                    f"learners need {per_version * (version + 1):g}, so every actor would wait for good. Make "
+                    f"replay.learner_batch x the buffer's learners a multiple of {actors} x {envs} (e.g. "
+                    f"replay.learner_batch: {actors * envs}), or lower params.envs_per_actor",
+                    key="replay.learner_batch",
+                )
 
     def held(self, policy_version: int) -> bool:
         """Whether my next unroll would overfill my queue (module docstring); raises at the deadline."""
