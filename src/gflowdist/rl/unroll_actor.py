@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -73,6 +74,15 @@ from gflowdist.rl.env_core import VectorEnvActor
 from gflowdist.rl.unrolls import UnrollRecorder
 
 __all__ = ["UnrollActor"]
+
+
+class QueuePace(NamedTuple):
+    """How an unroll actor paces itself to its queue (module docstring), in unrolls."""
+
+    ahead: float  # allowed before learning: a queue's share plus the weights' lead
+    per_version: float  # the learners take this many of mine per policy version
+    staleness: float  # allowed before learning by replay.max_staleness (inf: no bound)
+    actors: int  # the actors feeding my buffer
 
 
 class UnrollActor(VectorEnvActor):
@@ -112,9 +122,8 @@ class UnrollActor(VectorEnvActor):
         self._refuse_a_pace_that_stalls()
         self._held_since: tuple[float, int] | None = None  # (when, version) the current wait began
 
-    def _queue_pace(self) -> tuple[float, float, float] | None:
-        """``(unrolls allowed before learning, unrolls per policy version, unrolls allowed by
-        replay.max_staleness before learning)`` when my buffer is a queue."""
+    def _queue_pace(self) -> QueuePace | None:
+        """My pace when my buffer is a queue, else None."""
         replay, sync = getattr(self.config, "replay", None), getattr(self.config, "sync", None)
         if replay is None or replay.sampler_name != "queue" or not replay.learner_batch:
             return None
@@ -125,19 +134,17 @@ class UnrollActor(VectorEnvActor):
             clients = layout.clients_of.get(placement.buffer, ())
             actors = max(1, sum(layout.role_of(r) is LayoutRole.ACTOR for r in clients))
             learners = max(1, sum(layout.role_of(r) is LayoutRole.TRAINER for r in clients))
-        self._pace_actors = actors
         lead = sync.weights_to_actors_every if sync is not None else 1
         per_version = replay.learner_batch * learners / actors
         staleness = math.inf if replay.max_staleness is None else (replay.max_staleness + 1) * per_version
-        return math.ceil(replay.capacity / actors) + lead * per_version, per_version, staleness
+        return QueuePace(math.ceil(replay.capacity / actors) + lead * per_version, per_version, staleness, actors)
 
     def _refuse_a_pace_that_stalls(self) -> None:
         """Raise where the actors, each sending whole rollouts of ``E`` unrolls within :meth:`allowed`, would
         together send fewer unrolls than the learners take to reach some policy version (the actors alike)."""
         if self.pace is None:
             return
-        per_version, envs = self.pace[1], self.num_envs
-        actors = self._pace_actors
+        per_version, actors, envs = self.pace.per_version, self.pace.actors, self.num_envs
         # sent by an actor by version v: whole rollouts within allowed(v); needed: per_version * (v + 1). The
         # pattern repeats with a period that divides actors * envs versions (per_version * actors is whole).
         for version in range(actors * envs):
@@ -168,7 +175,7 @@ class UnrollActor(VectorEnvActor):
             raise DeadlineError(
                 f"actor rank {self.rank} waited {deadline:g} s (faults.peer_timeout_s) for room in its queue "
                 f"with policy version {policy_version}: {self.unrolls_sent} unrolls sent, the learners have "
-                f"taken about {self.pace[1] * policy_version:.0f}; they stopped consuming"
+                f"taken about {self.pace.per_version * policy_version:.0f}; they stopped consuming"
             )
         return True
 
@@ -176,8 +183,7 @@ class UnrollActor(VectorEnvActor):
         """How many unrolls I may have sent by now, at ``policy_version`` (module docstring)."""
         if self.pace is None:
             return math.inf
-        ahead, per_version, staleness = self.pace
-        return min(ahead, staleness) + per_version * policy_version
+        return min(self.pace.ahead, self.pace.staleness) + self.pace.per_version * policy_version
 
     def state_dict(self) -> dict:
         """The model's, and the unrolls sent so far (the queue pacing goes on from there after a resume)."""

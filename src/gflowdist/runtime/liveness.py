@@ -145,22 +145,29 @@ class Refusals:
     those heard, those I made."""
 
     def __init__(self) -> None:
-        self.shipped_at: dict[int, int] = {}  # by the batch's first trajectory's seq
-        #: by seq, where the batch was made (``"ToyTrainer.rollout made it at step 5"``): a refusal names it
-        #: in the same words whether the buffer's refusal or the trainer's own check before its concat came first
-        self.origins: dict[int, str] = {}
+        #: by the batch's first trajectory's seq: the trainer step that made it and the method that did
+        #: (``"ToyTrainer.rollout"``); a refusal names both in the same words whether the buffer's refusal or the
+        #: trainer's own check before its concat came first
+        self.made: dict[int, tuple[int, str]] = {}
         self.heard = 0  # refusals that reached me (hear_refusals)
         self.mine: set[int] = set()  # seqs of my batches I refused myself (before a concat)
 
     def shipped(self, seq: int, step: int, made_by: str = "") -> None:
         """My batch ``seq`` was made at trainer step ``step`` by ``made_by`` (``"ToyTrainer.rollout"``;
         a refusal of it names both)."""
-        self.shipped_at[seq] = step
-        self.origins[seq] = f"{made_by} made it at step {step}" if made_by else ""
-        if len(self.shipped_at) > SHIPPED_KEPT:
-            oldest = next(iter(self.shipped_at))
-            del self.shipped_at[oldest]
-            self.origins.pop(oldest, None)
+        self.made[seq] = (step, made_by)
+        if len(self.made) > SHIPPED_KEPT:
+            del self.made[next(iter(self.made))]
+
+    def step_of(self, seq: int) -> int | None:
+        """The trainer step that made my batch ``seq`` (None: not one of my recent batches)."""
+        made = self.made.get(seq)
+        return None if made is None else made[0]
+
+    def origin_of(self, seq: int) -> str:
+        """``"ToyTrainer.rollout made it at step 5"`` for my batch ``seq``; empty where that is not known."""
+        step, made_by = self.made.get(seq, (0, ""))
+        return f"{made_by} made it at step {step}" if made_by else ""
 
     def refused_myself(self, seq: int) -> None:
         """I refused my batch ``seq`` myself: the buffer's refusal of it, when it comes, is not a second one."""
@@ -298,8 +305,8 @@ class Liveness:
             refusals.mine.discard(body["seq"])
             return
         self.note("batch refused", "fault", seq=body.get("seq"))
-        step = refusals.shipped_at.get(body["seq"]) if "seq" in body else None
-        origin = refusals.origins.get(body["seq"], "") if "seq" in body else ""
+        step = refusals.step_of(body["seq"]) if "seq" in body else None
+        origin = refusals.origin_of(body["seq"]) if "seq" in body else ""
         on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=step, origin=origin)
 
     def hear_refusals(self, count: int) -> None:

@@ -222,7 +222,7 @@ class TrainerLoop:
                 self.w.liveness.refusals.refused_myself(seq)
                 self.w.reports.note("batch refused", "fault", seq=seq)
                 # ship() recorded where it was made: the words of the buffer's refusal too (Liveness.refused)
-                made = self.w.liveness.refusals.origins.get(seq, "")
+                made = self.w.liveness.refusals.origin_of(seq)
                 on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
                 log.warning(
                     "step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed)
