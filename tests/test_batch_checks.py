@@ -4,16 +4,15 @@ would refuse refused before it is concatenated with the replayed one (issue 26),
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from gflowdist.errors import BadBatchError, BatchError
-from gflowdist.runtime.liveness import Liveness, Refusals
+from gflowdist.runtime.liveness import Refusals
 from gflowdist.runtime.loops.batches import check_batch, refusal_before_concat, role_method
-from gflowdist.runtime.loops.trainer import TrainerLoop
+from gflowdist.runtime.loops.trainer import fresh_refusal
 
 
 class HyperGridTrainer:  # only its name matters: messages name the user's class
@@ -93,28 +92,25 @@ def test_a_fresh_batch_is_judged_against_the_replayed_one_in_the_buffers_words()
     assert "missing ['actions'], unexpected []" in refusal_before_concat(missing, replayed)
 
 
-def _loop(mode: str, notes: list) -> SimpleNamespace:
-    roles = {1: "trainer", 2: "buffer"}
-    refusals = Refusals()
-    refusals.shipped(40, 5, "_Trainer.rollout")  # what ship() recorded of the step's batch (seq 40-47)
-    w = SimpleNamespace(
-        rank=1,
-        liveness=SimpleNamespace(refusals=refusals),
-        context=SimpleNamespace(describe_rank=lambda r: f"rank {r} ({roles[r]} on vm)"),
-        reports=SimpleNamespace(note=lambda event, category, **args: notes.append((event, args))),
-    )
-    return SimpleNamespace(
-        w=w,
-        buffer=2,
-        trainer=SimpleNamespace(device="cpu", __class__=HyperGridTrainer),
-        state=SimpleNamespace(produced=48, step=5),
-        settings=SimpleNamespace(on_bad_batch=mode),
-        device_path=SimpleNamespace(stage=lambda batch: None if batch is None else dict(batch)),
-    )
-
-
 class _Trainer(HyperGridTrainer):
     device = "cpu"
+
+
+def _refusals() -> Refusals:
+    refusals = Refusals()
+    refusals.shipped(40, 5, role_method(_Trainer(), "rollout"))  # what ship() recorded of the step's batch (seq 40-47)
+    return refusals
+
+
+def _refuse(fresh: dict, replayed: dict, mode: str, refusals: Refusals) -> int | None:
+    """A trainer's check before its concat (:meth:`TrainerLoop.combine`): rank 1 (trainer), its buffer rank 2,
+    48 trajectories produced (the fresh batch counted); the refused seq (drop), None (it fits); fail raises."""
+    refused = fresh_refusal(fresh, replayed, 48, buffer="rank 2 (buffer on vm)", me="rank 1 (trainer on vm)")
+    if refused is None:
+        return None
+    seq, text = refused
+    refusals.refuse_mine(seq, text, mode)
+    return seq
 
 
 def test_a_shape_changing_batch_is_refused_before_the_concat_and_never_crashes_its_sender(caplog):
@@ -123,29 +119,24 @@ def test_a_shape_changing_batch_is_refused_before_the_concat_and_never_crashes_i
     replayed = good(8)
     with pytest.raises(RuntimeError, match="Sizes of tensors must match"):  # what the concat alone does
         torch.cat([grown["states"], replayed["states"]])
-    notes: list = []
-    loop = _loop("fail", notes)
-    loop.trainer = _Trainer()
+    refusals = _refusals()
     with pytest.raises(BadBatchError) as caught:
-        TrainerLoop.combine(loop, grown, replayed)
+        _refuse(grown, replayed, "fail", refusals)
     assert str(caught.value) == (
         "buffer rank 2 (buffer on vm) refused a batch of 8 trajectories (seq 40-47) from rank 1 (trainer on vm): "
         "field 'states': got per-item shape [4, 2] torch.float32, the storage holds [3, 2] torch.float32 "
         "(faults.on_bad_batch = fail; 'drop' would count it and go on); _Trainer.rollout made it at step 5"
     )
-    assert (
-        caught.value.step == 5 and loop.w.liveness.refusals.mine == {40} and notes == [("batch refused", {"seq": 40})]
-    )
-    loop = _loop("drop", [])
-    loop.trainer = _Trainer()
+    assert caught.value.step == 5 and refusals.mine == {40}
+    refusals = _refusals()
     with caplog.at_level(logging.WARNING, logger="gflowdist.runtime"):
-        learned = TrainerLoop.combine(loop, grown, replayed)
-    assert learned["states"].shape == (8, 3, 2)  # the replayed items alone
+        assert _refuse(grown, replayed, "drop", refusals) == 40  # the step learns from the replayed items alone
     assert (
         "_Trainer.rollout made it at step 5" in caplog.text and ": dropped (faults.on_bad_batch = drop)" in caplog.text
     )
-    both = TrainerLoop.combine(loop, good(8), replayed)
-    assert both["states"].shape == (16, 3, 2)  # a batch that fits is concatenated as before
+    # the buffer's own refusal of the same batch, when it comes, is counted, not answered a second time
+    assert not refusals.is_news(40) and refusals.heard == 1 and refusals.mine == set()
+    assert _refuse(good(8), replayed, "fail", refusals) is None  # a batch that fits is concatenated as before
 
 
 def test_a_refusal_reads_the_same_whether_the_trainer_or_its_buffer_saw_it_first():
@@ -153,14 +144,12 @@ def test_a_refusal_reads_the_same_whether_the_trainer_or_its_buffer_saw_it_first
     trainer's own check before its concat gives, so a job whose same failure came both ways was restarted
     once more than faults.max_restarts allows after a repeated failure (tests/test_keep_training.py, once in CI)."""
     grown = {**good(8), "states": torch.zeros(8, 4, 2)}
-    loop = _loop("fail", [])
-    loop.trainer = _Trainer()
     with pytest.raises(BadBatchError) as mine:
-        TrainerLoop.combine(loop, grown, good(8))
-    heard = SimpleNamespace(refusals=Refusals(), settings=SimpleNamespace(on_bad_batch="fail"), note=lambda *a, **k: 0)
-    heard.refusals.shipped(40, 5, role_method(loop.trainer, "rollout"))
+        _refuse(grown, good(8), "fail", _refusals())
+    heard = _refusals()  # a trainer that did not check first hears its buffer's words (Liveness.refused)
     buffers_words = str(mine.value).split(" (faults.on_bad_batch")[0]  # what the buffer sends: its refusal_text
+    assert heard.is_news(40)
     with pytest.raises(BadBatchError) as theirs:
-        Liveness.refused(heard, {"seq": 40, "text": buffers_words})
+        heard.answer(40, buffers_words, "fail")
     assert str(theirs.value) == str(mine.value) and theirs.value.step == mine.value.step == 5
     assert str(mine.value).endswith("; _Trainer.rollout made it at step 5")

@@ -7,7 +7,6 @@ import json
 import math
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +22,8 @@ from gflowdist.rundir import write_config
 from gflowdist.runtime import protocol
 from gflowdist.runtime.faults import check_engine_allows, loss_is_usable, on_refused
 from gflowdist.runtime.loops.buffer import BufferLoop
+from gflowdist.runtime.roles import BufferManager
+from gflowdist.runtime.state import BufferState
 from gflowdist.timing.trace import INSTANT
 from gflowdist.transport import Message
 from tests.support.checkpoints import fake_checkpoint
@@ -80,9 +81,9 @@ def test_a_buffer_refuses_a_shape_changing_batch_naming_sender_field_expected_an
     config = Config.from_dict({"layout": {"trainers": 2, "buffers": 1, "coordinator": False}})
     _, trainer, w = wirings(config, 3, trace=True)  # ranks 0 and 1 are trainers, the clients of buffer rank 2
     host = w.context.host
-    manager = SimpleNamespace(score=lambda batch: None, on_admitted=lambda batch: None)
+    manager = BufferManager(rank=2, config=config, generator=torch.Generator(), context=w.context)
     replay = ReplayBuffer(TensorStorage(100), UniformSampler(), RoundRobinWriter())
-    loop = BufferLoop(manager, w, SimpleNamespace(latest_version=0), replay)
+    loop = BufferLoop(manager, w, BufferState(), replay)
 
     def offer(sender: int, seq: int, length: int) -> None:
         kind, body = protocol.trajectories({"states": torch.zeros(4, length, 2)}, seq=seq, version=0, n=4)

@@ -15,6 +15,13 @@ right after the collector made it rank 1 and told its trainer and buffer so
 (``GFLOWDIST_STANDIN_FAULT=on-call``). Nobody waits on it: the collector names it as not started within
 ``faults.startup_timeout_s``, the job goes on without rank 1 and stops cleanly; no process is left.
 
+A fourth (trainer 0 = collector, actor 1, buffer 2) has its spare die while idle
+(``GFLOWDIST_STANDIN_FAULT=idle``): its heartbeats stop, the collector names it within ``faults.peer_timeout_s``
+with none left (and tells every rank: hydra signalled its end as a rank's death, after which nobody sends to an
+actor until a death is named; before, the actor then heard nothing from the collector and ended the job blaming
+it), and when the actor is then killed, the line about the loss says no spare is left and the job
+goes on without it at once (no replacement is tried, nothing waits ``faults.startup_timeout_s``).
+
 The replaced job is then resumed (``--resume``) for 10 more steps: its final checkpoint's manifest keeps the
 lost process's counts, so rank 2's ledger carries them on and the resumed run balances too. Every process of
 the jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
@@ -107,6 +114,56 @@ def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_na
     assert ledger["per_rank"]["2"]["produced"] > earlier["produced"], (earlier, ledger["per_rank"]["2"])
     assert ledger["per_rank"]["2"]["dropped"] == earlier["dropped"]
     assert resumed.no_process_left()
+
+
+def test_a_spare_that_dies_while_idle_is_named_and_never_called(job_factory):
+    small = (
+        "layout.actors=1",
+        "layout.coordinator=false",
+        "-n",
+        "3",
+        "run.log_every=1",
+        "params.delay_s=0.03",
+        "params.actor_metrics=1",
+    )
+    job = job_factory("run.steps=100000", *small, *FAST, "faults.startup_timeout_s=60", env={FAULT_VARIABLE: "idle"})
+    run = job.wait_for_metrics(4, timeout=180)
+    _wait_for("the spare named", lambda: "fell silent while idle" in job.output, job)
+    # its end made hydra signal every rank (SIGUSR1) as for a rank's death; once it is named, the trainer sends
+    # its actor weights again
+    updates = [row["weight_updates"] for row in _rows(run, 1) if "weight_updates" in row][-1]
+    _wait_for(
+        "weights reaching the actor again",
+        lambda: any(row.get("weight_updates", 0) >= updates + 3 for row in _rows(run, 1)),
+        job,
+        timeout=60,
+    )
+    os.kill(pid_of_rank(run, 1), signal.SIGKILL)
+    _wait_for("the actor's loss", lambda: "lost rank 1 " in job.output, job)
+    trained = len(_rows(run, 0))
+    _wait_for("the job going on", lambda: len(_rows(run, 0)) >= trained + 3, job)
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait(120) == 143, job.output
+    out = job.output
+    assert re.search(
+        r"^gflowdist: spare actor 1 of 1 fell silent while idle \(no heartbeat for [\d.]+ s "
+        r"\(faults.peer_timeout_s = 4\)\): it replaces no lost actor; 0 spares left$",
+        out,
+        re.M,
+    ), out
+    assert re.search(
+        r"^gflowdist: lost rank 1 \(actor on \S+\): no heartbeat for [\d.]+ s \(faults.peer_timeout_s = 4\); "
+        r"going on without it \(faults.on_actor_loss = replace; no spare actor left \(0 called, 1 fell silent "
+        r"while idle\)\)$",
+        out,
+        re.M,
+    ), out
+    assert "replacing rank" not in out and "its replacement sent no heartbeat" not in out, out
+    assert out.index("fell silent while idle") < out.index("lost rank 1 ")
+    ledger = read_json(run / "ledger.json")
+    assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["1"] and not ledger.get("replaced_ranks"), ledger
+    assert "spare actor 1 of 1 fell silent while idle" in (run / "report.txt").read_text()
+    assert job.no_process_left()
 
 
 def _check_replaced(out: str, run: Path) -> None:

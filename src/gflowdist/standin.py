@@ -1,6 +1,6 @@
 """A spare actor: the process MPI_Comm_spawn starts to stand in for a lost actor (``faults.on_actor_loss: replace``).
 
-``python -m gflowdist.standin HOST:PID,...``, started at the job's start-up by
+``python -m gflowdist.standin HOST:PID,... COLLECTOR HEARTBEAT_S``, started at the job's start-up by
 every rank but the actors together (:func:`gflowdist.runtime.replacing.start_spares`),
 never by hand. This module imports nothing heavy before MPI starts:
 ``MPI_Comm_spawn`` returns only once the new process initialised MPI. In order:
@@ -11,7 +11,9 @@ never by hand. This module imports nothing heavy before MPI starts:
 2. MPI starts; the ranks that spawned it are the remote group of the parent
    intercommunicator; it imports what an actor needs (torch, the runtime)
    and waits, without a deadline but ending with the processes that spawned
-   it (``HOST:PID,...``, those on this host), for the collector's word:
+   it (``HOST:PID,...``, those on this host), for the collector's word, and
+   sends the collector a heartbeat every ``faults.heartbeat_s`` meanwhile
+   (:class:`Beats`; one that falls silent is named and never called):
    ``None`` (the run is over: it ends once they have), or the rank it stands in for, the
    job's size, the layout, the run directory, its generation, and which
    world rank each member of that group is;
@@ -31,8 +33,10 @@ collector then misses this process's heartbeats and names the rank lost.
 For tests of those faults, :data:`FAULT_VARIABLE` makes this process end at
 the worst moments: ``before-mpi`` (after its rank keeper, before MPI starts:
 the start-up spawn never returns, and each spawning rank ends after
-``faults.startup_timeout_s``, naming it) or ``on-call`` (once the collector
-made it a rank and told its trainer and buffer so).
+``faults.startup_timeout_s``, naming it), ``idle`` (1 s into its wait, after
+its first heartbeats: the collector names it within ``faults.peer_timeout_s``
+and never calls it) or ``on-call`` (once the collector made it a rank and
+told its trainer and buffer so).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any
 
 from gflowdist.process_tree import is_running
 
-__all__ = ["main", "HANDSHAKE_TAG", "STANDIN_VARIABLE", "FAULT_VARIABLE"]
+__all__ = ["main", "HANDSHAKE_TAG", "SPARE_BEAT_TAG", "STANDIN_VARIABLE", "FAULT_VARIABLE"]
 
 #: Set in a replacement's environment: which replacement of its rank it is (1, 2, ...). A role may read it.
 STANDIN_VARIABLE = "GFLOWDIST_STANDIN"
@@ -60,6 +64,9 @@ SPARE_END_S = 60.0
 
 #: The MPI tag of the raw handshake messages on a replacement's intercommunicators (before any channel uses them).
 HANDSHAKE_TAG = 32000
+
+#: The MPI tag of an idle spare's heartbeats to the collector (8 raw bytes on a duplicate of the intercommunicator).
+SPARE_BEAT_TAG = 32001
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -76,11 +83,12 @@ def main() -> None:
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice that a process of the job died
     parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL or len(sys.argv) < 2:
+    if parent == MPI.COMM_NULL or len(sys.argv) < 4:
         sys.stderr.write(f"{__name__}: started by MPI_Comm_spawn as a spare actor, never by hand\n")
         os._exit(2)
+    beats = parent.Dup()  # collective with the ranks that spawned me (gflowdist.runtime.replacing.start_spares)
     _warm_up()
-    spec = _wait_for_call(MPI, parent, sys.argv[1])
+    spec = _wait_for_call(MPI, parent, sys.argv[1], Beats(MPI, beats, int(sys.argv[2]), float(sys.argv[3])))
     if spec is None:  # the run is over, and no actor was lost
         os._exit(0)
     if fault == "on-call":
@@ -108,20 +116,43 @@ def _warm_up() -> None:
     import gflowdist.runtime.loops  # noqa: F401
 
 
-def _wait_for_call(MPI: Any, parent: Any, watch: str) -> dict | None:
-    """The collector's word (see the module docstring). Ends this process once the processes that spawned it
-    (``HOST:PID,...``; those on this host) have ended, or after the collector's None, once they have or
-    :data:`SPARE_END_S` passed (an exit while they still end could break their MPI_Finalize)."""
+class Beats:
+    """An idle spare's heartbeats: 8 bytes to the collector every ``faults.heartbeat_s``, on their own duplicate of
+    the intercommunicator; never more than one on its way (a collector that stopped listening costs nothing)."""
+
+    def __init__(self, MPI: Any, comm: Any, collector: int, every_s: float):
+        self.MPI, self.comm, self.collector, self.every_s = MPI, comm, collector, every_s
+        self.payload = bytearray(os.getpid().to_bytes(8, "little"))
+        self.request: Any = None
+        self.last = 0.0
+
+    def beat(self) -> None:
+        """Send one when it is due and the one before has left."""
+        now = time.monotonic()
+        if now - self.last < self.every_s or (self.request is not None and not self.request.Test()):
+            return
+        self.request = self.comm.Isend([self.payload, self.MPI.BYTE], self.collector, SPARE_BEAT_TAG)
+        self.last = now
+
+
+def _wait_for_call(MPI: Any, parent: Any, watch: str, beats: Beats) -> dict | None:
+    """The collector's word (see the module docstring), sending my heartbeats meanwhile. Ends this process once
+    the processes that spawned it (``HOST:PID,...``; those on this host) have ended, or after the collector's None,
+    once they have or :data:`SPARE_END_S` passed (an exit while they still end could break their MPI_Finalize)."""
     here = socket.gethostname()
     pids = [int(pid) for host, _, pid in (item.rpartition(":") for item in watch.split(",")) if host == here]
     request = parent.irecv(source=MPI.ANY_SOURCE, tag=HANDSHAKE_TAG)
+    fault_at = time.monotonic() + 1.0 if os.environ.get(FAULT_VARIABLE) == "idle" else None
     while True:
         done, spec = request.test()
         if done and spec is not None:
             return spec
         if done or (pids and not any(is_running(pid) for pid in pids)):
             break
-        time.sleep(0.05)
+        if fault_at is not None and time.monotonic() > fault_at:
+            os._exit(3)
+        beats.beat()
+        time.sleep(min(0.05, beats.every_s / 2))
     deadline = time.monotonic() + SPARE_END_S
     while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
         time.sleep(0.05)

@@ -1,7 +1,8 @@
 """Tiny roles for runtime tests: a linear model learning y = x . w from generated data.
 
 Fast (a few ms a step) so end-to-end tests spend their time on the framework.
-Behaviour switches come from ``params`` (fail_after, delay_s, ``slow_s``
+Behaviour switches come from ``params`` (fail_after, delay_s: every rollout and every admitted batch sleeps up to
+that long, ``admit_delay_s``: the buffer's sleep instead, ``slow_s``
 [/``slow_from``]: each trainer rollout from that policy version on sleeps
 ``slow_s``, a window for a test to kill a rank in); faults:
 ``retype_rank``/``retype_at`` (that trainer's ``y`` turns float64 from that
@@ -104,8 +105,8 @@ def _write(path, text):
         f.write(text)
 
 
-def _delay(params, generator):
-    delay = float(params.get("delay_s", 0.0))
+def _delay(params, generator, key="delay_s"):
+    delay = float(params.get(key, params.get("delay_s", 0.0)))
     if delay:
         time.sleep(delay * float(torch.rand(1, generator=generator)))
 
@@ -206,7 +207,7 @@ class ToyBuffer(BufferManager):
         self.admitted = 0
 
     def on_admitted(self, batch):
-        _delay(self.params, self.generator)
+        _delay(self.params, self.generator, "admit_delay_s")
         self.admitted += batch["x"].shape[0]
         fail_after = self.params.get("fail_in_buffer_after")
         if fail_after is not None and self.admitted >= int(fail_after):

@@ -245,6 +245,7 @@ class Collector:
             self.on_metrics(rank, body.get("step", 0), body)
 
     def _check_liveness(self) -> None:
+        self.replacer.watch_spares()
         limit = self.w.settings.rank_silence_s
         now = time.monotonic()
         for rank, seen in self.last_seen.items():
@@ -256,7 +257,7 @@ class Collector:
                 raise PeerLostError(
                     rank, role=self.layout.role_of(rank).value, host=self.layout.host_of(rank), reason=reason
                 )
-            self.lost_actors.go_on_without(rank, reason)
+            self.lost_actors.go_on_without(rank, reason, self.replacer.no_spare_left())
             if self.replacer.may_replace(rank):
                 self.replacer.replace(rank, reason, int(self.lost_actors.beats.pop(rank, {}).get("produced", 0)))
                 # a replacement's first heartbeat may take its role's setup time
@@ -286,7 +287,7 @@ class Collector:
             seconds=time.monotonic() - self.started,
             produced_before=sum(self.line.baseline.values()),
             unit=self.line.unit,
-            warnings=(flood,) if flood else (),
+            warnings=((flood,) if flood else ()) + self.replacer.spare_notes(),
             curves=self.w.settings.curves,
             figure=self.w.settings.figure,
         )

@@ -134,6 +134,11 @@ class Deaths:
         self.lost.add(rank)
         self.unnamed.clear()
 
+    def spare_named(self) -> None:
+        """The collector named an idle spare actor that fell silent (a process of the job, not a rank: its end
+        makes hydra signal too): sending to the actors is safe again."""
+        self.unnamed.clear()
+
     @property
     def any(self) -> bool:
         """A death was heard of, or a rank gone on without, during this process."""
@@ -169,9 +174,27 @@ class Refusals:
         step, made_by = self.made.get(seq, (0, ""))
         return f"{made_by} made it at step {step}" if made_by else ""
 
-    def refused_myself(self, seq: int) -> None:
-        """I refused my batch ``seq`` myself: the buffer's refusal of it, when it comes, is not a second one."""
+    def refuse_mine(self, seq: int, text: str, mode: str) -> None:
+        """I refused my batch ``seq`` myself (before a concat; ``text``: the buffer's words): the buffer's refusal of
+        it, when it comes, is not a second one. ``mode`` ``fail`` raises :class:`~gflowdist.errors.BadBatchError`
+        at the step that made it, ``drop`` logs it."""
         self.mine.add(seq)
+        self.answer(seq, text, mode)
+
+    def is_news(self, seq: int | None) -> bool:
+        """My buffer's refusal of my batch ``seq`` arrived (counted): False when I refused it myself already."""
+        self.heard += 1
+        if seq in self.mine:
+            self.mine.discard(seq)
+            return False
+        return True
+
+    def answer(self, seq: int | None, text: str, mode: str) -> None:
+        """A refusal of my batch ``seq``, in ``text``: raise (``fail``) or log (``drop``), naming where the batch was
+        made, in the same words whichever side saw it first (:func:`~gflowdist.runtime.faults.on_refused`)."""
+        step = None if seq is None else self.step_of(seq)
+        origin = "" if seq is None else self.origin_of(seq)
+        on_refused(text, mode=mode, step=step, origin=origin)
 
 
 class Liveness:
@@ -292,6 +315,9 @@ class Liveness:
             from gflowdist.runtime.replacing import adopt
 
             adopt(self, int(msg.body["rank"]), int(msg.body["spare"]))
+        elif command is Command.SPARE_LOST:
+            log.warning("the collector says: spare actor %d fell silent while idle", int(msg.body["spare"]) + 1)
+            self.deaths.spare_named()
         elif command is Command.REFUSED:
             self.refused(msg.body)
         elif command is Command.POSTMORTEM and not msg.body.get("written"):
@@ -299,15 +325,10 @@ class Liveness:
 
     def refused(self, body: Mapping[str, Any]) -> None:
         """My buffer refused my batch ``body["seq"]``: fail at the step that made it, or go on (on_bad_batch)."""
-        refusals = self.refusals
-        refusals.heard += 1
-        if body.get("seq") in refusals.mine:  # I refused it myself already (and went on: on_bad_batch drop)
-            refusals.mine.discard(body["seq"])
-            return
-        self.note("batch refused", "fault", seq=body.get("seq"))
-        step = refusals.step_of(body["seq"]) if "seq" in body else None
-        origin = refusals.origin_of(body["seq"]) if "seq" in body else ""
-        on_refused(str(body["text"]), mode=self.settings.on_bad_batch, step=step, origin=origin)
+        seq = body.get("seq")
+        if self.refusals.is_news(seq):  # not one I refused myself already (and went on: on_bad_batch drop)
+            self.note("batch refused", "fault", seq=seq)
+            self.refusals.answer(seq, str(body["text"]), self.settings.on_bad_batch)
 
     def hear_refusals(self, count: int) -> None:
         """Listen until I have heard ``count`` refusals from my buffer (a checkpoint's ack counts them; each

@@ -60,8 +60,9 @@ class LostActors:
     def may_go_on_without(self, rank: int) -> bool:
         return self.allowed and self.layout.role_of(rank) is Role.ACTOR
 
-    def go_on_without(self, rank: int, reason: str) -> None:
-        """Record the loss, tell every rank still running, say so on the console."""
+    def go_on_without(self, rank: int, reason: str, why_not_replaced: str = "") -> None:
+        """Record the loss, tell every rank still running, say so on the console (with why no spare takes its
+        place, under ``replace``: :meth:`Replacer.no_spare_left <gflowdist.runtime.replacing.Replacer.no_spare_left>`)."""
         where = self.w.context.describe_rank(rank)
         text = f"lost {where}: {reason}"
         self.w.liveness.go_on_without(rank, text)
@@ -69,7 +70,8 @@ class LostActors:
             if other not in (self.w.rank, rank) and other not in self.w.liveness.finished and other not in self.lost:
                 self.w.control.isend(*protocol.lost(rank, text), other)
         policy = self.w.settings.on_actor_loss
-        self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy})\n")
+        why = f"; {why_not_replaced}" if why_not_replaced else ""
+        self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy}{why})\n")
         self.out.flush()
 
     def received_from(self, rank: int, finals: Mapping[int, dict[str, Any]] | None = None) -> int:

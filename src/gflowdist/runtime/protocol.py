@@ -38,6 +38,7 @@ who sends it to whom, and where it is sent and handled.
 | :func:`refused` | CONTROL `refused` | CONTROL | buffer -> the client whose batch it could not store | :meth:`BufferLoop.admit` / :meth:`Liveness.check_control` |
 | :func:`lost` | CONTROL `lost` | CONTROL | collector -> every rank still running, when it goes on without a lost actor (`faults.on_actor_loss: continue`) | :meth:`Collector.poll` / :meth:`Liveness.check_control` |
 | :func:`replaced` | CONTROL `replaced` | CONTROL | collector -> the trainer and buffer of a lost actor it replaced with a spare (`faults.on_actor_loss: replace`) | :meth:`Replacer.replace` / :meth:`Liveness.check_control` (:func:`replacing.adopt`) |
+| :func:`spare_lost` | CONTROL `spare_lost` | CONTROL | collector -> every rank still running, when an idle spare actor fell silent (`faults.on_actor_loss: replace`): the death hydra signalled was not a rank's | :meth:`Replacer.watch_spares` / :meth:`Liveness.check_control` |
 | :func:`adopted` | CONTROL `adopted` | CONTROL | that trainer or buffer -> collector, once it reaches the replacement | :func:`replacing.adopt` / :meth:`Collector.poll` |
 | :func:`failed` | CONTROL `failed` | CONTROL | a failing rank -> collector: its failure and what it holds | :func:`postmortem.end_failed` / :meth:`Collector.poll` (and the post-mortem's gathering) |
 | :func:`postmortem` | CONTROL `postmortem` | CONTROL | collector -> every live rank, once the run failed | :func:`postmortem.end_failed` / :meth:`Liveness.check_control` |
@@ -149,6 +150,8 @@ class Command(enum.Enum):
     REPLACED = "replaced"
     #: trainer or buffer -> collector (CONTROL): I reach replacement ``rank`` now; ``received`` from the lost one
     ADOPTED = "adopted"
+    #: collector -> every rank still running (CONTROL): idle spare actor ``spare`` fell silent (``reason``)
+    SPARE_LOST = "spare_lost"
 
 
 _COMMANDS = {command.value: command for command in Command}
@@ -265,6 +268,12 @@ def replaced(rank: int, spare: int) -> Outgoing:
     """Lost actor ``rank`` is replaced (``faults.on_actor_loss: replace``) by spare actor ``spare``: reach it at that
     rank of the spares' intercommunicator (:mod:`gflowdist.runtime.replacing`)."""
     return _command(Command.REPLACED, rank=rank, spare=spare)
+
+
+def spare_lost(spare: int, reason: str) -> Outgoing:
+    """Idle spare actor ``spare`` (its rank in the spares' intercommunicator) fell silent (``reason``): the death
+    hydra signalled (SIGUSR1) may have been its, not a rank's, so sending to the actors is safe again."""
+    return _command(Command.SPARE_LOST, spare=spare, reason=reason)
 
 
 def adopted(rank: int, received: int) -> Outgoing:

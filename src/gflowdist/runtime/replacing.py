@@ -13,7 +13,13 @@ that group, and nobody ever connects to a port. (A thread inside
 initialised MPI, and forever when it died before; at start-up that is bounded
 by ``faults.startup_timeout_s``: past it, each spawning rank says so and ends,
 and the job fails naming it.) A spare waits, its imports done, and ends with
-the job when no actor was lost.
+the job when no actor was lost. While it waits it sends the collector a
+heartbeat every ``faults.heartbeat_s``, on a duplicate of the intercommunicator
+that only they use (:meth:`Replacer.watch_spares`): a spare silent for longer
+than ``faults.peer_timeout_s`` (or that sent none within
+``faults.startup_timeout_s`` of the spawn) is named on the console once, with
+how many are left, and never called; a lost actor then takes the next live
+spare, or, with none left, the console's line about the loss says so.
 
 When an actor falls silent for longer than ``faults.peer_timeout_s``, the
 collector first goes on without it as under ``continue``
@@ -61,7 +67,7 @@ from gflowdist.runtime import protocol
 from gflowdist.runtime.ledger import Ledger
 from gflowdist.runtime.liveness import Liveness
 from gflowdist.runtime.wiring import Wiring
-from gflowdist.standin import HANDSHAKE_TAG
+from gflowdist.standin import HANDSHAKE_TAG, SPARE_BEAT_TAG
 
 __all__ = [
     "Replacer",
@@ -73,6 +79,7 @@ __all__ = [
     "add_ledger",
     "spawn_unsupported",
     "HANDSHAKE_TAG",
+    "SPARE_BEAT_TAG",
     "STANDIN_MODULE",
     "SPARES_TAG",
 ]
@@ -109,7 +116,15 @@ class Spares:
     inter: Any  # the intercommunicator to them: the spares are its remote group
     members: list[int]  # the world ranks that spawned them, in the order of their group (a spare's peers' ranks)
     count: int
-    used: int = 0  # spares handed a rank so far, in order (the collector's count)
+    beats: Any = None  # a duplicate of ``inter`` that carries only the idle spares' heartbeats (the collector's)
+    started: float = field(default_factory=time.monotonic)  # when the spawn returned
+    called: list[int] = field(default_factory=list)  # spares handed a rank so far, in order (the collector's)
+    heard: dict[int, float] = field(default_factory=dict)  # spare -> its last heartbeat while idle (monotonic)
+    silent: dict[int, str] = field(default_factory=dict)  # spare -> why it counts as dead (it fell silent idle)
+
+    def idle(self) -> list[int]:
+        """The spares neither called nor fallen silent, in order: the next replacement is the first."""
+        return [i for i in range(self.count) if i not in self.called and i not in self.silent]
 
 
 def start_spares(w: Wiring) -> Spares | None:
@@ -139,17 +154,19 @@ def start_spares(w: Wiring) -> Spares | None:
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
     root = members.index(w.collector) if w.collector in members else 0
-    # a spare ends once the processes that spawned it (those on its host) have ended
+    # a spare ends once the processes that spawned it (those on its host) have ended; it sends its heartbeats
+    # to the collector (its rank in the spawning group: root) every faults.heartbeat_s while idle
     pids = comm.allgather(f"{socket.gethostname()}:{os.getpid()}")
-    args = ["-m", STANDIN_MODULE, ",".join(pids)]
+    args = ["-m", STANDIN_MODULE, ",".join(pids), str(root), repr(settings.heartbeat_s)]
     try:
         inter = comm.Spawn(sys.executable, args=args, maxprocs=count, info=info, root=root)
+        beats = inter.Dup()  # collective with the spares too: their heartbeats never meet a channel's probe
     finally:
         watchdog.cancel()
         info.Free()
         comm.Free()
     log.info("%d spare actor(s) started with MPI_Comm_spawn", count)
-    return Spares(inter, members, count)
+    return Spares(inter, members, count, beats)
 
 
 def _spawn_too_late(rank: int, count: int, seconds: float) -> None:
@@ -208,16 +225,75 @@ class Replacer:
 
     def may_replace(self, rank: int) -> bool:
         spares = self.spares
-        left = spares is not None and spares.used < spares.count
+        left = spares is not None and bool(spares.idle())
         return self.allowed and left and self.layout.role_of(rank) is Role.ACTOR and len(self.done) < self.limit
+
+    def no_spare_left(self) -> str:
+        """Why a lost actor cannot be replaced although ``replace`` asks it ('' when it can, or the policy is
+        another): what the console's line about the loss adds."""
+        spares = self.spares
+        if not self.allowed or spares is None:
+            return ""
+        if len(self.done) >= self.limit:
+            return f"faults.max_restarts ({self.limit}) replacement{'' if self.limit == 1 else 's'} made"
+        if not spares.idle():
+            silent = f", {len(spares.silent)} fell silent while idle" if spares.silent else ""
+            return f"no spare actor left ({len(spares.called)} called{silent})"
+        return ""
+
+    def watch_spares(self) -> None:
+        """Take the idle spares' heartbeats; one silent for longer than the bound counts as dead, is named on
+        the console once, and is never called (the collector's, at each poll).
+
+        The bound is ``faults.peer_timeout_s`` once a spare was heard, ``faults.startup_timeout_s`` from the
+        spawn until then (its first heartbeat follows its imports)."""
+        spares = self.spares
+        if spares is None or spares.beats is None or not self.allowed:
+            return
+        from mpi4py import MPI
+
+        status, beat, now = MPI.Status(), bytearray(8), time.monotonic()
+        while spares.beats.Iprobe(MPI.ANY_SOURCE, SPARE_BEAT_TAG, status):
+            spares.beats.Recv([beat, MPI.BYTE], status.Get_source(), SPARE_BEAT_TAG)
+            spares.heard[status.Get_source()] = now
+        for index in spares.idle():
+            seen = spares.heard.get(index)
+            if seen is None and now - spares.started > self.grace_s():
+                why = f"no heartbeat within faults.startup_timeout_s ({self.grace_s():g} s) of its spawn"
+            elif seen is not None and now - seen > self.w.settings.rank_silence_s:
+                why = (
+                    f"no heartbeat for {now - seen:.1f} s (faults.peer_timeout_s = {self.w.settings.rank_silence_s:g})"
+                )
+            else:
+                continue
+            spares.silent[index] = why
+            self.w.liveness.deaths.spare_named()  # its end made hydra signal every rank: not a rank's death
+            for other in range(self.w.comm.size):
+                if other != self.w.rank and other not in self.w.lost and other not in self.w.liveness.finished:
+                    self.w.control.isend(*protocol.spare_lost(index, why), other)
+            left = len(spares.idle())
+            self._say(
+                f"spare actor {index + 1} of {spares.count} fell silent while idle ({why}): it replaces no lost "
+                f"actor; {left} spare{'' if left == 1 else 's'} left",
+                title="spare lost",
+            )
+
+    def spare_notes(self) -> tuple[str, ...]:
+        """The report's lines about spares that fell silent while idle (:meth:`watch_spares`)."""
+        spares = self.spares
+        if spares is None:
+            return ()
+        return tuple(
+            f"spare actor {i + 1} of {spares.count} fell silent while idle ({why})" for i, why in spares.silent.items()
+        )
 
     def replace(self, rank: int, reason: str, produced_beat: int) -> None:
         """Make the next spare actor ``rank`` (already gone on without): no wait on anything (module docstring)."""
         spares = self.spares
         if spares is None:
             raise RuntimeError(f"no spare actor to replace rank {rank} with")
-        record = Replacement(rank, reason, produced_beat, time.monotonic(), spare=spares.used)
-        spares.used += 1
+        record = Replacement(rank, reason, produced_beat, time.monotonic(), spare=spares.idle()[0])
+        spares.called.append(record.spare)
         incarnation = 1 + sum(1 for earlier in self.done if earlier.rank == rank)
         self._sends.append(spares.inter.isend(self._spec(record, incarnation), dest=record.spare, tag=HANDSHAKE_TAG))
         self.done.append(record)
@@ -240,9 +316,9 @@ class Replacer:
         spares = self.spares
         if spares is None:
             return
-        for index in range(spares.used, spares.count):
+        for index in spares.idle():  # not those fallen silent: a send to a dead process may never complete
             self._sends.append(spares.inter.isend(None, dest=index, tag=HANDSHAKE_TAG))
-        spares.used = spares.count
+        spares.called.extend(spares.idle())
 
     def peers_of(self, rank: int) -> list[int]:
         """Who exchanges messages with actor ``rank`` besides the collector: its trainer and its buffer."""
@@ -340,8 +416,8 @@ class Replacer:
                 )
             final["ledger"] = ledger.to_dict()
 
-    def _say(self, text: str) -> None:
-        self.w.reports.note("rank replaced", "fault", text=text)
+    def _say(self, text: str, title: str = "rank replaced") -> None:
+        self.w.reports.note(title, "fault", text=text)
         log.warning("%s", text)
         self.out.write(f"gflowdist: {text}\n")
         self.out.flush()

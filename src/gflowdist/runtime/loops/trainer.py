@@ -18,13 +18,16 @@ Each step is a method of :class:`TrainerLoop`; the user's code runs in
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from gflowdist.comm.polling import Backoff
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.checkpoints import checkpoint_name
-from gflowdist.runtime.faults import on_refused, refusal_text
+from gflowdist.runtime.faults import refusal_text
 from gflowdist.runtime.loops.agent_group import AgentGroup
 from gflowdist.runtime.loops.batches import check_batch, refusal_before_concat, role_method
 from gflowdist.runtime.loops.client import (
@@ -45,7 +48,7 @@ from gflowdist.runtime.state import TrainerState
 from gflowdist.runtime.tape import Site
 from gflowdist.runtime.wiring import Wiring
 
-__all__ = ["run_trainer", "TrainerLoop", "ReplayRequests"]
+__all__ = ["run_trainer", "TrainerLoop", "ReplayRequests", "fresh_refusal"]
 
 log = logging.getLogger("gflowdist.runtime")
 
@@ -210,20 +213,14 @@ class TrainerLoop:
         or dtypes differ from the replayed ones) is refused here first, in the buffer's words
         (``faults.on_bad_batch``): ``fail`` raises, ``drop`` learns from the replayed items alone."""
         if fresh is not None and replayed is not None and self.buffer is not None:  # only a buffer's items refuse
-            refusal = refusal_before_concat(fresh, replayed)
-            if refusal is not None:
-                n = trajectory_count(fresh)
-                seq = self.state.produced - n  # ship() counted it
-                ctx = self.w.context
-                text = refusal_text(
-                    f"buffer {ctx.describe_rank(self.buffer)}", ctx.describe_rank(self.w.rank), n, seq, refusal
-                )
-                # the buffer's own refusal of it, when it comes, is not a second one
-                self.w.liveness.refusals.refused_myself(seq)
+            ctx = self.w.context
+            me, buffer = ctx.describe_rank(self.w.rank), ctx.describe_rank(self.buffer)
+            refused = fresh_refusal(fresh, replayed, self.state.produced, buffer=buffer, me=me)
+            if refused is not None:
+                seq, text = refused
                 self.w.reports.note("batch refused", "fault", seq=seq)
-                # ship() recorded where it was made: the words of the buffer's refusal too (Liveness.refused)
-                made = self.w.liveness.refusals.origin_of(seq)
-                on_refused(text, mode=self.settings.on_bad_batch, step=self.state.step, origin=made)
+                # ship() recorded where it was made: the same words as the buffer's refusal (Liveness.refused)
+                self.w.liveness.refusals.refuse_mine(seq, text, self.settings.on_bad_batch)
                 log.warning(
                     "step %d learns from its %d replayed items alone", self.state.step, trajectory_count(replayed)
                 )
@@ -350,3 +347,22 @@ class TrainerLoop:
                     full = channel.in_flight(actor) >= channel.max_in_flight
                     if not self.w.choices.decide(Site.WEIGHTS, self.turn, full, who=actor):
                         channel.isend(*protocol.policy_version(self.state.version), actor)
+
+
+def fresh_refusal(
+    fresh: Mapping[str, torch.Tensor],
+    replayed: Mapping[str, torch.Tensor] | None,
+    produced: int,
+    *,
+    buffer: str,
+    me: str,
+) -> tuple[int, str] | None:
+    """My buffer's refusal of my fresh batch, before I concatenate it with ``replayed``: the batch's ``seq`` (its
+    first trajectory's; ``produced`` counts it already) and the refusal in the buffer's words (``buffer``, ``me``:
+    the two ranks described); None when it fits."""
+    refusal = refusal_before_concat(fresh, replayed)
+    if refusal is None:
+        return None
+    n = trajectory_count(fresh)
+    seq = produced - n
+    return seq, refusal_text(f"buffer {buffer}", me, n, seq, refusal)
