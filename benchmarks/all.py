@@ -204,7 +204,7 @@ STARTUP_LAYOUTS = {4: [], 2: ["layout.buffers=0", "layout.coordinator=false"]}
 def first_step(out_dir: Path, ranks: int) -> tuple[float, float, float]:
     """Seconds from launching a 1-step HyperGrid job to the end of its first training step, the CPU
     seconds of the whole job (launcher and ranks, to their exit), and seconds from launch to its exit."""
-    from hypergrid import child_env, first_step_s, read_run, run_directory, startup_timeline
+    from run_reading import child_env, first_step_s, read_run, run_directory, startup_timeline
 
     cmd = [
         sys.executable,

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from gflowdist.timing.text_table import table_lines
-from hypergrid import child_env, load_average, run_directory, spread
+from run_reading import child_env, load_average, run_directory, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "apex_cartpole"

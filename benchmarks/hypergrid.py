@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,10 +88,26 @@ from pathlib import Path
 
 from gflowdist.timing.text_table import table_lines
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loop_timing import instrumented_env, loop_cpu  # siblings: this folder is on sys.path
+from run_reading import (
+    child_env,
+    first_step_s,
+    fmt,
+    load_average,
+    median,
+    parse_result,
+    read_run,
+    run_directory,
+    spread,
+    startup_timeline,
+    time_to_l1,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hypergrid"
 CONFIG = EXAMPLE / "config.yaml"
-L1_TARGET = 0.5
 LOG_EVERY = 10
 WINDOW = 2000
 BATCH = 16  # trajectories per trainer per step (bare.Args.batch_size, params.trajectories_per_step)
@@ -107,71 +122,6 @@ SETUPS = {
 #: references from the issue (torchgfn 2.4.1 multinode HyperGrid, 3 trainers + 1 buffer, this machine size)
 TORCHGFN_TRAJ_PER_S = (340, 590)
 TORCHGFN_BUFFER_RTT_MS = 19.0
-INSTRUMENT_VARIABLE = "GFLOWDIST_BENCH_INSTRUMENT"  # directory for per-rank JSON (and pstats)
-PROFILE_VARIABLE = "GFLOWDIST_BENCH_PROFILE"  # "1": also cProfile every rank
-#: Put on the ranks' PYTHONPATH as sitecustomize.py: inside an MPI rank (PMI_RANK set) it wraps the
-#: role loops that gflowdist.runtime.job calls, recording their CPU and wall seconds, optionally
-#: runs cProfile, and at exit writes rank-<pid>.json (and pid-<pid>.prof). Nothing else changes.
-SITECUSTOMIZE = f'''"""Written by benchmarks/hypergrid.py: time the role loop of this rank (see there)."""
-import atexit, json, os, resource, time
-
-_out = os.environ.get("{INSTRUMENT_VARIABLE}")
-if _out and os.environ.get("PMI_RANK") is not None:
-    _record = {{"pid": os.getpid(), "rank": int(os.environ["PMI_RANK"])}}
-    _profile = None
-    if os.environ.get("{PROFILE_VARIABLE}") == "1":
-        import cProfile
-        _profile = cProfile.Profile()
-        _profile.enable()
-    import gflowdist.runtime.job as _job
-
-    def _timed(name, fn):
-        def wrapper(*args, **kwargs):
-            cpu, wall = time.process_time(), time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _record["loop"] = name
-                _record["loop_cpu_s"] = time.process_time() - cpu
-                _record["loop_wall_s"] = time.perf_counter() - wall
-        return wrapper
-
-    for _name in ("run_trainer", "run_buffer", "run_actor", "run_coordinator"):
-        setattr(_job, _name, _timed(_name, getattr(_job, _name)))
-
-    def _dump():
-        if _profile is not None:
-            _profile.disable()
-            _profile.dump_stats(os.path.join(_out, f"pid-{{os.getpid()}}.prof"))
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        _record["pid"] = os.getpid()  # the rank, a fork of the process that imported this (its keeper)
-        _record["process_cpu_s"] = usage.ru_utime + usage.ru_stime
-        with open(os.path.join(_out, f"rank-{{os.getpid()}}.json"), "w") as f:
-            json.dump(_record, f)
-
-    atexit.register(_dump)
-'''
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This environment without an enclosing MPI job's variables, one thread per process."""
-    from gflowdist.jobenv import without_launcher
-
-    env = without_launcher(dict(os.environ))
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
-    return env
-
-
-def load_average() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
-
-
-def parse_result(output: str) -> dict:
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"the worker printed no RESULT line:\n{output[-3000:]}")
 
 
 # -- bare ----------------------------------------------------------------------------------------
@@ -289,15 +239,6 @@ def gflowdist_command(
     ]
 
 
-def instrumented_env(out_dir: Path, profile: bool) -> tuple[dict[str, str], Path]:
-    """The ranks' environment with the loop-timing sitecustomize on PYTHONPATH, and its output folder."""
-    folder = Path(tempfile.mkdtemp(prefix="ranks-", dir=out_dir))
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = child_env(**{INSTRUMENT_VARIABLE: str(folder), PROFILE_VARIABLE: "1" if profile else "0"})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH", "")]))
-    return env, folder
-
-
 def run_gflowdist(
     trainers: int,
     steps: int,
@@ -326,121 +267,7 @@ def run_gflowdist(
     return result
 
 
-def loop_cpu(run_dir: Path, folder: Path, steps: int) -> dict:
-    """Per role (mean over its ranks): CPU % of its loop (CPU s / wall s) and CPU ms per training step;
-    ``loop_cpu_s``: the loops' CPU seconds summed over every rank."""
-    roles = {final["pid"]: final["role"] for final in json.loads((run_dir / "finals.json").read_text()).values()}
-    pct: dict[str, list[float]] = {}
-    per_step: dict[str, list[float]] = {}
-    total = 0.0
-    for path in folder.glob("rank-*.json"):
-        record = json.loads(path.read_text())
-        if "loop_wall_s" in record:
-            role = roles[record["pid"]]
-            pct.setdefault(role, []).append(100 * record["loop_cpu_s"] / record["loop_wall_s"])
-            per_step.setdefault(role, []).append(1e3 * record["loop_cpu_s"] / steps)
-            total += record["loop_cpu_s"]
-    return {
-        **{f"cpu_pct_{role}": statistics.fmean(v) for role, v in pct.items()},
-        **{f"cpu_ms_{role}": statistics.fmean(v) for role, v in per_step.items()},
-        "loop_cpu_s": total,
-    }
-
-
-def run_directory(stdout: str) -> Path:
-    marker = "gflowdist: run directory "
-    for line in stdout.splitlines():
-        if line.startswith(marker):
-            return Path(line[len(marker) :].strip())
-    raise RuntimeError(f"gflowdist run printed no run directory:\n{stdout[-2000:]}")
-
-
-def read_run(run_dir: Path, trainers: int, steps: int) -> dict:
-    """traj/s, time to L1, step time and replay waits of a finished run directory."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    by_step: dict[int, list[dict]] = {}
-    for row in rows:
-        by_step.setdefault(row["step"], []).append(row)
-    last = by_step[max(by_step)]
-    if len(last) != trainers:
-        raise RuntimeError(f"{run_dir}: the last metrics step has {len(last)} trainer lines, expected {trainers}")
-    seconds = max(r["time"] for r in last)
-    trajectories = sum(r["trajectories"] for r in last)
-    l1 = [
-        {"step": s, "time": max(r["time"] for r in rs), "l1": [r["l1"] for r in rs]}
-        for s, rs in sorted(by_step.items())
-        if len(rs) == trainers
-    ]
-    finals = json.loads((run_dir / "finals.json").read_text())
-    step_s = seconds / steps
-    waits = []
-    for final in finals.values():
-        if final["role"] == "trainer":
-            phases = final["timing"]["phases"]
-            waits.append(sum(phases.get("wait_replay", [])) / max(final["step"], 1))
-    wait = statistics.fmean(waits)
-    result = {
-        "traj_per_s": trajectories / seconds,
-        "seconds": seconds,
-        "steps": steps,
-        "step_ms": 1e3 * step_s,
-        "wait_ms": 1e3 * wait,
-        "wait_pct": 100 * wait / step_s,
-        "first_step_time": min(r["time"] for r in by_step[min(by_step)]),
-    }
-    result.update(time_to_l1(l1))
-    return result
-
-
-def time_to_l1(l1_rows: list[dict]) -> dict:
-    for row in l1_rows:
-        if max(row["l1"]) <= L1_TARGET:
-            return {"l1_time": row["time"], "l1_step": row["step"]}
-    return {"l1_time": None, "l1_step": None}
-
-
-def log_timestamps(run_dir: Path) -> list[float]:
-    """Wall-clock time of the first line of every rank log (logging starts after the context exists)."""
-    stamps = []
-    for log in sorted((run_dir / "logs").glob("rank-*.log")):
-        first = log.read_text().splitlines()[0]
-        day, clock = first.split()[:2]
-        whole, millis = clock.split(",")
-        stamps.append(time.mktime(time.strptime(f"{day} {whole}", "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3)
-    return stamps
-
-
-def startup_timeline(run_dir: Path, launched: float) -> dict:
-    """Seconds from launch to: every rank logging, training start, end of the first step."""
-    training_start = (run_dir / "config.yaml").stat().st_mtime
-    stamps = log_timestamps(run_dir)
-    return {"ranks_up_s": max(stamps) - launched, "training_start_s": training_start - launched}
-
-
-def first_step_s(result: dict) -> float:
-    return result["training_start_s"] + result["first_step_time"]
-
-
 # -- the table ----------------------------------------------------------------------------------
-
-
-def median(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def spread(values, spec: str) -> str:
-    """``median`` or ``median (min-max)`` when there are several values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return format(values[0], spec)
-    return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
 
 
 def table(results: dict[str, list[dict]]) -> list[str]:

@@ -104,7 +104,6 @@ from pathlib import Path
 import inference_compare
 import latency_peer
 from gflowdist.timing.text_table import table_lines
-from hypergrid import child_env, load_average, parse_result, run_directory
 from inference_compare import summed_rate
 from latency_impala import run_impala, run_impala_single
 from latency_jobs import load1, metric_rows, run_env_job, where_time_goes
@@ -117,6 +116,7 @@ from latency_tables import (
     summary_line,
     where_lines,
 )
+from run_reading import child_env, load_average, parse_result, run_directory
 
 ROOT = Path(__file__).resolve().parents[1]
 APEX = ROOT / "examples" / "apex_cartpole"

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from hypergrid import child_env, parse_result
 from latency_jobs import load1, run_env_job
+from run_reading import child_env, parse_result
 
 __all__ = ["IMPALA", "IMPALA_MODES", "impala_batch", "run_impala", "run_impala_single"]
 

@@ -9,8 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from hypergrid import child_env, run_directory
 from inference_compare import summed_rate
+from run_reading import child_env, run_directory
 
 __all__ = ["load1", "metric_rows", "run_env_job", "where_time_goes"]
 

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from gflowdist.config import Config
 from gflowdist.timing.text_table import table_lines
-from hypergrid import child_env, load_average, run_directory, spread
+from run_reading import child_env, load_average, run_directory, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 #: example -> (config, the single-process script that runs it)

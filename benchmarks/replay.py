@@ -47,7 +47,7 @@ import subprocess
 import sys
 import time
 
-from hypergrid import child_env, load_average, parse_result  # the HyperGrid benchmark's helpers
+from run_reading import child_env, load_average, parse_result  # the benchmarks' shared helpers
 
 #: kind -> (trajectories per message, insert messages per client, sample requests per client, capacity)
 KINDS = {"small": (16, 400, 400, 10_000), "large": (4, 25, 25, 256)}

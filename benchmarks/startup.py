@@ -158,7 +158,7 @@ def mpiexec() -> str:
 
 
 def timed(cmd: list[str], **env: str) -> tuple[float, str]:
-    from hypergrid import child_env
+    from run_reading import child_env
 
     start = time.time()
     out = subprocess.run(
@@ -171,7 +171,8 @@ def timed(cmd: list[str], **env: str) -> tuple[float, str]:
 
 
 def measure(repeats: int, quick: bool, out_dir: Path) -> dict:
-    from hypergrid import first_step_s, parse_result, run_gflowdist
+    from hypergrid import run_gflowdist
+    from run_reading import first_step_s, parse_result
 
     import_torch = [sys.executable, "-c", "import torch"]
     results: dict = {"baseline": {}, "run": [], "launcher": [], "ranks": []}
@@ -201,7 +202,7 @@ def measure(repeats: int, quick: bool, out_dir: Path) -> dict:
 
 def report(results: dict, repeats: int, seconds: float) -> list[str]:
     from gflowdist.timing.text_table import table_lines
-    from hypergrid import load_average
+    from run_reading import load_average
 
     med = statistics.median
     lines = [f"startup, median of {repeats} run(s); {load_average()}; {seconds:.0f} s", ""]

@@ -123,7 +123,7 @@ def test_routes_table_gives_the_routed_over_world_ratio_of_each_size():
 
 
 def test_time_to_l1_is_the_first_step_where_every_trainer_is_below_the_target():
-    bench = load("hypergrid")
+    bench = load("run_reading")
     rows = [
         {"step": 0, "time": 1.0, "l1": [1.2, 0.4]},
         {"step": 10, "time": 2.0, "l1": [0.5, 0.6]},
@@ -136,7 +136,7 @@ def test_time_to_l1_is_the_first_step_where_every_trainer_is_below_the_target():
 def test_read_run_derives_rates_and_waits_from_a_run_directory(tmp_path):
     import json
 
-    bench = load("hypergrid")
+    bench = load("run_reading")
     metrics = [
         {"rank": 0, "time": 0.5, "step": 0, "trajectories": 16, "l1": 1.0},
         {"rank": 1, "time": 0.6, "step": 0, "trajectories": 16, "l1": 1.1},
