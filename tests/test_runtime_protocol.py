@@ -77,25 +77,23 @@ def test_an_unknown_or_malformed_command_is_no_command(body):
 
 def test_prefetched_sample_requests_name_the_step_that_will_use_them() -> None:
     """replay.prefetch k: the reply used at step s was asked for k steps earlier, so it asks for beta at s."""
-    from contextlib import nullcontext
-    from types import SimpleNamespace
-
+    from gflowdist.config import Config
     from gflowdist.runtime.loops.trainer import ReplayRequests
     from gflowdist.runtime.state import TrainerState
+    from tests.support.wirings import wirings
 
-    asked: list[dict] = []
-    data = SimpleNamespace(
-        isend=lambda kind, body, dst: asked.append(body),
-        recv=lambda src, timeout=None: wire(protocol.sample_reply(None)),
-    )
-    settings = SimpleNamespace(
-        prefetch=2, replayed_per_step=lambda fresh: 4, reply_timeout_s=1.0, sampler_name="uniform"
-    )
-    timer = SimpleNamespace(phase=lambda name: nullcontext(), wait_on=lambda peer, label: nullcontext())
-    w = SimpleNamespace(settings=settings, data=data, timer=timer)
-    requests, state = ReplayRequests(w, buffer=3), TrainerState()
+    layout = {"trainers": 1, "buffers": 1, "coordinator": False}  # trainer 0, buffer 1
+    config = Config.from_dict({"layout": layout, "replay": {"prefetch": 2, "replay_fraction": 0.25}})
+    trainer, buffer = wirings(config, 2)
+    for _ in range(4):  # a reply for each step's take, already on its way
+        buffer.data.isend(*protocol.sample_reply(None), 0)
+    requests, state = ReplayRequests(trainer, buffer=1), TrainerState()
     for version in range(4):
         state.version = version
         requests.take(state, 16)
+    asked = []
+    while (msg := buffer.data.try_recv(0)) is not None:
+        assert msg.type is MessageType.SAMPLE_REQUEST and msg.body["n"] == trainer.settings.replayed_per_step(16)
+        asked.append(msg.body)
     # asked at step 0 for steps 1 and 2, then at each step s for s + 2: each reply is used where it was meant
     assert [(b["version"], b["step"]) for b in asked] == [(0, 1), (0, 2), (1, 3), (2, 4), (3, 5)]

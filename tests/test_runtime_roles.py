@@ -13,7 +13,6 @@ from gflowdist.context import DistributedContext
 from gflowdist.errors import GflowdistError
 from gflowdist.runtime import Actor, BufferManager, Coordinator, Trainer
 from gflowdist.runtime.job import make_role
-from gflowdist.runtime.settings import Settings
 
 HALF_TRAINER = """
 from gflowdist.runtime import Trainer
@@ -66,21 +65,12 @@ def test_an_unset_trainer_is_refused_as_not_set():
 def test_the_progress_line_adds_up_counts_and_averages_the_rest():
     """Ints (an actor's env_steps, episodes) are totals over the ranks; floats (a return, a loss) are means."""
     import io
-    from types import SimpleNamespace
 
     from gflowdist.runtime.collector import Collector
+    from tests.support.wirings import wirings
 
-    layout = SimpleNamespace(trainers=[0], actors=[1, 2], buffers=[])
-    config = Config.from_dict({"run": {"steps": 10}, "layout": {"trainers": 1, "actors": 2, "buffers": 0}})
-    w = SimpleNamespace(
-        context=SimpleNamespace(layout=layout),
-        comm=SimpleNamespace(size=4),
-        rank=3,
-        generation=0,
-        settings=Settings.of(config),
-        lost={},
-        ledger=SimpleNamespace(produced=0),
-    )
+    layout = {"trainers": 1, "actors": 2, "buffers": 1, "coordinator": False}
+    w = wirings(Config.from_dict({"run": {"steps": 10}, "layout": layout}), 4)[0]  # trainer 0 collects
     out = io.StringIO()
     collector = Collector(w, metrics_file=None, out=out)
     collector.record_metrics(0, {"step": 4, "loss": 0.5, "trajectories": 0})
