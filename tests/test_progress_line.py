@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 import pytest
 
 from gflowdist.config import Config
 from gflowdist.jobenv import CONSOLE_VARIABLE
 from gflowdist.runtime.progress import FLOOD_FACTOR, ProgressLine, console_of, flood, producer_class, progress_line
-from gflowdist.runtime.settings import Settings
+from tests.support.wirings import wirings
 
 
 class Clock:
@@ -88,18 +87,15 @@ def test_a_fresh_run_counts_from_zero_even_if_its_first_count_arrives_late():
 
 def test_the_rate_is_named_for_the_unit_the_producing_class_makes():
     pytest.importorskip("gymnasium")
-    from gflowdist.layout import plan_layout
 
     config = Config.from_yaml("examples/apex_cartpole/config.yaml")
-    layout = plan_layout(5, config.layout)
-    w = SimpleNamespace(settings=Settings.of(config), generation=0, context=SimpleNamespace(layout=layout))
-    line = progress_line(w, io.StringIO(), producer=producer_class(config, layout))
+    w = wirings(config, 5)[0]  # the example's 5 ranks, as threads
+    line = progress_line(w, io.StringIO(), producer=producer_class(config, w.context.layout))
     assert line.unit == "transitions"
     assert line.pace_setting == "params.env_steps_per_update"
     hypergrid = Config.from_yaml("examples/hypergrid/config.yaml")
-    layout = plan_layout(4, hypergrid.layout)
-    w = SimpleNamespace(settings=Settings.of(hypergrid), generation=0, context=SimpleNamespace(layout=layout))
-    assert progress_line(w, io.StringIO(), producer=producer_class(hypergrid, layout)).unit == "trajectories"
+    w = wirings(hypergrid, 4)[0]
+    assert progress_line(w, io.StringIO(), producer=producer_class(hypergrid, w.context.layout)).unit == "trajectories"
 
 
 def test_in_a_terminal_one_line_is_rewritten_in_place_and_ended_once():
