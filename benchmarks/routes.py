@@ -5,7 +5,7 @@
 
 ``mpiexec -n 3`` of this file: rank 2 (the "actor") takes no part, as a lost actor; ranks 0 and 1 spawn one
 spare together (``MPI_Comm_create_group`` + ``MPI_Comm_spawn``, as ``faults.on_actor_loss: replace`` does at
-start-up, :func:`gflowdist.runtime.replacing.start_spares`), which stands in as rank 2
+start-up, :func:`gflowdist.runtime.spares.start_spares`), which stands in as rank 2
 (:meth:`gflowdist.comm.mpi.MPIComm.standing_in`), and rank 0 routes rank 2 to it
 (:meth:`gflowdist.comm.mpi.MPIComm.route`). Then, each through gflowdist's :class:`~gflowdist.comm.mpi.MPIComm`:
 

@@ -15,7 +15,7 @@ Replacing a lost actor (``faults.on_actor_loss: replace``) needs MPI's
 dynamic processes besides: ``gflowdist run`` also checks before launch that
 its mpiexec is one known to support ``MPI_Comm_spawn`` (MPICH's hydra, Open
 MPI), and a rank checks that its MPI library is MPI-2 or newer
-(:func:`gflowdist.runtime.replacing.spawn_unsupported`).
+(:func:`gflowdist.runtime.spares.spawn_unsupported`).
 
 ``launch.engine: auto`` lets the job's own launcher decide (a rank started by
 mpiexec is on ``mpi``, one started by torchrun on ``torch``) and makes

@@ -1,7 +1,7 @@
 """A spare actor: the process MPI_Comm_spawn starts to stand in for a lost actor (``faults.on_actor_loss: replace``).
 
 ``python -m gflowdist.standin HOST:PID,... COLLECTOR HEARTBEAT_S``, started at the job's start-up by
-every rank but the actors together (:func:`gflowdist.runtime.replacing.start_spares`),
+every rank but the actors together (:func:`gflowdist.runtime.spares.start_spares`),
 never by hand. This module imports nothing heavy before MPI starts:
 ``MPI_Comm_spawn`` returns only once the new process initialised MPI. In order:
 
@@ -86,7 +86,7 @@ def main() -> None:
     if parent == MPI.COMM_NULL or len(sys.argv) < 4:
         sys.stderr.write(f"{__name__}: started by MPI_Comm_spawn as a spare actor, never by hand\n")
         os._exit(2)
-    beats = parent.Dup()  # collective with the ranks that spawned me (gflowdist.runtime.replacing.start_spares)
+    beats = parent.Dup()  # collective with the ranks that spawned me (gflowdist.runtime.spares.start_spares)
     _warm_up()
     spec = _wait_for_call(MPI, parent, sys.argv[1], Beats(MPI, beats, int(sys.argv[2]), float(sys.argv[3])))
     if spec is None:  # the run is over, and no actor was lost

@@ -64,8 +64,8 @@ from gflowdist.runtime.observing import measure_clock_offset, open_tape, open_tr
 from gflowdist.runtime.postmortem import Holding, end_failed
 from gflowdist.runtime.process import RankProcess, end_of_process_bounded, fail_job, prepare_rank
 from gflowdist.runtime.progress import producer_class
-from gflowdist.runtime.replacing import start_spares
 from gflowdist.runtime.resume import restore
+from gflowdist.runtime.spares import start_spares
 from gflowdist.runtime.state import ActorState, BufferState, RunState, TrainerState, state_for
 from gflowdist.runtime.wiring import Wiring
 

@@ -29,7 +29,7 @@ from gflowdist.runtime.settings import Settings
 from gflowdist.timing.trace import TraceRecorder
 
 if TYPE_CHECKING:
-    from gflowdist.runtime.replacing import Spares
+    from gflowdist.runtime.spares import Spares
 
 __all__ = ["SignalFlag", "StopFlag", "Deaths", "Refusals", "Liveness", "collector_rank"]
 
@@ -223,7 +223,7 @@ class Liveness:
         self._on_wait: Callable[[], Any] | None = None
         self._last_beat = 0.0
         self._collector_seen = time.monotonic()
-        self.spares: Spares | None = None  # faults.on_actor_loss: replace (gflowdist.runtime.replacing)
+        self.spares: Spares | None = None  # faults.on_actor_loss: replace (gflowdist.runtime.spares)
 
     def heartbeat(self, step: int, **extra: Any) -> None:
         """Say I am alive, at most once per ``faults.heartbeat_s``.
@@ -250,6 +250,10 @@ class Liveness:
     def heard_final(self, rank: int) -> None:
         """On the collector: ``rank``'s final report arrived (it hears no more beats)."""
         self.finished.add(rank)
+
+    def running_peers(self) -> list[int]:
+        """On the collector: the other ranks still running (neither gone on without nor finished)."""
+        return [r for r in range(self.comm.size) if r != self.rank and r not in self.lost and r not in self.finished]
 
     def may_send_to(self, rank: int) -> bool:
         """False for a rank the run goes on without, and for every actor while a death is not yet named."""

@@ -66,9 +66,8 @@ class LostActors:
         where = self.w.context.describe_rank(rank)
         text = f"lost {where}: {reason}"
         self.w.liveness.go_on_without(rank, text)
-        for other in range(self.w.comm.size):
-            if other not in (self.w.rank, rank) and other not in self.w.liveness.finished and other not in self.lost:
-                self.w.control.isend(*protocol.lost(rank, text), other)
+        for other in self.w.liveness.running_peers():  # ``rank`` is gone on without already
+            self.w.control.isend(*protocol.lost(rank, text), other)
         policy = self.w.settings.on_actor_loss
         why = f"; {why_not_replaced}" if why_not_replaced else ""
         self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy}{why})\n")
