@@ -127,3 +127,18 @@ def _check_rank_lost(job, code: int) -> None:
     trace = read_json(run / "trace.json")
     assert trace["otherData"]["partial"] and {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {0, 1, 3}
     assert job.no_process_left()
+
+
+def test_a_lost_rank_ends_the_job_with_status_3_whichever_rank_noticed_it():
+    """Seen once in CI under load: the trainer's sample reply timed out before the collector missed the killed
+    buffer's heartbeats, and the collector, relaying the trainer's failure, ended the job with 1, not 3."""
+    from gflowdist.errors import PeerLostError
+    from gflowdist.runtime.failures import Failure, RankFailed
+    from gflowdist.runtime.postmortem import _exit_code
+
+    def relayed(kind: str) -> RankFailed:
+        return RankFailed(Failure(2, "buffer", "vm", None, kind, "PeerLostError: x", None, "text", "detail"), {})
+
+    assert _exit_code(PeerLostError(2, role="buffer", host="vm", reason="no heartbeat")) == 3  # the collector's
+    assert _exit_code(relayed("lost rank")) == 3  # another rank noticed, the collector ends the job
+    assert _exit_code(relayed("exception")) == 1

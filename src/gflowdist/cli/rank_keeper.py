@@ -53,16 +53,19 @@ def keep(bound_s: float = 60.0, *, close_pmi: bool = False) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     keeper = os.getpid()
+    # ignored before the fork: a signal sent to the keeper as soon as the child runs (it may run first) must not
+    # end it; the child takes its handlers back
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _IGNORED}
     child = os.fork()
     if child == 0:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         os.environ[KEEPER_VARIABLE] = str(keeper)
         _die_with_parent(keeper)
         return
     pmi_fd = os.environ.get("PMI_FD", "")
     if close_pmi and pmi_fd.isdigit():
         os.close(int(pmi_fd))
-    for sig in _IGNORED:
-        signal.signal(sig, signal.SIG_IGN)
     status = keeper_wait(child, bound_s)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)

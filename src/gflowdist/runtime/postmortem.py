@@ -139,7 +139,10 @@ def end_failed(process: RankProcess, holding: Holding | None, err: BaseException
 
 
 def _exit_code(err: BaseException) -> int:
-    if isinstance(err, PeerLostError):
+    """3 for a lost rank, whichever rank noticed it: the collector (a heartbeat missed) or another rank, whose
+    failure reaches the collector relayed (a reply that never came: the timeouts race under load); 130 for an
+    interrupt; 1 for the rest."""
+    if isinstance(err, PeerLostError) or (isinstance(err, RankFailed) and err.failure.kind == "lost rank"):
         return 3
     if isinstance(err, KeyboardInterrupt):
         return 130
