@@ -1,6 +1,6 @@
 """Ping-pong latency and bandwidth: gflowdist's byte transport vs the raw engines, in one run.
 
-    python benchmarks/transport.py            # full tables (MPI and gloo), ~2 minutes
+    python benchmarks/transport.py            # full tables (MPI and gloo), under a minute
     python benchmarks/transport.py --quick    # a few sizes, seconds
     python benchmarks/transport.py --json F   # also write every measurement to F
 
@@ -12,8 +12,16 @@ Launches itself under ``mpiexec -n 2`` (MPI part) and as 2 gloo processes
   uint8 tensor, what torchgfn's replay-buffer code sends).
 
 Raw baselines are mpi4py ``Send``/``Recv`` and ``torch.distributed``
-``send``/``recv`` into preallocated buffers; gflowdist receives with its
-normal API (a fresh message per call). Raw and gflowdist rounds alternate in
+``send``/``recv`` into preallocated buffers. gflowdist runs what a user's loop
+does: each ``recv`` returns a fresh message, and each rank sends back the
+message it last received. On MPI a second baseline, ``raw huge``, sends and
+receives a preallocated buffer on 2 MiB transparent huge pages (aligned, as
+gflowdist's receive buffers are: ``gflowdist.comm.buffers``): the fastest a
+raw loop can be where the kernel offers them. The plain raw buffer is a NumPy
+array, on 4 KiB pages below NumPy's 4 MiB threshold for huge pages and
+possibly on huge pages above it (a buffer of ``torch.zeros``, never: torch
+does not ask for them, which made an older version of this benchmark's raw
+side slower than gflowdist from 16 MiB). Raw and gflowdist rounds alternate in
 batches (raw, ours, raw, ours, ...), so both see the same machine; the RTT
 columns are medians over the batches, the ratio is the median of the
 per-batch-pair ratios, and in parentheses the ratio of the fastest batch of
@@ -39,8 +47,9 @@ TARGETS = {"mpi": (2.0, 0.90), "torch": (1.5, 0.90)}
 
 
 def reps_for(size: int, cap: int = 4000) -> int:
-    """Round trips per size: about 0.2 GB moved, between 20 and ``cap`` (4000)."""
-    return max(min(20, cap), min(cap, int(2e8 // max(size, 1) // 2)))
+    """Round trips per size: about 1 GB moved (batches long enough to reach a steady state), between 20 and ``cap``
+    (4000)."""
+    return max(min(20, cap), min(cap, int(1e9 // max(size, 1) // 2)))
 
 
 def _median(values):
@@ -66,7 +75,7 @@ def alternate(barrier, rounds: dict, reps: int, batches: int = 20) -> dict:
 
 
 def ping_pong(rank: int, peer: int, send, recv):
-    """One round trip: rank 0 sends and waits for the answer, rank 1 answers with what it got."""
+    """One round trip of a raw loop: rank 0 sends its buffer and receives into it, rank 1 echoes it."""
 
     def one_round():
         if rank == 0:
@@ -78,51 +87,68 @@ def ping_pong(rank: int, peer: int, send, recv):
     return one_round
 
 
-def rounds_for(rank, peer, buf, raw_send, raw_recv, comm, compat_send, compat_recv) -> dict:
-    """The three ping-pongs of one size: raw (preallocated), the communicator, the compat layer."""
+def echo(rank: int, peer: int, first, send, recv):
+    """One round trip of a user's loop: every rank sends back the message it last received (``first`` at the
+    start), a fresh one per ``recv``."""
+    last = [first]
 
-    def ours_send(p, data=None):
-        comm.send(buf if data is None else data, p, 0)
+    def one_round():
+        if rank == 0:
+            send(last[0], peer)
+            last[0] = recv(peer)
+        else:
+            last[0] = recv(peer)
+            send(last[0], peer)
 
-    def ours_recv(p):
-        return comm.recv(p, 0)[1]
+    return one_round
 
-    def compat_s(p, data=None):
-        compat_send(buf if data is None else data, p, tag=1)
 
-    def compat_r(p):
-        return compat_recv(p, tag=1)[1]
+def rounds_for(rank, peer, buf, raw_send, raw_recv, comm, compat_send, compat_recv, raw_buf=None, huge=None) -> dict:
+    """The ping-pongs of one size: raw (preallocated ``raw_buf``, else ``buf``; ``huge``: also on a huge-page
+    buffer), the communicator and the compat layer (echoing, from the tensor ``buf``)."""
 
-    def raw_s(p, data=None):
-        raw_send(buf, p)
+    def raw_rounds(array):
+        def raw_s(p, data=None):
+            raw_send(array, p)
 
-    def raw_r(p):
-        raw_recv(buf, p)
-        return buf
+        def raw_r(p):
+            raw_recv(array, p)
+            return array
 
-    return {
-        "raw": ping_pong(rank, peer, raw_s, raw_r),
-        "comm": ping_pong(rank, peer, ours_send, ours_recv),
-        "compat": ping_pong(rank, peer, compat_s, compat_r),
-    }
+        return ping_pong(rank, peer, raw_s, raw_r)
+
+    rounds = {"raw": raw_rounds(buf if raw_buf is None else raw_buf)}
+    if huge is not None:
+        rounds["raw_huge"] = raw_rounds(huge)
+    rounds["comm"] = echo(rank, peer, buf, lambda d, p: comm.send(d, p, 0), lambda p: comm.recv(p, 0)[1])
+    rounds["compat"] = echo(rank, peer, buf, lambda d, p: compat_send(d, p, tag=1), lambda p: compat_recv(p, tag=1)[1])
+    return rounds
 
 
 def summarise(size: int, samples: dict) -> dict:
-    """Medians, the median of the per-batch ratios, and the ratio of the fastest batches (least disturbed)."""
+    """Medians, the median of the per-batch ratios, and the ratio of the fastest batches (least disturbed);
+    against the huge-page raw baseline too where it was measured (``*_huge_ratio``)."""
     raw = samples["raw"]
     row = {"size": size, "raw": _median(raw), "raw_min": min(raw)}
+    if "raw_huge" in samples:
+        row["raw_huge"] = _median(samples["raw_huge"])
     for name in ("comm", "compat"):
         row[name] = _median(samples[name])
         row[name + "_ratio"] = _median([o / r for o, r in zip(samples[name], raw, strict=False)])
         row[name + "_min_ratio"] = min(samples[name]) / min(raw)
+        if "raw_huge" in samples:
+            pairs = zip(samples[name], samples["raw_huge"], strict=False)
+            row[name + "_huge_ratio"] = _median([o / r for o, r in pairs])
     return row
 
 
 def mpi_worker(sizes, cap: int) -> None:
+    import numpy as np
     import torch
     from mpi4py import MPI
 
     from gflowdist.comm import world_comm
+    from gflowdist.comm.buffers import huge_page_buffer
     from gflowdist.compat.torchgfn import recv, send
 
     world = MPI.COMM_WORLD
@@ -131,17 +157,18 @@ def mpi_worker(sizes, cap: int) -> None:
     rank, peer = world.rank, 1 - world.rank
     results = []
     for size in sizes:
-        buf = torch.zeros(size, dtype=torch.uint8)
-        array = buf.numpy()
+        array = np.zeros(size, dtype=np.uint8)  # what a raw mpi4py loop preallocates
         rounds = rounds_for(
             rank,
             peer,
-            buf,
-            lambda b, p: raw.Send([array, MPI.BYTE], p, 0),
-            lambda b, p: raw.Recv([array, MPI.BYTE], p, 0),
+            torch.from_numpy(array.copy()),
+            lambda b, p: raw.Send([b, MPI.BYTE], p, 0),
+            lambda b, p: raw.Recv([b, MPI.BYTE], p, 0),
             comm,
             lambda d, p, tag: send(d, p, "mpi", tag),
             lambda p, tag: recv(p, "mpi", tag),
+            raw_buf=array,
+            huge=huge_page_buffer(size),  # what gflowdist receives into
         )
         results.append(summarise(size, alternate(world.Barrier, rounds, reps_for(size, cap))))
     if rank == 0:
@@ -179,11 +206,13 @@ def torch_worker(sizes, cap: int) -> None:
 
 def table(name: str, rows, engine: str) -> str:
     rtt_target, bw_target = TARGETS[engine]
+    huge = any("raw_huge" in r for r in rows)
     lines = [
         f"\n{name}",
         f"{'size':>8} | {'raw RTT us':>10} | {'comm RTT us':>11} | {'ratio (min)':>12} | {'bw % raw':>8} | "
-        f"{'compat RTT us':>13} | {'ratio (min)':>12} | {'bw % raw':>8}",
-        "-" * 108,
+        f"{'compat RTT us':>13} | {'ratio (min)':>12} | {'bw % raw':>8}"
+        + (f" | {'raw huge us':>11} | {'comm bw % huge':>14}" if huge else ""),
+        "-" * (108 + (34 if huge else 0)),
     ]
     for r in rows:
         cells = []
@@ -193,11 +222,18 @@ def table(name: str, rows, engine: str) -> str:
             cells.append(
                 f"{r[name_] * 1e6:{width}.1f} | {ratio:5.2f} ({r[name_ + '_min_ratio']:4.2f}) | {100 / ratio:7.0f}%"
             )
+        if huge:
+            cells.append(f"{r['raw_huge'] * 1e6:11.1f} | {100 / r['comm_huge_ratio']:13.0f}%")
         lines.append(f"{fmt_size(r['size']):>8} | {r['raw'] * 1e6:10.1f} | " + " | ".join(cells))
     lines.append(
         f"targets: RTT ratio <= {rtt_target:g} up to 4 KiB; >= {bw_target:.0%} of raw bandwidth "
         "(ratio <= {:.2f}) from 1 MiB".format(1 / bw_target)
     )
+    if huge:
+        lines.append(
+            "raw: a preallocated NumPy buffer; raw huge: one on 2 MiB huge pages (see the docstring); "
+            "gflowdist echoes a fresh message per recv"
+        )
     return "\n".join(lines)
 
 

@@ -217,3 +217,13 @@ def test_a_ratio_is_shown_with_the_digits_that_agree_with_its_verdict():
         ("on the target", "1.30", "yes"),
         ("no target", "0.50", "-"),
     ]
+
+
+def test_transport_quick_measures_a_users_echo_loop_against_both_raw_baselines(tmp_path):
+    lines = run_quick("transport", "--engines", "mpi", "--json", str(tmp_path / "transport.json"))
+    rows = json.loads((tmp_path / "transport.json").read_text())["mpi"]
+    assert [r["size"] for r in rows] == load("transport").QUICK
+    for r in rows:
+        assert min(r["raw"], r["raw_huge"], r["comm"], r["compat"]) > 0, r
+        assert r["comm_huge_ratio"] > 0 and r["compat_ratio"] > 0, r
+    assert any(line.startswith("raw: a preallocated NumPy buffer; raw huge:") for line in lines), lines

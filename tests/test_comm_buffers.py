@@ -1,11 +1,15 @@
-"""as_byte_array: the bytes of what a caller sends, viewed without a copy where possible."""
+"""as_byte_array: the bytes of what a caller sends, viewed without a copy where possible; the receive-buffer pool:
+recycled only when free, aligned to and backed by huge pages."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
-from gflowdist.comm.buffers import as_byte_array
+from gflowdist.comm.buffers import HUGE_PAGE, BufferPool, as_byte_array
 
 
 def test_a_flat_byte_tensor_is_viewed_not_copied():
@@ -23,3 +27,46 @@ def test_other_tensors_become_their_bytes():
     with_grad = torch.ones(2, requires_grad=True)
     assert as_byte_array(with_grad).tobytes() == np.ones(2, np.float32).tobytes()
     assert as_byte_array(b"abc").tobytes() == b"abc"
+
+
+def test_the_pool_hands_a_buffer_out_again_only_once_nothing_holds_it():
+    pool = BufferPool(min_bytes=1 << 20, max_buffers=4)
+    first = torch.from_numpy(pool.take(3 << 20))
+    address = first.data_ptr()
+    first.fill_(7)
+    view = first[10:20].view(torch.int16)  # a decoded field: a view of a view
+    del first
+    second = pool.take(3 << 20)
+    second[:] = 0
+    assert view.tolist() == [0x0707] * 5, "a held view's buffer was handed out again"
+    del view
+    assert pool.take(2 << 20).ctypes.data == address, "a released buffer was not reused"
+    assert second.ctypes.data != address
+    assert pool.take(100).nbytes == 100  # below min_bytes: a fresh array of its own
+
+
+def test_pooled_buffers_start_on_a_huge_page_boundary_and_are_backed_by_huge_pages():
+    pool = BufferPool()
+    for nbytes in (1 << 20, (5 << 20) + 3, 16 << 20):
+        assert pool.take(nbytes).ctypes.data % HUGE_PAGE == 0
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("transparent huge pages are off on this machine: nothing backs a buffer with them")
+    buffer = pool.take(4 << 20)
+    buffer[:] = 1  # pages are committed where written
+    assert _huge_kib(buffer.ctypes.data) >= HUGE_PAGE // 1024, (
+        f"no huge page behind a pooled buffer ({mode.read_text().strip()})"
+    )
+
+
+def _huge_kib(address: int) -> int:
+    """AnonHugePages (kB) of the mapping of this process that holds ``address``."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
