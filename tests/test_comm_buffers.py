@@ -54,19 +54,25 @@ def test_pooled_buffers_start_on_a_huge_page_boundary_and_are_backed_by_huge_pag
         pytest.skip("transparent huge pages are off on this machine: nothing backs a buffer with them")
     buffer = pool.take(4 << 20)
     buffer[:] = 1  # pages are committed where written
-    assert _huge_kib(buffer.ctypes.data) >= HUGE_PAGE // 1024, (
-        f"no huge page behind a pooled buffer ({mode.read_text().strip()})"
+    mapping = _mapping_of(buffer.ctypes.data)
+    assert "hg" in mapping["VmFlags"].split(), f"the mapping was not advised to use huge pages: {mapping}"
+    assert int(mapping["AnonHugePages"].split()[0]) >= HUGE_PAGE // 1024, (
+        f"no huge page behind a pooled buffer ({mode.read_text().strip()}): {mapping}"
     )
 
 
-def _huge_kib(address: int) -> int:
-    """AnonHugePages (kB) of the mapping of this process that holds ``address``."""
-    inside = False
+def _mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping of this process that holds ``address``."""
+    fields: dict[str, str] | None = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
+        head, _, rest = line.partition(" ")
+        if "-" in head and not head.endswith(":"):
+            if fields is not None:
+                return fields
             start, end = (int(part, 16) for part in head.split("-"))
-            inside = start <= address < end
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
+            fields = {} if start <= address < end else None
+        elif fields is not None:
+            fields[head.rstrip(":")] = rest.strip()
+    if fields is not None:
+        return fields
     raise AssertionError(f"no mapping holds {address:#x}")

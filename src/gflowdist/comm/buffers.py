@@ -92,7 +92,10 @@ def _huge_page_owner(capacity: int) -> tuple[np.ndarray, int]:
     region = mmap.mmap(-1, capacity + HUGE_PAGE) if private is None else mmap.mmap(-1, capacity + HUGE_PAGE, private)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only; elsewhere the kernel picks the pages
     if advice is not None:
-        region.madvise(advice)
+        try:
+            region.madvise(advice)
+        except OSError:  # EINVAL: a kernel built without transparent huge pages; the buffer works the same
+            pass
     owner = np.frombuffer(region, dtype=np.uint8)
     return owner, -owner.ctypes.data % HUGE_PAGE
 
