@@ -16,11 +16,12 @@ kernel offers them (``/sys/kernel/mm/transparent_hugepage/enabled`` set to
 ``malloc`` is not enough: once the allocator has raised its mapping threshold
 a buffer of a few MiB comes from the heap, where it was measured on 4 KiB
 pages after a run of small messages.) Copying a message into or out of memory
-on 4 KiB pages costs a TLB miss per page: a 1 MiB round trip between two MPI
-ranks took 253 us into 4 KiB pages against 208 us into huge pages, as long as
-raw mpi4py ``Send``/``Recv`` of a preallocated 1 MiB NumPy array (204 us;
-docs/performance.md). A buffer's pages are only committed where a message is
-written, a whole huge page at a time.
+on 4 KiB pages costs a TLB miss per page: a 1 MiB round trip of a user's loop
+between two MPI ranks took 266 us with the pool's buffers from ``malloc`` and
+139-147 us with these, where raw mpi4py ``Send``/``Recv`` of a preallocated
+NumPy array took 213 us and of one on huge pages 106 us (docs/transport.md,
+"Receive buffers on huge pages"). A buffer's pages are only committed where a
+message is written, a whole huge page at a time.
 """
 
 from __future__ import annotations
