@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from gflowdist.comm.polling import Backoff
+from gflowdist.comm.polling import round_trip_backoff
 from gflowdist.errors import GflowdistError, PeerLostError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.wiring import Wiring
@@ -76,10 +76,7 @@ class RemotePolicy:
             )
         started = time.monotonic()
         deadline = started + w.settings.inference_reply_s
-        # sleeps capped at 0.2 ms: a reply (request) is noticed within 0.2 ms of landing; with 1 ms, 3 actors
-        # and an inference rank on 2 idle cores made 0.64-0.68x the env steps/s of 4 own-forward actors,
-        # with 0.2 ms 0.77-0.86x, and no more CPU per step (docs/performance.md, Central inference)
-        backoff = Backoff(spin_s=0.0005, first_sleep_s=2e-5, max_sleep_s=0.0002)
+        backoff = round_trip_backoff()
         with w.timer.wait_on(self.rank, "inference"):
             msg = w.inference.try_recv(self.rank)
             while msg is None:

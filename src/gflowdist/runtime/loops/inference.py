@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from gflowdist.comm.polling import Backoff
+from gflowdist.comm.polling import round_trip_backoff
 from gflowdist.errors import DeadlineError, GflowdistError
 from gflowdist.runtime import protocol
 from gflowdist.runtime.protocol import Command, MessageType, command_of
@@ -166,10 +166,7 @@ class InferenceLoop:
 
     def run(self) -> None:
         w = self.w
-        # sleeps capped at 0.2 ms: a reply (request) is noticed within 0.2 ms of landing; with 1 ms, 3 actors
-        # and an inference rank on 2 idle cores made 0.64-0.68x the env steps/s of 4 own-forward actors,
-        # with 0.2 ms 0.77-0.86x, and no more CPU per step (docs/performance.md, Central inference)
-        idle = Backoff(spin_s=0.0005, first_sleep_s=2e-5, max_sleep_s=0.0002)
+        idle = round_trip_backoff()
         idle_s, idle_end = 0.0, 0.0
         while not (self.trainer_stopped and self.finished()):
             started = time.perf_counter()
