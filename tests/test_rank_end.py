@@ -25,7 +25,8 @@ def test_a_rank_joins_its_threads_and_runs_its_exit_handlers_before_it_ends(job_
     assert job.wait(180) == 0, job.output
     for rank in range(3):
         assert (marks / f"thread-{rank}").read_text() == "done", job.output
-        assert (marks / f"atexit-{rank}").read_text() == "thread mark True", job.output
+        # an MPI rank ends through the interpreter's exit, its objects frozen; a torch rank skips the teardown
+        assert (marks / f"atexit-{rank}").read_text() == f"thread mark True frozen {engine == 'mpi'}", job.output
     run = job.run_dir()
     assert (run / "report.png").is_file() and (run / "trace.json").is_file() and (run / "ledger.json").is_file()
     assert "ledger balanced" in job.output.splitlines()[-1]

@@ -27,6 +27,7 @@ tests/test_learner_step.py (SGD with an lr schedule, saved and restored).
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import threading
 import time
@@ -83,7 +84,8 @@ def _setup_pause(role):
 def _exit_marks(role):
     """``params.exit_marks`` (a folder): a non-daemon thread that writes ``thread-N`` there 0.5 s after the run's
     ledger.json appeared (the job is over: every rank is ending), and an atexit handler that writes ``atexit-N``
-    saying whether ``thread-N`` was there by then."""
+    saying whether ``thread-N`` was there by then and whether the process's objects were frozen for its exit
+    (gflowdist.cli.rank_end.freeze_for_exit)."""
     folder, run_dir = role.params.get("exit_marks"), os.environ.get("GFLOWDIST_RUN_DIR")
     if not folder or not run_dir:
         return
@@ -97,7 +99,12 @@ def _exit_marks(role):
         _write(mark, "done")
 
     threading.Thread(target=after_the_job, daemon=False).start()
-    atexit.register(lambda: _write(os.path.join(folder, f"atexit-{role.rank}"), f"thread mark {os.path.exists(mark)}"))
+    atexit.register(
+        lambda: _write(
+            os.path.join(folder, f"atexit-{role.rank}"),
+            f"thread mark {os.path.exists(mark)} frozen {gc.get_freeze_count() > 0}",
+        )
+    )
 
 
 def _write(path, text):

@@ -28,18 +28,29 @@ this promptly after ``MPI_Finalize`` were killed by hydra (exit code 9) in 2
 runs of 3 of ``tests/test_config_limits.py::test_ranks_run_the_config_the_launcher_handed_them``;
 with the interpreter's exit, 4 of 4 passed. The likely cause is that the proxy
 sees the rank's keeper exit before it has read the rank's finalize.
+
+An MPI rank's interpreter exit is made cheaper instead (:func:`freeze_for_exit`):
+the objects alive at the job's end are moved out of the garbage collector's
+reach, so the collections of the teardown do not walk torch's few hundred
+thousand objects again. Everything else of the exit is as usual (atexit
+handlers, modules cleared, each object freed when its last reference goes);
+what is skipped is finalising *reference cycles* among those objects, which
+no interpreter promises at exit. Measured on this project's 2-core machine,
+a process holding torch, mpi4py, gflowdist and an Adam optimizer spent 0.46
+CPU-s after its atexit handlers, 0.14 CPU-s with the objects frozen.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["run_then_end", "end_now", "exit_status", "finalize_mpi"]
+__all__ = ["run_then_end", "end_now", "exit_status", "finalize_mpi", "freeze_for_exit"]
 
 
 def run_then_end(run: Callable[..., int], *args: object) -> NoReturn:
@@ -96,3 +107,10 @@ def finalize_mpi() -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
+
+
+def freeze_for_exit() -> None:
+    """Move every object alive now out of the garbage collector's generations (:func:`gc.freeze`), so the
+    interpreter's exit does not collect through them (see the module docstring): for the end of an MPI rank,
+    whose job is over. Garbage made after this call is still collected."""
+    gc.freeze()

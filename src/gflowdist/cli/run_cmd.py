@@ -30,7 +30,7 @@ from gflowdist.cli.arguments import (
     restart_count,
     split_late_options,
 )
-from gflowdist.cli.rank_end import finalize_mpi, run_then_end
+from gflowdist.cli.rank_end import finalize_mpi, freeze_for_exit, run_then_end
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
 from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
@@ -163,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
         keep(bound_s=Settings.of(config).keeper_bound_s)
         _watch_launcher(config, args.resume)
         # an MPI rank ends through the interpreter's exit, not run_then_end: see gflowdist.cli.rank_end
-        return _run_here(config, args.resume)
+        try:
+            return _run_here(config, args.resume)
+        finally:
+            freeze_for_exit()  # an exit that does not walk torch's objects again (gflowdist.cli.rank_end)
     if in_torch_job():
         _watch_launcher(config, args.resume)
         run_then_end(_run_here, config, args.resume)
