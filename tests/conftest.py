@@ -36,7 +36,7 @@ def pytest_sessionstart(session):
     reads bytecode rather than compiling them again: where PYTHONDONTWRITEBYTECODE is set (as on this
     project's machines) nothing else writes it for an editable install (0.17-0.33 CPU-s per rank)."""
     root = Path(__file__).resolve().parent.parent
-    for folder in (root / "src" / "gflowdist", root / "tests"):
+    for folder in (root / "src" / "gflowdist", root / "tests", root / "examples", root / "benchmarks"):
         compileall.compile_dir(folder, quiet=1, workers=1)
 
 
