@@ -32,9 +32,10 @@ from tests.support.netns import netns_hosts  # noqa: F401 (a fixture)
 
 
 def pytest_sessionstart(session):
-    """Compile gflowdist's, the tests', the examples' and the benchmarks' sources once, so each of the suite's ~1,000 rank processes
-    reads bytecode rather than compiling them again: where PYTHONDONTWRITEBYTECODE is set (as on this
-    project's machines) nothing else writes it for an editable install (0.17-0.33 CPU-s per rank)."""
+    """Compile the sources of gflowdist, the tests, the examples and the benchmarks once, so each of the
+    suite's ~1,000 rank processes reads bytecode rather than compiling them again: where
+    PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nothing else writes it for an editable
+    install (0.17-0.33 CPU-s per rank)."""
     root = Path(__file__).resolve().parent.parent
     for folder in (root / "src" / "gflowdist", root / "tests", root / "examples", root / "benchmarks"):
         compileall.compile_dir(folder, quiet=1, workers=1)
