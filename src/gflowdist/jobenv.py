@@ -31,6 +31,8 @@ __all__ = [
     "LAUNCH_CONFIG_VARIABLE",
     "LIFELINE_VARIABLE",
     "CONSOLE_VARIABLE",
+    "WARM_VARIABLE",
+    "START_VARIABLE",
     "in_mpi_job",
     "in_torch_job",
     "launcher_world_size",
@@ -71,6 +73,10 @@ LIFELINE_VARIABLE = "GFLOWDIST_LIFELINE"
 #: The launcher's console, for the ranks' progress line: ``tty:COLUMNS`` when its stdout is a terminal,
 #: else ``pipe`` (under mpiexec a rank's own stdout is always a pipe).
 CONSOLE_VARIABLE = "GFLOWDIST_CONSOLE"
+#: in the ranks' environment: the path of the warm parent's socket (gflowdist.cli.warm_parent)
+WARM_VARIABLE = "GFLOWDIST_WARM_PARENT"
+#: in a rank's environment: how it started ("warm: ..." or "cold: why"); its log says it
+START_VARIABLE = "GFLOWDIST_RANK_START"
 LAUNCHER_NAMES = (
     *TORCH_JOB_VARIABLES,
     "LOCAL_RANK",

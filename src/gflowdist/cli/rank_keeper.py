@@ -29,6 +29,8 @@ import os
 import signal
 import sys
 
+from gflowdist.cli.warm_keeper import start_warm
+from gflowdist.jobenv import START_VARIABLE, WARM_VARIABLE
 from gflowdist.lifeline import keeper_wait
 
 __all__ = ["keep", "KEEPER_VARIABLE"]
@@ -50,6 +52,10 @@ def keep(bound_s: float = 60.0, *, close_pmi: bool = False) -> None:
     """
     if not sys.platform.startswith("linux") or os.environ.get(KEEPER_VARIABLE):
         return
+    warm = os.environ.get(WARM_VARIABLE)
+    if warm and not close_pmi:  # returns only when the rank has to start cold (and says why)
+        why = start_warm(warm, bound_s, {KEEPER_VARIABLE: str(os.getpid())})
+        os.environ[START_VARIABLE] = f"cold: {why}"
     sys.stdout.flush()
     sys.stderr.flush()
     keeper = os.getpid()

@@ -15,6 +15,7 @@ too (:mod:`gflowdist.lifeline`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -353,11 +354,16 @@ def _launch_mpi(
     cmd = [launcher.path, "-n", str(nprocs), *cleanup, *config.launch.mpiexec_args, sys.executable, *argv]
     env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
-    relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
-    report_grace_s = Settings.of(config).launcher_grace_s
-    grace_s = config.faults.preempt_grace_s
-    return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)
+    with contextlib.ExitStack() as stack:
+        if config.launch.warm_start and sys.platform.startswith("linux"):
+            from gflowdist.cli.warm_parent import warm_parent
+
+            env.update(stack.enter_context(warm_parent(env)))  # the ranks on this host: forks of one process
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
+        relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
+        report_grace_s = Settings.of(config).launcher_grace_s
+        grace_s = config.faults.preempt_grace_s
+        return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)
 
 
 def _spawn_torch(

@@ -119,6 +119,12 @@ class LaunchConfig(Section):
         "sys.executable, else the one on PATH.",
     )
     mpiexec_args: tuple[str, ...] = setting((), StrListCheck(), "Extra arguments passed to mpiexec before the program.")
+    warm_start: bool = setting(
+        True,
+        BoolCheck(),
+        "MPI ranks on the launcher's host start as forks of one process that imported torch once (the warm "
+        "parent; see docs/runtime.md#warm-start); false: each rank imports everything itself.",
+    )
     devices: str | tuple[str, ...] = setting(
         "auto",
         DevicesCheck(),

@@ -32,7 +32,7 @@ import torch
 from gflowdist.comm import Communicator, world_comm
 from gflowdist.config import Config
 from gflowdist.context import DistributedContext
-from gflowdist.jobenv import FAILURE_FILE_VARIABLE, FAILURE_MARK, STDERR_RELAY_VARIABLE
+from gflowdist.jobenv import FAILURE_FILE_VARIABLE, FAILURE_MARK, START_VARIABLE, STDERR_RELAY_VARIABLE
 from gflowdist.lifeline import on_lost
 from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
@@ -123,6 +123,8 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         placed.device,
         placed.reason,
     )
+    if not world.ranks_are_threads:
+        log.info("started %s", os.environ.get(START_VARIABLE, "cold"))
     group = ctx.placement.group
     if ctx.role.value == "trainer" and group is not None and ctx.averaging:
         log.info("agent group %d averages through %s", group, ctx.averaging[group].describe())
