@@ -107,12 +107,15 @@ class DescendantTracker:
     still alive.
     """
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, exempt: tuple[int, ...] = ()):
         self.pid = pid
         self.seen: set[int] = set()
+        #: descendants that are not the job's (the warm parent: it ends by itself; the ranks it forks count)
+        self.exempt = set(exempt)
 
     def scan(self) -> None:
         self.seen.update(descendants(self.pid))
+        self.seen -= self.exempt
 
     def running(self) -> list[int]:
         self.scan()

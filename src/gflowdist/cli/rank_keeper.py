@@ -33,7 +33,7 @@ from gflowdist.cli.warm_keeper import start_warm
 from gflowdist.jobenv import START_VARIABLE, WARM_VARIABLE
 from gflowdist.lifeline import keeper_wait
 
-__all__ = ["keep", "KEEPER_VARIABLE"]
+__all__ = ["keep", "keep_gloo_rank", "KEEPER_VARIABLE"]
 
 #: set in the rank's environment by its keeper (its pid); the rank reads it only for diagnostics
 KEEPER_VARIABLE = "GFLOWDIST_RANK_KEEPER"
@@ -83,3 +83,14 @@ def _die_with_parent(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # the keeper died before the prctl: follow it now
         os._exit(128 + signal.SIGKILL)
+
+
+def keep_gloo_rank(bound_s: float = 60.0) -> None:
+    """For a rank ``gflowdist run`` spawned itself (the torch engine): with a warm parent, have it fork the rank
+    and stand in for it, ending as the rank ended, its signal included; otherwise (or refused) return, and this
+    process is the rank, as before."""
+    warm = os.environ.get(WARM_VARIABLE)
+    if not sys.platform.startswith("linux") or not warm or os.environ.get(KEEPER_VARIABLE):
+        return
+    why = start_warm(warm, bound_s, {KEEPER_VARIABLE: str(os.getpid())}, by_signal=True)
+    os.environ[START_VARIABLE] = f"cold: {why}"

@@ -169,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             freeze_for_exit()  # an exit that does not walk torch's objects again (gflowdist.cli.rank_end)
     if in_torch_job():
+        from gflowdist.cli.rank_keeper import keep_gloo_rank
+
+        keep_gloo_rank(bound_s=Settings.of(config).keeper_bound_s)  # with a warm parent, the rank is its fork
         _watch_launcher(config, args.resume)
         run_then_end(_run_here, config, args.resume)
     nprocs = args.nprocs if args.nprocs is not None else config.launch.nprocs
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                 stop_grace_s=config.faults.preempt_grace_s,
                 fds=lifeline.fds,
                 saved=lambda: final_saved(run_dir, began),
+                warm_start=config.launch.warm_start,
             )
         else:
             ended = _launch_mpi(
@@ -355,15 +359,20 @@ def _launch_mpi(
     env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
     with contextlib.ExitStack() as stack:
+        helpers: tuple[int, ...] = ()
         if config.launch.warm_start and sys.platform.startswith("linux"):
             from gflowdist.cli.warm_parent import warm_parent
 
-            env.update(stack.enter_context(warm_parent(env)))  # the ranks on this host: forks of one process
+            warm = stack.enter_context(warm_parent(env))  # the ranks on this host: forks of one process
+            env.update(warm.variables)
+            helpers = (warm.pid,)
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
         relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
         report_grace_s = Settings.of(config).launcher_grace_s
         grace_s = config.faults.preempt_grace_s
-        return supervise([proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved)
+        return supervise(
+            [proc], report_grace_s=report_grace_s, relay=relay, stop_grace_s=grace_s, saved=saved, helpers=helpers
+        )
 
 
 def _spawn_torch(
@@ -375,14 +384,23 @@ def _spawn_torch(
     stop_grace_s: float = 60.0,
     fds: tuple[int, ...] = (),
     saved=None,
+    warm_start: bool = False,
 ) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
-    procs = []
-    for rank in range(nprocs):
-        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-        # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
-        # rank) prints the run's lines, and a rank that prints nothing costs nothing
-        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True, pass_fds=fds))
-    return supervise(procs, report_grace_s=report_grace_s, stop_grace_s=stop_grace_s, saved=saved)
+    with contextlib.ExitStack() as stack:
+        helpers: tuple[int, ...] = ()
+        if warm_start and sys.platform.startswith("linux"):
+            from gflowdist.cli.warm_parent import warm_parent
+
+            warm = stack.enter_context(warm_parent(env))  # each rank: a fork of one process (its keeper stays)
+            env.update(warm.variables)
+            helpers = (warm.pid,)
+        procs = []
+        for rank in range(nprocs):
+            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            # every rank's stdout passes, as under mpiexec: the collector (the coordinator, often the last
+            # rank) prints the run's lines, and a rank that prints nothing costs nothing
+            procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, start_new_session=True, pass_fds=fds))
+        return supervise(procs, report_grace_s=report_grace_s, stop_grace_s=stop_grace_s, saved=saved, helpers=helpers)

@@ -184,6 +184,7 @@ def supervise(
     relay: StderrRelay | None = None,
     stop_grace_s: float = 60.0,
     saved: Callable[[], bool] | None = None,
+    helpers: tuple[int, ...] = (),
 ) -> Ended:
     """Wait for the job; forward the first SIGINT/SIGTERM (the third forces an exit); if one process fails, stop
     the rest.
@@ -196,10 +197,12 @@ def supervise(
     and exits at once; the surviving ranks, now re-parented to us, get
     ``report_grace_s`` to notice the loss and say which rank it was (less, once
     a failure is reported: see ``_wait_for_orphans``). ``relay`` reads
-    mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`).
+    mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`). ``helpers`` are
+    descendants that are not the job's and end by themselves afterwards (the
+    warm parent, :mod:`gflowdist.cli.warm_parent`; the ranks it forks are the job's).
     """
     interrupted: list[int] = []
-    tracker = DescendantTracker(os.getpid())
+    tracker = DescendantTracker(os.getpid(), exempt=helpers)
 
     last = [-1e9]  # when the last counted signal came
 

@@ -28,8 +28,14 @@ __all__ = ["start_warm", "FORWARDED"]
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def start_warm(path: str, bound_s: float, extra_env: dict[str, str], module: str = "gflowdist") -> str:
-    """Have the warm parent at ``path`` fork this rank (environment plus ``extra_env``); return why not."""
+def start_warm(
+    path: str, bound_s: float, extra_env: dict[str, str], module: str = "gflowdist", *, by_signal: bool = False
+) -> str:
+    """Have the warm parent at ``path`` fork this rank (environment plus ``extra_env``); return why not.
+
+    A rank killed by a signal ends this keeper with status ``128 + signal`` (what hydra must see, see
+    :mod:`gflowdist.cli.rank_keeper`), or, ``by_signal``, by the same signal (a gloo rank's launcher, which
+    reads the keeper's status as the rank's)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -80,6 +86,10 @@ def start_warm(path: str, bound_s: float, extra_env: dict[str, str], module: str
             os.kill(rank[0], sig)
     status = _wait(reader, rank[0], bound_s)
     code = os.waitstatus_to_exitcode(status)
+    if code < 0 and by_signal:
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     os._exit(128 - code if code < 0 else code)
 
 

@@ -51,7 +51,7 @@ from typing import Any
 
 from gflowdist.cli.warm_wire import START_VARIABLE, WARM_VARIABLE, receive_request, send_line
 
-__all__ = ["PRELOAD", "Request", "warm_parent", "serve", "run_rank", "main"]
+__all__ = ["PRELOAD", "Request", "Started", "warm_parent", "serve", "run_rank", "main"]
 
 #: imported before the first fork: what every rank imports and what the trainers' optimizers import
 PRELOAD = ("numpy", "torch", "torch._dynamo", "gflowdist.runtime.job", "gflowdist.cli.run_cmd")
@@ -72,11 +72,20 @@ class Request:
     module: str
 
 
+@dataclass(frozen=True)
+class Started:
+    """A running warm parent, as :func:`warm_parent` yields it."""
+
+    pid: int
+    variables: dict[str, str]  # for the ranks' environment: where their keepers reach it
+
+
 @contextlib.contextmanager
-def warm_parent(env: dict[str, str], fds: tuple[int, ...] = ()) -> Iterator[dict[str, str]]:
-    """For one launch (on the launcher): start the warm parent with the ranks' environment ``env``; yields the
-    variables that point the ranks' keepers to it. On leaving, its input is closed: it ends once its ranks have.
-    """
+def warm_parent(env: dict[str, str]) -> Iterator[Started]:
+    """For one launch (on the launcher): start the warm parent with the ranks' environment ``env``.
+
+    On leaving, its input is closed: it ends once every rank it forked has (it is killed after 30 s, and its
+    ranks with it)."""
     folder = tempfile.mkdtemp(prefix="gflowdist-warm-")  # mode 0700: only this user reaches the socket
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -88,13 +97,13 @@ def warm_parent(env: dict[str, str], fds: tuple[int, ...] = ()) -> Iterator[dict
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            pass_fds=(listener.fileno(), *fds),
+            pass_fds=(listener.fileno(),),
             start_new_session=True,
         )
     finally:
         listener.close()  # the warm parent holds it now (or nobody does)
     try:
-        yield {WARM_VARIABLE: path}
+        yield Started(proc.pid, {WARM_VARIABLE: path})
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -256,7 +265,7 @@ def run_rank(request: Request) -> int:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
-    sys.argv = ["gflowdist", *request.argv[1:]]
+    sys.argv = list(request.argv)  # run_module makes argv[0] the module's file, as ``python -m`` does
     runpy.run_module(request.module, run_name="__main__", alter_sys=True)
     return 0
 

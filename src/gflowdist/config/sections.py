@@ -122,7 +122,7 @@ class LaunchConfig(Section):
     warm_start: bool = setting(
         True,
         BoolCheck(),
-        "MPI ranks on the launcher's host start as forks of one process that imported torch once (the warm "
+        "Ranks gflowdist run starts on its own host begin as forks of one process that imported torch once (the warm "
         "parent; see docs/runtime.md#warm-start); false: each rank imports everything itself.",
     )
     devices: str | tuple[str, ...] = setting(

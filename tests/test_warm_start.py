@@ -1,0 +1,155 @@
+"""Warm start (:mod:`gflowdist.cli.warm_parent`): MPI ranks forked from one process that imported torch once.
+
+With a warm parent and a keeper of the tests' own (``tests/jobs/warm_keeper.py`` forking
+``tests/jobs/warm_rank.py``): the rank gets the keeper's descriptors at their numbers, its environment,
+directory and affinity, and a session of its own; the keeper exits with the rank's status (a signal's as a
+shell reports it), passes SIGTERM on, and takes the rank with it when it is killed; a keeper whose Python
+differs from the warm parent's is refused and told why, as is one with no warm parent to reach.
+
+With the real CLI, under mpiexec and on the torch engine: every rank of a job starts warm from one warm parent,
+which has ended when the job has; ``launch.warm_start: false`` starts every rank cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gflowdist.cli.warm_parent import warm_parent
+from tests.support.jobs import read_json
+from tests.support.launching import REPO, base_env, kill_session, new_marker
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[dict[str, str]]:
+    with warm_parent(base_env()) as started:
+        yield started.variables
+
+
+@pytest.fixture
+def keepers() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            kill_session(proc, new_marker())
+            proc.wait()
+
+
+def _keeper(keepers: list, mode: str, warm: dict[str, str], pass_fds: tuple[int, ...] = (), **env: str):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.jobs.warm_keeper", mode],
+        env=base_env(**warm, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+    keepers.append(proc)
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_rank_takes_its_keepers_descriptors_environment_and_directory_and_its_status_is_the_keepers(warm, keepers):
+    extra_read, extra_write = os.pipe()
+    os.set_inheritable(extra_read, True)
+    try:
+        proc = _keeper(keepers, "report", warm, pass_fds=(extra_read,), WARM_TEST_PROBE="probe")
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(extra_read)
+        os.close(extra_write)
+    assert proc.returncode == 7, out
+    info = json.loads(out.strip().splitlines()[-1])
+    assert re.fullmatch(r"warm: forked by the warm parent \(pid \d+\)", info["start"]), info
+    assert info["keeper"] == str(proc.pid) and info["probe"] == "probe", info
+    assert info["ppid"] != proc.pid and info["sid"] == info["pid"], info  # the warm parent's child, own session
+    assert info["torch"], "the warm parent imported torch before the fork"
+    assert info["cwd"] == str(REPO) and info["argv"] == [str(REPO / "tests" / "jobs" / "warm_rank.py"), "report"], info
+    assert info["affinity"] == sorted(os.sched_getaffinity(0)), info
+    assert {0, 1, 2, extra_read} <= set(info["fds"]), info  # printed through the keeper's own stdout
+
+
+def test_sigterm_to_the_keeper_reaches_the_rank(warm, keepers):
+    proc = _keeper(keepers, "sigterm", warm)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "got SIGTERM" in out, out
+
+
+def test_a_rank_killed_by_a_signal_is_a_keeper_exiting_128_plus_the_signal(warm, keepers):
+    proc = _keeper(keepers, "kill", warm)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL, out
+
+
+def test_a_killed_keeper_takes_its_rank_with_it(warm, keepers):
+    proc = _keeper(keepers, "sleep", warm)
+    assert proc.stdout is not None
+    ready = proc.stdout.readline().split()
+    assert ready[0] == "ready", ready
+    rank = int(ready[1])
+    assert _alive(rank)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(rank):
+        assert time.monotonic() < deadline, f"rank {rank} outlived its keeper by 30 s"
+        time.sleep(0.05)
+
+
+def test_a_keeper_whose_python_differs_or_that_has_no_warm_parent_starts_cold_and_says_why(warm, keepers):
+    differs = _keeper(keepers, "report", warm, PYTHONWARMTEST="1")
+    nowhere = _keeper(keepers, "report", {k: v + ".absent" for k, v in warm.items()})
+    out, _ = differs.communicate(timeout=60)
+    assert differs.returncode == 3, out
+    assert "cold: the warm parent did not start the rank: the keeper's PYTHON* variables differ" in out, out
+    assert "(PYTHONWARMTEST)" in out, out
+    out, _ = nowhere.communicate(timeout=60)
+    assert nowhere.returncode == 3 and re.search(r"^cold: no warm parent at \S+\.absent \(", out, re.M), out
+
+
+def test_a_jobs_ranks_start_warm_from_one_warm_parent_or_cold_when_the_config_says_so(job_factory):
+    warm_jobs = {
+        4: job_factory("-n", "4", "run.steps=3"),
+        2: job_factory("-n", "2", "--engine", "torch", "run.steps=3"),
+    }
+    cold_job = job_factory("-n", "3", "run.steps=3", "launch.warm_start=false")
+    for job in (*warm_jobs.values(), cold_job):
+        assert job.wait(180) == 0, job.output
+        assert read_json(job.run_dir() / "ledger.json")["balanced"]
+        assert job.no_process_left(), job.processes_left()
+    for size, job in warm_jobs.items():
+        starts = [_start_line(job.run_dir(), rank) for rank in range(size)]
+        pattern = r"warm: forked by the warm parent \(pid (\d+)\)"
+        parents = {m.group(1) for s in starts if (m := re.fullmatch(pattern, s))}
+        assert len(parents) == 1 and len(set(starts)) == 1, starts
+        assert not _alive(int(parents.pop()))
+    assert [_start_line(cold_job.run_dir(), rank) for rank in range(3)] == ["cold"] * 3
+
+
+def _start_line(run_dir: Path, rank: int) -> str:
+    text = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+    found = re.search(r"INFO gflowdist\.runtime: started (.*)$", text, re.M)
+    assert found, text
+    return found.group(1)
