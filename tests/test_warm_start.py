@@ -132,7 +132,7 @@ def test_a_keeper_whose_python_differs_or_that_has_no_warm_parent_starts_cold_an
 def test_a_jobs_ranks_start_warm_from_one_warm_parent_or_cold_when_the_config_says_so(job_factory):
     warm_jobs = {
         4: job_factory("-n", "4", "run.steps=3"),
-        2: job_factory("-n", "2", "--engine", "torch", "run.steps=3"),
+        3: job_factory("-n", "3", "--engine", "torch", "run.steps=3"),
     }
     cold_job = job_factory("-n", "3", "run.steps=3", "launch.warm_start=false")
     for job in (*warm_jobs.values(), cold_job):
