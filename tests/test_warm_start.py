@@ -7,7 +7,8 @@ shell reports it), passes SIGTERM on, and takes the rank with it when it is kill
 differs from the warm parent's is refused and told why, as is one with no warm parent to reach.
 
 With the real CLI, under mpiexec and on the torch engine: every rank of a job starts warm from one warm parent,
-which has ended when the job has; ``launch.warm_start: false`` starts every rank cold.
+which has ended when the job has; ``launch.warm_start: false`` starts every rank cold; left null, ranks start
+warm where they outnumber the cores.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gflowdist.cli.warm_parent import warm_parent
+from gflowdist.cli.warm_parent import warm_parent, warm_wanted
 from tests.support.jobs import read_json
 from tests.support.launching import REPO, base_env, kill_session, new_marker
 
@@ -131,8 +132,8 @@ def test_a_keeper_whose_python_differs_or_that_has_no_warm_parent_starts_cold_an
 
 def test_a_jobs_ranks_start_warm_from_one_warm_parent_or_cold_when_the_config_says_so(job_factory):
     warm_jobs = {
-        4: job_factory("-n", "4", "run.steps=3"),
-        3: job_factory("-n", "3", "--engine", "torch", "run.steps=3"),
+        4: job_factory("-n", "4", "run.steps=3", "launch.warm_start=true"),
+        3: job_factory("-n", "3", "--engine", "torch", "run.steps=3", "launch.warm_start=true"),
     }
     cold_job = job_factory("-n", "3", "run.steps=3", "launch.warm_start=false")
     for job in (*warm_jobs.values(), cold_job):
@@ -153,3 +154,9 @@ def _start_line(run_dir: Path, rank: int) -> str:
     found = re.search(r"INFO gflowdist\.runtime: started (.*)$", text, re.M)
     assert found, text
     return found.group(1)
+
+
+def test_by_default_ranks_start_warm_only_where_they_outnumber_the_cores():
+    assert warm_wanted(None, 3, cores=2) and warm_wanted(None, 9, cores=8)
+    assert not warm_wanted(None, 2, cores=2) and not warm_wanted(None, 8, cores=64)
+    assert warm_wanted(True, 1, cores=64) and not warm_wanted(False, 64, cores=2)

@@ -360,9 +360,9 @@ def _launch_mpi(
     become_subreaper()
     with contextlib.ExitStack() as stack:
         helpers: tuple[int, ...] = ()
-        if config.launch.warm_start and sys.platform.startswith("linux"):
-            from gflowdist.cli.warm_parent import warm_parent
+        from gflowdist.cli.warm_parent import warm_parent, warm_wanted
 
+        if warm_wanted(config.launch.warm_start, nprocs):
             warm = stack.enter_context(warm_parent(env))  # the ranks on this host: forks of one process
             env.update(warm.variables)
             helpers = (warm.pid,)
@@ -384,16 +384,16 @@ def _spawn_torch(
     stop_grace_s: float = 60.0,
     fds: tuple[int, ...] = (),
     saved=None,
-    warm_start: bool = False,
+    warm_start: bool | None = False,
 ) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
     with contextlib.ExitStack() as stack:
         helpers: tuple[int, ...] = ()
-        if warm_start and sys.platform.startswith("linux"):
-            from gflowdist.cli.warm_parent import warm_parent
+        from gflowdist.cli.warm_parent import warm_parent, warm_wanted
 
+        if warm_wanted(warm_start, nprocs):
             warm = stack.enter_context(warm_parent(env))  # each rank: a fork of one process (its keeper stays)
             env.update(warm.variables)
             helpers = (warm.pid,)

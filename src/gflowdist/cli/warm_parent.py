@@ -51,7 +51,7 @@ from typing import Any
 
 from gflowdist.cli.warm_wire import START_VARIABLE, WARM_VARIABLE, receive_request, send_line
 
-__all__ = ["PRELOAD", "Request", "Started", "warm_parent", "serve", "run_rank", "main"]
+__all__ = ["PRELOAD", "Request", "Started", "warm_wanted", "warm_parent", "serve", "run_rank", "main"]
 
 #: imported before the first fork: what every rank imports and what the trainers' optimizers import
 PRELOAD = ("numpy", "torch", "torch._dynamo", "gflowdist.runtime.job", "gflowdist.cli.run_cmd")
@@ -70,6 +70,19 @@ class Request:
     fds: dict[int, int]  # the keeper's descriptor number -> the descriptor received for it
     keeper_line: int  # read end of the keeper's pipe: end-of-file when the keeper is gone
     module: str
+
+
+def warm_wanted(setting: bool | None, nprocs: int, cores: int | None = None) -> bool:
+    """``launch.warm_start``: true or false as it says; null (the default): when the job's ``nprocs`` ranks
+    outnumber this host's usable ``cores``. The warm parent's import is one process's, on one core, where cold
+    ranks import side by side: it pays when the ranks would otherwise queue for the cores (and CPU-seconds
+    count), not on a host with a core for each rank."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if setting is not None:
+        return setting
+    usable = len(os.sched_getaffinity(0)) if cores is None else cores
+    return nprocs > usable
 
 
 @dataclass(frozen=True)
@@ -124,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if "mpi4py.MPI" in sys.modules:  # MPI initialised here would be every child's: refuse to serve
         raise SystemExit("gflowdist warm parent: mpi4py.MPI was imported before the fork; not serving")
     request = serve(listener)
-    if request is None:
-        return 0
+    if request is None:  # served: no teardown of torch's objects (nothing here is left to flush but the streams)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return run_rank(request)
 
 

@@ -119,11 +119,12 @@ class LaunchConfig(Section):
         "sys.executable, else the one on PATH.",
     )
     mpiexec_args: tuple[str, ...] = setting((), StrListCheck(), "Extra arguments passed to mpiexec before the program.")
-    warm_start: bool = setting(
-        True,
-        BoolCheck(),
-        "Ranks gflowdist run starts on its own host begin as forks of one process that imported torch once (the warm "
-        "parent; see docs/runtime.md#warm-start); false: each rank imports everything itself.",
+    warm_start: bool | None = setting(
+        None,
+        OptionalCheck(BoolCheck()),
+        "Start the ranks on the launcher's host as forks of one process that imported torch once (the warm "
+        "parent; docs/runtime.md#warm-start): less CPU and memory, one serial import. true; false; null = "
+        "when there are more ranks than the launcher's usable cores.",
     )
     devices: str | tuple[str, ...] = setting(
         "auto",
