@@ -21,7 +21,9 @@ two can be):
   run.steps=1`` from launch to the end of the first training step and to
   the launcher's exit (report, figure and trace written), vs
   ``mpiexec -n 4 python -c "import torch"``, alternated; also the CPU
-  seconds of every process of each (they hardly depend on other load).
+  seconds of every process of each (they hardly depend on other load), and
+  the same job with ``launch.warm_start=false`` (every rank imports torch
+  itself: ``docs/runtime.md#warm-start``).
 - **scaling** (``hypergrid.py``): HyperGrid trajectories per second of the
   training loop vs the bare one-process loop (``examples/hypergrid/bare.py``)
   on the same problem: 2 trainers and nothing else, the default 4-rank job
@@ -201,7 +203,7 @@ def children_cpu() -> float:
 STARTUP_LAYOUTS = {4: [], 2: ["layout.buffers=0", "layout.coordinator=false"]}
 
 
-def first_step(out_dir: Path, ranks: int) -> tuple[float, float, float]:
+def first_step(out_dir: Path, ranks: int, *overrides: str) -> tuple[float, float, float]:
     """Seconds from launching a 1-step HyperGrid job to the end of its first training step, the CPU
     seconds of the whole job (launcher and ranks, to their exit), and seconds from launch to its exit."""
     from run_reading import child_env, first_step_s, read_run, run_directory, startup_timeline
@@ -219,6 +221,7 @@ def first_step(out_dir: Path, ranks: int) -> tuple[float, float, float]:
         f"run.out_dir={out_dir}",
         "run.name=startup",
         *STARTUP_LAYOUTS[ranks],
+        *overrides,
     ]
     cpu, launched = children_cpu(), time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
@@ -244,8 +247,12 @@ def startup(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
     ranks = 2 if quick else 4  # the smoke run saves 2 ranks' start-up (the figure is not to be read then)
     if not quick:
         first_step(out_dir, ranks)  # warm-up: the launcher's role check is remembered from then on, as for a user
-    pairs = [(*import_torch(ranks), *first_step(out_dir, ranks)) for _ in range(1 if quick else 3)]
+    pairs, cold = [], []
+    for _ in range(1 if quick else 3):  # alternated: the baseline, the default start, every rank started cold
+        pairs.append((*import_torch(ranks), *first_step(out_dir, ranks)))
+        cold.append(first_step(out_dir, ranks, "launch.warm_start=false"))
     record["pairs"] = pairs  # (baseline wall, baseline CPU, ours to the first step, ours CPU, ours to the exit)
+    record["cold"] = cold  # (to the first step, CPU, to the exit) with launch.warm_start: false
     med = statistics.median
     table.add(
         f"start-up: launch -> first step ({ranks} ranks)",
@@ -267,6 +274,25 @@ def startup(table: Table, quick: bool, record: dict, out_dir: Path) -> None:
         f"{med(p[1] for p in pairs):.2f} s",
         f"{med(p[3] for p in pairs):.2f} s",
         med(p[3] / p[1] for p in pairs),
+    )
+    # the same job with every rank importing torch itself (docs/runtime.md#warm-start), against the same baseline
+    table.add(
+        f"1-step job, cold start: launch -> first step ({ranks} ranks)",
+        f"{med(p[0] for p in pairs):.2f} s",
+        f"{med(c[0] for c in cold):.2f} s",
+        med(c[0] / p[0] for c, p in zip(cold, pairs, strict=True)),
+    )
+    table.add(
+        f"1-step job, cold start: launch -> exit ({ranks} ranks)",
+        f"{med(p[0] for p in pairs):.2f} s",
+        f"{med(c[2] for c in cold):.2f} s",
+        med(c[2] / p[0] for c, p in zip(cold, pairs, strict=True)),
+    )
+    table.add(
+        "start-up CPU s, cold start (the whole 1-step job)",
+        f"{med(p[1] for p in pairs):.2f} s",
+        f"{med(c[1] for c in cold):.2f} s",
+        med(c[1] / p[1] for c, p in zip(cold, pairs, strict=True)),
     )
 
 
