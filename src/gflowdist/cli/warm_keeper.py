@@ -53,9 +53,12 @@ def start_warm(
         else:
             pending.append(sig)
 
+    fds = _open_fds(exclude={sock.fileno()})
+    if len(fds) >= MAX_FDS:
+        sock.close()
+        return f"{len(fds)} open descriptors, more than one request carries ({MAX_FDS - 1})"
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     line_read, line_write = os.pipe()  # the rank's line to me: end-of-file once I am gone
-    fds = _open_fds(exclude={sock.fileno(), line_read, line_write})
     try:
         send_request(
             sock,
@@ -115,7 +118,7 @@ def _open_fds(exclude: set[int]) -> list[int]:
         except OSError:
             continue
         fds.append(fd)
-    return sorted(fds)[:MAX_FDS]
+    return sorted(fds)
 
 
 def _umask() -> int:

@@ -77,12 +77,21 @@ def warm_wanted(setting: bool | None, nprocs: int, cores: int | None = None) -> 
     outnumber this host's usable ``cores``. The warm parent's import is one process's, on one core, where cold
     ranks import side by side: it pays when the ranks would otherwise queue for the cores (and CPU-seconds
     count), not on a host with a core for each rank."""
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or not _pidfds_work():
         return False
     if setting is not None:
         return setting
     usable = len(os.sched_getaffinity(0)) if cores is None else cores
     return nprocs > usable
+
+
+def _pidfds_work() -> bool:
+    """The warm parent waits for its ranks on pidfds (Linux 5.3 and later)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         __import__(name)
     if "mpi4py.MPI" in sys.modules:  # MPI initialised here would be every child's: refuse to serve
         raise SystemExit("gflowdist warm parent: mpi4py.MPI was imported before the fork; not serving")
+    if sys.modules["torch"].cuda.is_initialized():  # a CUDA context does not survive a fork
+        raise SystemExit("gflowdist warm parent: CUDA was initialised before the fork; not serving")
     request = serve(listener)
     if request is None:  # served: no teardown of torch's objects (nothing here is left to flush but the streams)
         sys.stdout.flush()
@@ -210,7 +221,15 @@ def _fork_for(conn: socket.socket) -> Request | int | None:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as err:  # out of processes or memory: this rank starts cold
+        for fd in received:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            send_line(conn, {"refused": f"fork failed ({err})"})
+        conn.close()
+        return None
     if pid == 0:
         conn.close()
         return Request(

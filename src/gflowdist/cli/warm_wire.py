@@ -70,7 +70,10 @@ class LineReader:
 
     def feed(self) -> list[dict[str, Any]]:
         """Read what is there (the socket is readable); the whole lines it completed."""
-        data = self.sock.recv(1 << 16)
+        try:
+            data = self.sock.recv(1 << 16)
+        except ConnectionResetError:  # the warm parent ended before it read this keeper's request
+            data = b""
         if not data:
             self.closed = True
         self._pending += data
