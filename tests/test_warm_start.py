@@ -46,9 +46,16 @@ def keepers() -> Iterator[list[subprocess.Popen]]:
             proc.wait()
 
 
-def _keeper(keepers: list, mode: str, warm: dict[str, str], pass_fds: tuple[int, ...] = (), **env: str):
+def _keeper(
+    keepers: list,
+    mode: str,
+    warm: dict[str, str],
+    pass_fds: tuple[int, ...] = (),
+    flags: tuple[str, ...] = (),
+    **env: str,
+):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.warm_keeper", mode],
+        [sys.executable, *flags, "-m", "tests.jobs.warm_keeper", mode],
         env=base_env(**warm, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -121,11 +128,14 @@ def test_a_killed_keeper_takes_its_rank_with_it(warm, keepers):
 
 def test_a_keeper_whose_python_differs_or_that_has_no_warm_parent_starts_cold_and_says_why(warm, keepers):
     differs = _keeper(keepers, "report", warm, PYTHONWARMTEST="1")
+    optimised = _keeper(keepers, "report", warm, flags=("-O",))
     nowhere = _keeper(keepers, "report", {k: v + ".absent" for k, v in warm.items()})
     out, _ = differs.communicate(timeout=60)
     assert differs.returncode == 3, out
     assert "cold: the warm parent did not start the rank: the keeper's PYTHON* variables differ" in out, out
     assert "(PYTHONWARMTEST)" in out, out
+    out, _ = optimised.communicate(timeout=60)
+    assert optimised.returncode == 3 and "another Python, or with other options" in out, out
     out, _ = nowhere.communicate(timeout=60)
     assert nowhere.returncode == 3 and re.search(r"^cold: no warm parent at \S+\.absent \(", out, re.M), out
 

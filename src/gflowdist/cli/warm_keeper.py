@@ -70,6 +70,7 @@ def start_warm(
                 "umask": _umask(),
                 "fds": fds,
                 "path": sys.path,
+                "python": [sys.executable, *sys.flags],
                 "netns": _netns(),
                 "module": module,
             },

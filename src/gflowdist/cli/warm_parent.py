@@ -14,8 +14,9 @@ directory, CPU affinity, umask and every open descriptor (standard streams,
 hydra's PMI socket, the launcher's lifeline), plus the read end of a pipe
 whose write end only it holds (:mod:`gflowdist.cli.warm_keeper`). The warm
 parent checks that the rank would be the same program (same user, network
-namespace, ``sys.path`` and ``PYTHON*`` variables; otherwise it refuses and
-the keeper forks the rank itself, *cold*), then forks. The child takes the
+namespace, interpreter and its options, ``sys.path`` and ``PYTHON*``
+variables; otherwise it refuses and the keeper forks the rank itself,
+*cold*), then forks. The child takes the
 keeper's descriptors at their numbers, closes every other, takes its
 environment, directory, affinity and umask, starts a session of its own,
 reseeds Python's and numpy's global generators, and runs ``python -m
@@ -259,6 +260,8 @@ def _refusal(conn: socket.socket, message: dict[str, Any]) -> str | None:
         return "the keeper is on another host (network namespace) than the warm parent"
     if list(message.get("path", [])) != sys.path:
         return "the keeper's sys.path differs from the warm parent's"
+    if message.get("python") != [sys.executable, *sys.flags]:
+        return "the keeper runs another Python, or with other options (-O, -X, -u ...), than the warm parent"
     env = message.get("env", {})
     mine = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
     theirs = {k: v for k, v in env.items() if k.startswith("PYTHON")}
