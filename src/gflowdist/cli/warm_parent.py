@@ -174,6 +174,8 @@ def serve(listener: socket.socket) -> Request | None:
                     selector.unregister(listener)
                     listener.close()
             elif key.data == "accept":
+                if closing:  # the listener was closed earlier in this round: the job is over
+                    continue
                 conn, _ = listener.accept()
                 forked = _fork_for(conn)
                 if forked is None:
