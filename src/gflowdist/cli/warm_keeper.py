@@ -77,13 +77,13 @@ def start_warm(
             [*fds, line_read],
         )
     except OSError as err:
-        return _cold(sock, previous, (line_read, line_write), f"the warm parent took no request ({err})")
+        return _cold(sock, previous, pending, (line_read, line_write), f"the warm parent took no request ({err})")
     os.close(line_read)
     reader = LineReader(sock)
     answer = _next_message(reader)
     if answer is None or "pid" not in answer:
         why = answer.get("refused", "no answer") if answer else "it closed the socket"
-        return _cold(sock, previous, (line_write,), f"the warm parent did not start the rank: {why}")
+        return _cold(sock, previous, pending, (line_write,), f"the warm parent did not start the rank: {why}")
     rank.append(int(answer["pid"]))
     for sig in pending:
         with contextlib.suppress(ProcessLookupError):
@@ -97,12 +97,15 @@ def start_warm(
     os._exit(128 - code if code < 0 else code)
 
 
-def _cold(sock: socket.socket, previous: dict, fds: tuple[int, ...], why: str) -> str:
+def _cold(sock: socket.socket, previous: dict, pending: list[int], fds: tuple[int, ...], why: str) -> str:
+    """Undo the attempt: this process is as before it, and gets the signals it held back meanwhile."""
     sock.close()
     for fd in fds:
         os.close(fd)
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    for sig in pending:
+        os.kill(os.getpid(), sig)
     return why
 
 
