@@ -252,7 +252,10 @@ def run_gflowdist(
     """One ``gflowdist run`` (``trainers`` + ``buffers`` + the coordinator); the measurements read back from
     its run directory."""
     env, folder = instrumented_env(out_dir, profile)
-    cmd = gflowdist_command(trainers, steps, out_dir, extra, buffers=buffers, coordinator=coordinator)
+    # every rank started cold: the loop timing is a sitecustomize, which runs as each interpreter starts, and a
+    # warm rank is a fork of one that started without a rank's environment (docs/runtime.md#warm-start)
+    cold = ["launch.warm_start=false", *extra]
+    cmd = gflowdist_command(trainers, steps, out_dir, cold, buffers=buffers, coordinator=coordinator)
     launched = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     ended = time.time()

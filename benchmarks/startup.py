@@ -8,7 +8,9 @@ All in one run, medians over ``--repeats``:
 - **baselines**: wall time of ``python -c "import torch"`` and of
   ``mpiexec -n 2`` / ``-n 4 python -c "import torch"``;
 - **gflowdist run** of ``examples/hypergrid/config.yaml`` (4 ranks: 2
-  trainers, 1 buffer, 1 coordinator; 20 steps, quick 5), seconds from starting the
+  trainers, 1 buffer, 1 coordinator; 20 steps, quick 5; every rank started cold,
+  ``launch.warm_start=false``, for the loop timing of ``loop_timing.py``: the
+  default warm start is in ``all.py --only startup``), seconds from starting the
   command to: every rank logging (its first log line: imports, MPI, context
   and the first barrier are done), training starting (the mtime of the run's
   ``config.yaml``, written by the collector right after the startup barrier),
