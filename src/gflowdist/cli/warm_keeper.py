@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 
-from gflowdist.cli.warm_wire import MAX_FDS, LineReader, send_request
+from gflowdist.cli.warm_wire import MAX_FDS, LineReader, abstract_address, send_request
 from gflowdist.lifeline import inherited_fd, wait_for_eof
 
 __all__ = ["start_warm", "FORWARDED"]
@@ -38,7 +38,7 @@ def start_warm(
     reads the keeper's status as the rank's)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        sock.connect(abstract_address(path))
     except OSError as err:
         sock.close()
         return f"no warm parent at {path} ({err.strerror or err})"

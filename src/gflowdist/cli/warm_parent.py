@@ -4,7 +4,7 @@ Every rank of a job imports torch (about 1.5 CPU-s here) and, once its
 optimizer steps, ``torch._dynamo`` (about 1.2 CPU-s more): on a machine with
 fewer cores than ranks that start-up is most of a short job's time. ``gflowdist
 run`` therefore starts this process beside ``mpiexec``, with the ranks'
-environment, and hands it a listening Unix socket. It imports what every rank
+environment, and hands it a listening abstract Unix socket. It imports what every rank
 imports (:data:`PRELOAD`; never ``mpi4py.MPI``, which would initialise MPI
 here) and then serves the rank keepers (:mod:`gflowdist.cli.rank_keeper`).
 
@@ -37,20 +37,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import selectors
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gflowdist.cli.warm_wire import START_VARIABLE, WARM_VARIABLE, receive_request, send_line
+from gflowdist.cli.warm_wire import START_VARIABLE, WARM_VARIABLE, abstract_address, receive_request, send_line
 
 __all__ = ["PRELOAD", "Request", "Started", "warm_wanted", "warm_parent", "serve", "run_rank", "main"]
 
@@ -109,11 +108,12 @@ def warm_parent(env: dict[str, str]) -> Iterator[Started]:
 
     On leaving, its input is closed: it ends once every rank it forked has (it is killed after 30 s, and its
     ranks with it)."""
-    folder = tempfile.mkdtemp(prefix="gflowdist-warm-")  # mode 0700: only this user reaches the socket
-    path = os.path.join(folder, "socket")
+    # an abstract socket (Linux): no file to leave behind when the launcher is killed, reachable only from this
+    # network namespace; a random name, bound before any keeper is told it; the peer's uid is checked (_refusal)
+    name = f"gflowdist-warm-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(path)
+        listener.bind(abstract_address(name))
         listener.listen(128)
         proc = subprocess.Popen(
             [sys.executable, "-m", "gflowdist.cli.warm_parent", str(listener.fileno())],
@@ -126,7 +126,7 @@ def warm_parent(env: dict[str, str]) -> Iterator[Started]:
     finally:
         listener.close()  # the warm parent holds it now (or nobody does)
     try:
-        yield Started(proc.pid, {WARM_VARIABLE: path})
+        yield Started(proc.pid, {WARM_VARIABLE: "@" + name})
     finally:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -135,7 +135,6 @@ def warm_parent(env: dict[str, str]) -> Iterator[Started]:
         except subprocess.TimeoutExpired:  # a rank it forked outlived its keeper's end: end them all
             proc.kill()
             proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

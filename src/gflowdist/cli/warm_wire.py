@@ -1,6 +1,6 @@
 """The messages between a rank's keeper and the warm parent (:mod:`gflowdist.cli.warm_parent`).
 
-One Unix stream socket per rank. The keeper sends one request: a 4-byte
+One connection to the warm parent's abstract Unix stream socket per rank (the variable holds ``@name``). The keeper sends one request: a 4-byte
 big-endian length, then that many bytes of JSON, with its file descriptors
 attached to the first bytes (``SCM_RIGHTS``). The warm parent answers with
 JSON lines: ``{"pid": N}`` once the rank runs (or ``{"refused": reason}``),
@@ -19,11 +19,25 @@ from typing import Any
 
 from gflowdist.jobenv import START_VARIABLE, WARM_VARIABLE
 
-__all__ = ["WARM_VARIABLE", "START_VARIABLE", "MAX_FDS", "send_request", "receive_request", "send_line", "LineReader"]
+__all__ = [
+    "WARM_VARIABLE",
+    "START_VARIABLE",
+    "MAX_FDS",
+    "abstract_address",
+    "send_request",
+    "receive_request",
+    "send_line",
+    "LineReader",
+]
 
 #: descriptors one request may carry (the kernel's SCM_MAX_FD is 253)
 MAX_FDS = 250
 _LENGTH = struct.Struct(">I")
+
+
+def abstract_address(name: str) -> str:
+    """The address of the abstract Unix socket ``name`` (``$GFLOWDIST_WARM_PARENT`` holds ``@name``)."""
+    return "\0" + name.removeprefix("@")
 
 
 def send_request(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
