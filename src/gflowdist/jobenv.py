@@ -73,7 +73,7 @@ LIFELINE_VARIABLE = "GFLOWDIST_LIFELINE"
 #: The launcher's console, for the ranks' progress line: ``tty:COLUMNS`` when its stdout is a terminal,
 #: else ``pipe`` (under mpiexec a rank's own stdout is always a pipe).
 CONSOLE_VARIABLE = "GFLOWDIST_CONSOLE"
-#: in the ranks' environment: the path of the warm parent's socket (gflowdist.cli.warm_parent)
+#: in the ranks' environment: ``@name``, the warm parent's abstract Unix socket (gflowdist.cli.warm_parent)
 WARM_VARIABLE = "GFLOWDIST_WARM_PARENT"
 #: in a rank's environment: how it started ("warm: ..." or "cold: why"); its log says it
 START_VARIABLE = "GFLOWDIST_RANK_START"

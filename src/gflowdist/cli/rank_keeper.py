@@ -52,10 +52,8 @@ def keep(bound_s: float = 60.0, *, close_pmi: bool = False) -> None:
     """
     if not sys.platform.startswith("linux") or os.environ.get(KEEPER_VARIABLE):
         return
-    warm = os.environ.get(WARM_VARIABLE)
-    if warm and not close_pmi:  # returns only when the rank has to start cold (and says why)
-        why = start_warm(warm, bound_s, {KEEPER_VARIABLE: str(os.getpid())})
-        os.environ[START_VARIABLE] = f"cold: {why}"
+    if not close_pmi:
+        _try_warm(bound_s, by_signal=False)
     sys.stdout.flush()
     sys.stderr.flush()
     keeper = os.getpid()
@@ -89,8 +87,14 @@ def keep_gloo_rank(bound_s: float = 60.0) -> None:
     """For a rank ``gflowdist run`` spawned itself (the torch engine): with a warm parent, have it fork the rank
     and stand in for it, ending as the rank ended, its signal included; otherwise (or refused) return, and this
     process is the rank, as before."""
+    if sys.platform.startswith("linux") and not os.environ.get(KEEPER_VARIABLE):
+        _try_warm(bound_s, by_signal=True)
+
+
+def _try_warm(bound_s: float, *, by_signal: bool) -> None:
+    """With a warm parent (``$GFLOWDIST_WARM_PARENT``), have it fork the rank and stand in for it (this returns
+    only when the rank has to start cold, and the rank's log is to say why)."""
     warm = os.environ.get(WARM_VARIABLE)
-    if not sys.platform.startswith("linux") or not warm or os.environ.get(KEEPER_VARIABLE):
-        return
-    why = start_warm(warm, bound_s, {KEEPER_VARIABLE: str(os.getpid())}, by_signal=True)
-    os.environ[START_VARIABLE] = f"cold: {why}"
+    if warm:
+        why = start_warm(warm, bound_s, {KEEPER_VARIABLE: str(os.getpid())}, by_signal=by_signal)
+        os.environ[START_VARIABLE] = f"cold: {why}"

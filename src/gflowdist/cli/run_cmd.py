@@ -35,6 +35,7 @@ from gflowdist.cli.rank_end import finalize_mpi, freeze_for_exit, run_then_end
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
 from gflowdist.cli.supervise import failure_file, final_saved, say, supervise
+from gflowdist.cli.warm_parent import start_for_launch
 from gflowdist.engines import CHOICES, TORCH, launched_engine
 from gflowdist.jobenv import (
     CONSOLE_VARIABLE,
@@ -359,13 +360,7 @@ def _launch_mpi(
     env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
     with contextlib.ExitStack() as stack:
-        helpers: tuple[int, ...] = ()
-        from gflowdist.cli.warm_parent import warm_parent, warm_wanted
-
-        if warm_wanted(config.launch.warm_start, nprocs):
-            warm = stack.enter_context(warm_parent(env))  # the ranks on this host: forks of one process
-            env.update(warm.variables)
-            helpers = (warm.pid,)
+        helpers = start_for_launch(stack, config.launch.warm_start, nprocs, env)  # this host's ranks: forks
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
         relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
         report_grace_s = Settings.of(config).launcher_grace_s
@@ -390,13 +385,7 @@ def _spawn_torch(
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
     with contextlib.ExitStack() as stack:
-        helpers: tuple[int, ...] = ()
-        from gflowdist.cli.warm_parent import warm_parent, warm_wanted
-
-        if warm_wanted(warm_start, nprocs):
-            warm = stack.enter_context(warm_parent(env))  # each rank: a fork of one process (its keeper stays)
-            env.update(warm.variables)
-            helpers = (warm.pid,)
+        helpers = start_for_launch(stack, warm_start, nprocs, env)  # each rank: a fork (its keeper stays)
         procs = []
         for rank in range(nprocs):
             rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))

@@ -18,7 +18,14 @@ import socket
 import sys
 import time
 
-from gflowdist.cli.warm_wire import MAX_FDS, LineReader, abstract_address, send_request
+from gflowdist.cli.warm_wire import (
+    MAX_FDS,
+    LineReader,
+    abstract_address,
+    interpreter,
+    network_namespace,
+    send_request,
+)
 from gflowdist.lifeline import inherited_fd, wait_for_eof
 
 __all__ = ["start_warm", "FORWARDED"]
@@ -29,19 +36,20 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def start_warm(
-    path: str, bound_s: float, extra_env: dict[str, str], module: str = "gflowdist", *, by_signal: bool = False
+    address: str, bound_s: float, extra_env: dict[str, str], module: str = "gflowdist", *, by_signal: bool = False
 ) -> str:
-    """Have the warm parent at ``path`` fork this rank (environment plus ``extra_env``); return why not.
+    """Have the warm parent at ``address`` (``@name``) fork this rank (environment plus ``extra_env``); return why
+    not.
 
     A rank killed by a signal ends this keeper with status ``128 + signal`` (what hydra must see, see
     :mod:`gflowdist.cli.rank_keeper`), or, ``by_signal``, by the same signal (a gloo rank's launcher, which
     reads the keeper's status as the rank's)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(abstract_address(path))
+        sock.connect(abstract_address(address))
     except OSError as err:
         sock.close()
-        return f"no warm parent at {path} ({err.strerror or err})"
+        return f"no warm parent at {address} ({err.strerror or err})"
     # signals that come before the rank runs are passed on once it does
     pending: list[int] = []
     rank: list[int] = []
@@ -70,8 +78,8 @@ def start_warm(
                 "umask": _umask(),
                 "fds": fds,
                 "path": sys.path,
-                "python": [sys.executable, *sys.flags],
-                "netns": _netns(),
+                "python": interpreter(),
+                "netns": network_namespace(),
                 "module": module,
             },
             [*fds, line_read],
@@ -129,13 +137,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _netns() -> str:
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return "unknown"
 
 
 def _next_message(reader: LineReader) -> dict | None:

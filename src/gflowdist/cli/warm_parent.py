@@ -49,9 +49,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gflowdist.cli.warm_wire import START_VARIABLE, WARM_VARIABLE, abstract_address, receive_request, send_line
+from gflowdist.cli.warm_wire import (
+    START_VARIABLE,
+    WARM_VARIABLE,
+    abstract_address,
+    interpreter,
+    network_namespace,
+    receive_request,
+    send_line,
+)
 
-__all__ = ["PRELOAD", "Request", "Started", "warm_wanted", "warm_parent", "serve", "run_rank", "main"]
+__all__ = [
+    "PRELOAD",
+    "Request",
+    "Started",
+    "warm_wanted",
+    "start_for_launch",
+    "warm_parent",
+    "serve",
+    "run_rank",
+    "main",
+]
 
 #: imported before the first fork: what every rank imports and what the trainers' optimizers import
 PRELOAD = ("numpy", "torch", "torch._dynamo", "gflowdist.runtime.job", "gflowdist.cli.run_cmd")
@@ -92,6 +110,19 @@ def _pidfds_work() -> bool:
     except (AttributeError, OSError):
         return False
     return True
+
+
+def start_for_launch(
+    stack: contextlib.ExitStack, setting: bool | None, nprocs: int, env: dict[str, str]
+) -> tuple[int, ...]:
+    """Where :func:`warm_wanted`: start the warm parent on ``stack`` and point ``env`` (the ranks') to it.
+
+    Returns the pids the launcher's supervision is not to count as the job's (the warm parent's, or none)."""
+    if not warm_wanted(setting, nprocs):
+        return ()
+    started = stack.enter_context(warm_parent(env))
+    env.update(started.variables)
+    return (started.pid,)
 
 
 @dataclass(frozen=True)
@@ -257,11 +288,11 @@ def _refusal(conn: socket.socket, message: dict[str, Any]) -> str | None:
     _, uid, _ = struct.unpack("3i", creds)
     if uid != os.getuid():
         return f"the keeper runs as uid {uid}, the warm parent as {os.getuid()}"
-    if message.get("netns") != _netns():
+    if message.get("netns") != network_namespace():
         return "the keeper is on another host (network namespace) than the warm parent"
     if list(message.get("path", [])) != sys.path:
         return "the keeper's sys.path differs from the warm parent's"
-    if message.get("python") != [sys.executable, *sys.flags]:
+    if message.get("python") != interpreter():
         return "the keeper runs another Python, or with other options (-O, -X, -u ...), than the warm parent"
     env = message.get("env", {})
     mine = {k: v for k, v in os.environ.items() if k.startswith("PYTHON")}
@@ -270,13 +301,6 @@ def _refusal(conn: socket.socket, message: dict[str, Any]) -> str | None:
         differ = sorted(set(mine.items()) ^ set(theirs.items()))
         return f"the keeper's PYTHON* variables differ from the warm parent's ({differ[0][0]})"
     return None
-
-
-def _netns() -> str:
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return "unknown"
 
 
 def run_rank(request: Request) -> int:

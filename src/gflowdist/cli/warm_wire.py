@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import struct
+import sys
 from typing import Any
 
 from gflowdist.jobenv import START_VARIABLE, WARM_VARIABLE
@@ -24,6 +25,8 @@ __all__ = [
     "START_VARIABLE",
     "MAX_FDS",
     "abstract_address",
+    "interpreter",
+    "network_namespace",
     "send_request",
     "receive_request",
     "send_line",
@@ -33,6 +36,19 @@ __all__ = [
 #: descriptors one request may carry (the kernel's SCM_MAX_FD is 253)
 MAX_FDS = 250
 _LENGTH = struct.Struct(">I")
+
+
+def network_namespace() -> str:
+    """This process's network namespace (a keeper and the warm parent must share it)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return "unknown"
+
+
+def interpreter() -> list[Any]:
+    """This interpreter and its options (``-O``, ``-X`` ...), as a request carries them."""
+    return [sys.executable, *sys.flags]
 
 
 def abstract_address(name: str) -> str:
