@@ -37,6 +37,13 @@ two can be):
   buffer, 16 trajectories per trainer per step, 2x64 MLPs) vs gflowdist's 3
   trainers + 1 buffer; trajectories per second of the training loop (torchgfn:
   rank 0's ``total_time``), alternated. Skipped, and said so, without it.
+  That environment, as set up for run 9 (torchgfn pins ``numpy<2``, hence a
+  virtual environment of its own; its tutorials are not in the wheel)::
+
+      python3 -m venv /work/ext/tgvenv
+      /work/ext/tgvenv/bin/pip install torch==2.13.0
+      /work/ext/tgvenv/bin/pip install torchgfn==2.4.1 mpi4py mpich matplotlib
+      git clone --depth 1 --branch v2.4.1 https://github.com/GFNOrg/torchgfn /work/ext/torchgfn
 
 ``--quick`` runs every section once at its smallest (transport on MPI
 only, 2 message sizes, 100 round trips; averaging on gloo only, one call

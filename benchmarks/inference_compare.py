@@ -1,23 +1,30 @@
 """benchmarks/latency.py's inference column: actors with their own forward against one inference rank.
 
 Both runs are ``examples/apex_cartpole`` with a policy whose forward pass
-dominates an actor's step: a 3 x 512 MLP Q-network (``params.hidden=512``,
-``params.layers=3``) on CartPole without simulated latency (a step costs
-microseconds, the forward of 16 observations milliseconds), 16 environments
-per actor, actors unpaced, at **equal rank counts** (N + 3 ranks):
+dominates an actor's step: an MLP Q-network of 3 hidden layers
+(``params.layers=3``) of :data:`HIDDEN` units, 1024 first (the summary's),
+then 512, on CartPole without simulated latency, 16 environments per actor,
+actors unpaced, at **equal rank counts** (N + 3 ranks):
 
-- ``own forward``: N actors (``config.yaml``), each running its network;
+- ``own forward``: N actors (``config.yaml``), each running its network (to act,
+  and three forwards per transition for its initial priorities, as Ape-X);
 - ``inference``: N - 1 actors and 1 inference rank (``config_inference.yaml``),
-  which runs one forward for all the actors' requests; once with
+  which runs one forward for all the actors' requests (items enter the buffer
+  with the largest priority: the actors hold no weights); once with
   ``inference.split: 1`` (an actor asks for all 16 environments and waits: the
-  actor and the inference rank take turns: the default) and once with
-  ``inference.split: 2`` (each half's request is in flight while the actor
-  steps the other half).
+  actor and the inference rank take turns: the default) and, at the first
+  size, once with ``inference.split: 2`` (each half's request is in flight
+  while the actor steps the other half).
+
+How much of an own-forward actor's work the network is, one process, CPU
+time per env step (``ApexActor.collect`` + ``initial_priorities``, 2026-11-29):
+29 us with a 1-unit network (the environments, the n-step transitions), 82 us
+at 3 x 512 (65 % the network), 236 us at 3 x 1024 (88 %).
 
 **env steps/s**: the sum over the actors of (last - first reported
 ``env_steps``) / (the time between those reports), as for Ape-X.
 ``inference`` = the default-split (1) inference run's env steps/s / the own-forward
-run's. Where the time goes, from finals.json: ``actor wait`` = the actors' time
+run's, at the first size. Where the time goes, from finals.json: ``actor wait`` = the actors' time
 waiting on the inference rank / their timed time, ``inf idle`` = the inference
 rank's idle time / its timed time; ``cpu ms/1k`` = the CPU milliseconds the
 actors and inference ranks used in their loops (``loop_cpu_s`` in finals.json,
@@ -39,10 +46,17 @@ from gflowdist.config.sections import InferenceConfig
 ROOT = Path(__file__).resolve().parents[1]
 APEX = ROOT / "examples" / "apex_cartpole"
 
-#: the policy whose forward dominates (a 3 x 512 MLP), 16 environments per actor (fewer round trips per step)
-POLICY = ["params.hidden=512", "params.layers=3", "params.envs_per_actor=16"]
-#: the inference runs' inference.split (the summary's ratio is the default split's)
+#: the hidden layers' widths of the policies compared (3 layers each); the first is the summary's
+HIDDEN = (1024, 512)
+#: the inference runs' inference.split at the first width (the summary's ratio is the default split's)
 SPLITS = (1, 2)
+
+
+def policy(hidden: int) -> list[str]:
+    """The overrides of a 3 x ``hidden`` MLP policy with 16 environments per actor (fewer round trips per step)."""
+    return [f"params.hidden={hidden}", "params.layers=3", "params.envs_per_actor=16"]
+
+
 DEFAULT_SPLIT = InferenceConfig().split
 
 
@@ -56,8 +70,10 @@ def run_one(
     child_env,
     split: int = 1,
     extra: tuple[str, ...] = (),
+    hidden: int = HIDDEN[0],
 ) -> dict:
-    """One Ape-X run of ``actors`` actors (+ ``inference`` inference ranks, ``split``); its actors' env steps/s."""
+    """One Ape-X run of ``actors`` actors (+ ``inference`` inference ranks, ``split``) with a 3 x ``hidden``
+    policy; its actors' env steps/s."""
     config = APEX / ("config_inference.yaml" if inference else "config.yaml")
     ranks = actors + inference + 3
     cmd = [
@@ -73,14 +89,15 @@ def run_one(
         f"run.steps={steps}",
         f"run.out_dir={out_dir}",
         f"run.name=latency-{name.replace(' ', '-')}",
-        "run.log_every=10",
+        # an actor reports every run.log_every rollouts, and its rate needs two reports: short runs report more often
+        f"run.log_every={max(1, min(10, steps // 20))}",
         "params.env_steps_per_update=null",
         "params.env_latency_s=0",
         "params.target_return=100000",
         f"sync.weights_to_coordinator_every={steps}",
         "params.eval_episodes=1",
         "replay.learner_batch=32",
-        *POLICY,
+        *policy(hidden),
         *extra,
     ]
     began, load = time.monotonic(), load1()
@@ -98,6 +115,7 @@ def run_one(
     served = next((f["inference"] for f in finals.values() if f["role"] == "inference"), None)
     return {
         "name": name,
+        "hidden": hidden,
         "ranks": ranks,
         "actors": actors,
         "env_per_s": summed_rate(rows, actor_ranks, "env_steps"),
@@ -162,31 +180,39 @@ def summed_rate(rows: list[dict], ranks: set[int], field: str) -> float:
     return total
 
 
-def run_pair(actors: int, steps: int, out_dir: Path, load1, child_env) -> list[dict]:
-    """Own forward (``actors`` actors), then one inference rank (``actors - 1`` actors) at each of
-    :data:`SPLITS`: equal rank counts."""
-    runs = [run_one(f"own forward {actors}A", actors, 0, steps, out_dir, load1, child_env)]
-    for split in SPLITS:
-        name = f"inference {actors - 1}A+1I split {split}"
-        runs.append(run_one(name, actors - 1, 1, steps, out_dir, load1, child_env, split))
+def run_pair(actors: int, steps: int, out_dir: Path, load1, child_env, hidden=HIDDEN) -> list[dict]:
+    """Per width in ``hidden``: own forward (``actors`` actors), then one inference rank (``actors - 1``
+    actors), at each of :data:`SPLITS` for the first width and at the default split for the others: equal
+    rank counts."""
+    runs = []
+    for index, width in enumerate(hidden):
+        runs.append(
+            run_one(f"own forward {actors}A 3x{width}", actors, 0, steps, out_dir, load1, child_env, hidden=width)
+        )
+        for split in SPLITS if index == 0 else (DEFAULT_SPLIT,):
+            name = f"inference {actors - 1}A+1I split {split} 3x{width}"
+            runs.append(run_one(name, actors - 1, 1, steps, out_dir, load1, child_env, split, hidden=width))
     return runs
 
 
 def inference_ratio(runs: list[dict]) -> float | None:
-    """The default split's env steps/s over the own-forward run's (the last run's when none has it)."""
+    """At the first width: the default split's env steps/s over the own-forward run's (the last run's of that
+    width when none has it)."""
     own = runs[0]
-    central = next((r for r in runs[1:] if r.get("split") == DEFAULT_SPLIT), runs[-1])
+    same = [r for r in runs[1:] if r.get("hidden") == own.get("hidden")] or runs[1:]
+    central = next((r for r in same if r.get("split") == DEFAULT_SPLIT), same[-1])
     return central["env_per_s"] / own["env_per_s"] if own["env_per_s"] else None
 
 
 def table(runs: list[dict], table_lines, fmt, load_cell) -> list[str]:
-    base = runs[0]["env_per_s"]
+    """One row per run; ``vs own`` against the own-forward run of the same width."""
+    own = {r.get("hidden"): r["env_per_s"] for r in runs if r.get("split") is None}
     rows = [
         [
             r["name"],
             str(r["ranks"]),
             fmt(r["env_per_s"], ",.0f"),
-            fmt(r["env_per_s"] / base if base else None, ".2f", "x"),
+            fmt(r["env_per_s"] / own[r.get("hidden")] if own.get(r.get("hidden")) else None, ".2f", "x"),
             fmt(r["mean_batch"], ".1f"),
             fmt(r["delay_ms"], ".2f"),
             fmt(r["forward_ms"], ".2f"),

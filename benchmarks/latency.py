@@ -66,9 +66,9 @@ per batch of 16 trajectories; ``RewardOracle``):
 Ape-X actors with their own forward against actors whose forward runs on one
 inference rank (``layout.inference: 1``), at equal rank counts
 (``--inference-actors`` N: N own-forward actors, or N - 1 actors + 1 inference
-rank, at ``inference.split`` 1 and 2), with a policy whose forward dominates (a
-3 x 512 MLP, no simulated latency). ``inference`` = the default split's (1)
-env steps/s / the own-forward run's.
+rank, at ``inference.split`` 1 and 2), with policies whose forward dominates (3 x
+1024 and 3 x 512 MLPs, ``--inference-hidden``; no simulated latency). ``inference`` =
+the default split's (1) env steps/s / the own-forward run's, at the first width.
 
 **The peer** (``benchmarks/latency_peer.py``, ``benchmarks/rllib_peer.py``):
 RLlib's APPO on the new API stack (ray 2.60.0 in a virtual environment of
@@ -335,6 +335,11 @@ def main() -> int:
         help="central inference: N own-forward actors against N - 1 actors + 1 inference rank (default 4)",
     )
     parser.add_argument(
+        "--inference-hidden",
+        default=",".join(str(h) for h in inference_compare.HIDDEN),
+        help="central inference: the policies' hidden widths (3 layers each), the first the summary's",
+    )
+    parser.add_argument(
         "--skip", default="", help="comma list of sections to leave out: cartpole, impala, hypergrid, inference"
     )
     parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
@@ -375,7 +380,12 @@ def main() -> int:
             print(f"  1T + {actors}A: {json.dumps({k: v for k, v in gfn[-1].items() if k != 'where'})}", flush=True)
     if "inference" not in skip:
         inference = inference_compare.run_pair(
-            args.inference_actors, INFERENCE_STEPS[mode_name], out_dir, load1, child_env
+            args.inference_actors,
+            INFERENCE_STEPS[mode_name],
+            out_dir,
+            load1,
+            child_env,
+            tuple(int(h) for h in args.inference_hidden.split(",")),
         )
         for run in inference:
             print(f"  {run['name']}: {json.dumps(run)}", flush=True)
@@ -404,8 +414,9 @@ def main() -> int:
     if inference:
         print()
         print(
-            "Central inference: CartPole-v1 without latency, a 3 x 512 MLP Q-network (its forward dominates), "
-            "actors unpaced, equal rank counts; batch obs = mean observations per forward, queue ms = mean "
+            "Central inference: CartPole-v1 without latency, MLP Q-networks of 3 hidden layers (their forward "
+            "dominates an own-forward actor's CPU), actors unpaced, equal rank counts; vs own = against the "
+            "own-forward run of the same width; batch obs = mean observations per forward, queue ms = mean "
             "queueing delay"
         )
         print("\n".join(inference_compare.table(inference, table_lines, fmt, load_cell)))

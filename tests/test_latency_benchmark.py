@@ -40,6 +40,8 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
             "1",
             "--inference-actors",
             "2",
+            "--inference-hidden",
+            "256,128",
             "--out-dir",
             str(tmp_path),
         ],
@@ -55,9 +57,18 @@ def test_smoke_run_prints_both_tables_and_the_summary_line(tmp_path):
     assert match["a4"] == match["a8"] == "-"  # not measured in the smoke run
     assert match["r"] == "not-run" and "rllib: not run: left out (--no-peer)" in lines
     assert match["i"].endswith("x") and float(match["i"][:-1]) > 0  # the inference column was measured
-    for name in ("own forward 2A", "inference 1A+1I split 1", "inference 1A+1I split 2"):
+    inference_rows = (
+        "own forward 2A 3x256",
+        "inference 1A+1I split 1 3x256",
+        "inference 1A+1I split 2 3x256",
+        "own forward 2A 3x128",  # the second width: own forward and the default split only
+        "inference 1A+1I split 1 3x128",
+    )
+    for name in inference_rows:
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[1].replace(",", "")) > 0, row  # env steps/s
+        assert float(row[len(name) :].split()[2].rstrip("x")) > 0, row  # vs own forward of the same width
+    assert not any(line.startswith("inference 1A+1I split 2 3x128") for line in lines)
     for name in ("single process", "Ape-X 2", "single process (IMPALA)", "IMPALA 2", "bare", "1T + 1A"):
         row = next(line for line in lines if line.startswith(name + "  "))
         assert float(row[len(name) :].split()[0].replace(",", "")) > 0, row  # env steps/s or ranks
