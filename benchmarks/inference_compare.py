@@ -50,14 +50,12 @@ APEX = ROOT / "examples" / "apex_cartpole"
 HIDDEN = (1024, 512)
 #: the inference runs' inference.split at the first width (the summary's ratio is the default split's)
 SPLITS = (1, 2)
+DEFAULT_SPLIT = InferenceConfig().split
 
 
 def policy(hidden: int) -> list[str]:
     """The overrides of a 3 x ``hidden`` MLP policy with 16 environments per actor (fewer round trips per step)."""
     return [f"params.hidden={hidden}", "params.layers=3", "params.envs_per_actor=16"]
-
-
-DEFAULT_SPLIT = InferenceConfig().split
 
 
 def run_one(
@@ -199,20 +197,20 @@ def inference_ratio(runs: list[dict]) -> float | None:
     """At the first width: the default split's env steps/s over the own-forward run's (the last run's of that
     width when none has it)."""
     own = runs[0]
-    same = [r for r in runs[1:] if r.get("hidden") == own.get("hidden")] or runs[1:]
+    same = [r for r in runs[1:] if r.get("hidden") == own.get("hidden")]  # summary rows may carry neither key
     central = next((r for r in same if r.get("split") == DEFAULT_SPLIT), same[-1])
     return central["env_per_s"] / own["env_per_s"] if own["env_per_s"] else None
 
 
 def table(runs: list[dict], table_lines, fmt, load_cell) -> list[str]:
     """One row per run; ``vs own`` against the own-forward run of the same width."""
-    own = {r.get("hidden"): r["env_per_s"] for r in runs if r.get("split") is None}
+    own = {r["hidden"]: r["env_per_s"] for r in runs if r["split"] is None}
     rows = [
         [
             r["name"],
             str(r["ranks"]),
             fmt(r["env_per_s"], ",.0f"),
-            fmt(r["env_per_s"] / own[r.get("hidden")] if own.get(r.get("hidden")) else None, ".2f", "x"),
+            fmt(r["env_per_s"] / own[r["hidden"]] if own[r["hidden"]] else None, ".2f", "x"),
             fmt(r["mean_batch"], ".1f"),
             fmt(r["delay_ms"], ".2f"),
             fmt(r["forward_ms"], ".2f"),
