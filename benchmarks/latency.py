@@ -86,7 +86,7 @@ The last line sums up, for scripts::
 
 (``-`` where a figure was not measured: an actor count left out, a target
 not reached). ``--plot`` draws env steps/s against actors with the ideal
-line (N x one actor). The 1-minute load average (``uptime``) is printed
+line (N x one actor), a panel for Ape-X and one for IMPALA when it ran. The 1-minute load average (``uptime``) is printed
 with every figure: the machine is shared, and a latency-bound layout's
 gain depends on the cores the other jobs leave it.
 """
@@ -426,7 +426,8 @@ def main() -> int:
     print(latency_peer.lines(peer, apex, args.peer_actors, args.no_peer))
     print(f"end: {load_average()}; {time.monotonic() - began:.0f} s; run directories under {out_dir}")
     if args.plot and single is not None and apex:
-        plot(single, apex, Path(args.plot), f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; {load_average()}")
+        title = f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; {load_average()}"
+        plot(single, apex, Path(args.plot), title, impala_single, impala)
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -141,24 +141,38 @@ def summary_line(
     return "latency: " + " ".join(parts)
 
 
-def plot(single: dict, apex: list[dict], path: Path, title: str) -> None:
+def plot(
+    single: dict,
+    apex: list[dict],
+    path: Path,
+    title: str,
+    impala_single: dict | None = None,
+    impala: list[dict] | None = None,
+) -> None:
+    """Env steps/s against actors with the ideal line (N x the 1-actor run) and the single process: one panel for
+    Ape-X and, when its rows are given, one for IMPALA (each against its own single process)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    counts = [r["actors"] for r in apex]
-    one = apex_one_rate(apex) or single["env_per_s"]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
-    ax.plot(counts, [one * n for n in counts], "--", color="grey", label="ideal: N x one actor")
-    ax.plot(counts, [r["env_per_s"] for r in apex], "o-", label="Ape-X, N actors")
-    ax.axhline(single["env_per_s"], color="tab:red", linestyle=":", label="single process")
-    ax.set_xlabel("actors (4 environments each)")
-    ax.set_ylabel("environment steps/s")
-    ax.set_xticks(counts)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    panels = [("Ape-X", single, apex)]
+    if impala and impala_single is not None:
+        panels.append(("IMPALA", impala_single, impala))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), dpi=110, squeeze=False)
+    for ax, (name, base, runs) in zip(axes[0], panels, strict=True):
+        counts = [r["actors"] for r in runs]
+        one = apex_one_rate(runs) or base["env_per_s"]
+        ax.plot(counts, [one * n for n in counts], "--", color="grey", label="ideal: N x one actor")
+        ax.plot(counts, [r["env_per_s"] for r in runs], "o-", label=f"{name}, N actors")
+        ax.axhline(base["env_per_s"], color="tab:red", linestyle=":", label=f"single process ({name})")
+        ax.set_xlabel("actors (each with the single process's environments)")
+        ax.set_ylabel("environment steps/s")
+        ax.set_xticks(counts)
+        ax.set_title(name, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -124,3 +124,21 @@ def test_summary_line_is_ratios_to_the_single_process():
     assert bench.summary_line(single, apex[:1], 8, None, [], []) == (
         "latency: actors4 3.61x actors8 - time_to_target - oracle - inference not-run rllib not-run"
     )
+
+
+def _png_size(path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", header
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_the_scaling_picture_has_a_panel_for_impala_only_when_it_ran(tmp_path):
+    bench = load("latency")
+    single = {"actors": 0, "env_per_s": 100.0}
+    apex = [{"actors": n, "env_per_s": 90.0 * n} for n in (1, 2, 4)]
+    impala = [{"actors": n, "env_per_s": 80.0 * n} for n in (1, 2)]
+    both, alone = tmp_path / "both.png", tmp_path / "apex.png"
+    bench.plot(single, apex, both, "title", {"actors": 0, "env_per_s": 70.0}, impala)
+    bench.plot(single, apex, alone, "title", None, [])
+    (wide, high), (narrow, high_alone) = _png_size(both), _png_size(alone)
+    assert high == high_alone and wide == 2 * narrow, (wide, narrow)
