@@ -1,6 +1,6 @@
 """Where distribution pays: latency-bound CartPole (Ape-X, IMPALA) and oracle-bound HyperGrid against one process.
 
-    python benchmarks/latency.py                  # full: time to CartPole's 475, ~10-20 min on 2 busy cores
+    python benchmarks/latency.py                  # full: time to 475; about an hour on 2 idle cores (IMPALA to 475)
     python benchmarks/latency.py --quick          # shorter: target return 150, fewer HyperGrid steps
     python benchmarks/latency.py --smoke --actors 2 --target-actors 2 --impala-actors 2 --gfn-actors 1   # the smoke test
 
@@ -86,7 +86,8 @@ The last line sums up, for scripts::
 
 (``-`` where a figure was not measured: an actor count left out, a target
 not reached). ``--plot`` draws env steps/s against actors with the ideal
-line (N x one actor), a panel for Ape-X and one for IMPALA when it ran. The 1-minute load average (``uptime``) is printed
+line (N x one actor), a panel for Ape-X and one for IMPALA when it ran; ``--replot JSON --plot PNG``
+draws it again from a run's ``--json`` file. The 1-minute load average (``uptime``) is printed
 with every figure: the machine is shared, and a latency-bound layout's
 gain depends on the cores the other jobs leave it.
 """
@@ -310,6 +311,20 @@ def first_time_all_below(rows: list[dict], ranks: set[int]) -> float | None:
 # -- main ---------------------------------------------------------------------------------------
 
 
+def replot(saved: Path, picture: str | None) -> int:
+    """``--replot``: the scaling picture of an earlier run's ``--json`` file (its title says so)."""
+    if not picture:
+        print("--replot needs --plot PNG (where to draw)", file=sys.stderr)
+        return 2
+    runs = json.loads(saved.read_text())
+    if runs.get("single") is None or not runs.get("apex"):
+        print(f"{saved}: no CartPole section (single process and Ape-X rows) to draw", file=sys.stderr)
+        return 2
+    title = f"CartPole, {1e3 * ENV_LATENCY_S:g} ms/step; redrawn from {saved.name}"
+    plot(runs["single"], runs["apex"], Path(picture), title, runs.get("impala_single"), runs.get("impala") or [])
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="target return 150, 400 HyperGrid steps")
@@ -345,7 +360,10 @@ def main() -> int:
     parser.add_argument("--plot", help="write the scaling picture (env steps/s against actors) to this PNG")
     parser.add_argument("--out-dir", help="where run directories go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every measurement to this file")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from an earlier run's --json file (no runs)")
     args = parser.parse_args()
+    if args.replot:
+        return replot(Path(args.replot), args.plot)
     mode_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     mode = MODES[mode_name]
     args.no_peer = args.no_peer or args.smoke

@@ -9,6 +9,7 @@ script reads. The helpers are checked on rows whose answer is derived here.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -142,3 +143,22 @@ def test_the_scaling_picture_has_a_panel_for_impala_only_when_it_ran(tmp_path):
     bench.plot(single, apex, alone, "title", None, [])
     (wide, high), (narrow, high_alone) = _png_size(both), _png_size(alone)
     assert high == high_alone and wide == 2 * narrow, (wide, narrow)
+
+
+def test_replot_draws_an_earlier_runs_json_and_refuses_one_without_cartpole(tmp_path):
+    saved = tmp_path / "run.json"
+    runs = {
+        "single": {"actors": 0, "env_per_s": 100.0},
+        "apex": [{"actors": n, "env_per_s": 90.0 * n} for n in (1, 2)],
+        "impala_single": None,
+        "impala": [],
+    }
+    saved.write_text(json.dumps(runs))
+    picture = tmp_path / "scaling.png"
+    command = [sys.executable, str(BENCHMARKS / "latency.py"), "--replot", str(saved), "--plot", str(picture)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent)
+    assert out.returncode == 0 and picture.exists(), out.stderr
+    assert _png_size(picture)[0] < 1000  # one panel: no IMPALA rows in that run
+    saved.write_text(json.dumps({**runs, "apex": []}))
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent)
+    assert out.returncode == 2 and "no CartPole section" in out.stderr, out.stderr
