@@ -196,9 +196,7 @@ def supervise(
     When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
     and exits at once; the surviving ranks, now re-parented to us, get
     ``report_grace_s`` to notice the loss and say which rank it was (less, once
-    a failure is reported: see ``_wait_for_orphans``). In a stop (SIGINT/SIGTERM),
-    ranks that outlive the launcher (mpiexec ended first) get what is left of
-    ``stop_grace_s`` to finish their checkpoint, report and ledger. ``relay`` reads
+    a failure is reported: see ``_wait_for_orphans``). ``relay`` reads
     mpiexec's stderr (see :mod:`gflowdist.cli.stderr_relay`). ``helpers`` are
     descendants that are not the job's and end by themselves afterwards (the
     warm parent, :mod:`gflowdist.cli.warm_parent`; the ranks it forks are the job's).
@@ -257,12 +255,6 @@ def supervise(
             time.sleep(0.05)
         if not interrupted and any(p.returncode not in (None, 0) for p in procs):
             _wait_for_orphans(report_grace_s, tracker, relay)
-        elif interrupted and not overran and len(interrupted) < FORCE_AFTER_SIGNALS:
-            # a stop whose launcher ended first (mpiexec once ended with 141, SIGPIPE, after a spawned
-            # replacement had ended): the ranks still stopping finish their checkpoint, report and ledger within
-            # the stop's grace (from the signal, when the launcher ended before this loop saw it)
-            stop_until = grace_until if grace_until is not None else time.monotonic() + stop_grace_s
-            _wait_for_orphans(max(0.0, stop_until - time.monotonic()), tracker, relay)
     finally:
         for p in procs:
             if p.poll() is None:
