@@ -170,3 +170,40 @@ def test_by_default_ranks_start_warm_only_where_they_outnumber_the_cores():
     assert warm_wanted(None, 3, cores=2) and warm_wanted(None, 9, cores=8)
     assert not warm_wanted(None, 2, cores=2) and not warm_wanted(None, 8, cores=64)
     assert warm_wanted(True, 1, cores=64) and not warm_wanted(False, 64, cores=2)
+
+
+_TAKE = """
+import fcntl, json, os
+from gflowdist.cli.warm_parent import Request, _take_descriptors
+
+def high(fd):
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 30)
+    os.close(fd)
+    return moved
+
+pipes = {name: [high(end) for end in os.pipe()] for name in ("seven", "eight", "line")}
+inode = {name: os.fstat(ends[0]).st_ino for name, ends in pipes.items()}
+# the keeper's line arrived at 7, a number the keeper's own descriptor 7 is to take
+os.dup2(pipes["line"][0], 7)
+os.close(pipes["line"][0])
+fds = {0: 0, 1: 1, 2: 2, 7: pipes["seven"][0], 8: pipes["eight"][0]}
+request = Request([], {}, "/", [], 0o22, fds, 7, "gflowdist")
+_take_descriptors(request)
+print(json.dumps({
+    "line": os.fstat(request.keeper_line).st_ino == inode["line"],
+    "7": os.fstat(7).st_ino == inode["seven"],
+    "8": os.fstat(8).st_ino == inode["eight"],
+    "line_above": request.keeper_line > 8,
+}))
+"""
+
+
+def test_the_keepers_line_stays_its_own_when_it_arrived_at_a_number_the_keeper_uses():
+    """The line arrived at descriptor 7, one of the keeper's numbers: the rank's 7 is the keeper's 7 and its
+    line is still the keeper's pipe (it was replaced by a copy of another descriptor: a coordinator watched
+    another rank's stderr and killed itself when that rank ended)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TAKE], capture_output=True, text=True, timeout=60, cwd=REPO, env=base_env()
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"line": True, "7": True, "8": True, "line_above": True}

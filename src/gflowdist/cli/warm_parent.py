@@ -333,14 +333,21 @@ def run_rank(request: Request) -> int:
 
 
 def _take_descriptors(request: Request) -> None:
-    """The keeper's descriptors at their numbers, every other one closed (the keeper's line kept, not inherited)."""
+    """The keeper's descriptors at their numbers, every other one closed (the keeper's line kept, not inherited).
+
+    Everything received is moved above the keeper's numbers first, the keeper's line included: it arrived at
+    whatever number was free here, which may be one of the keeper's, and a ``dup2`` onto that number would
+    replace it. That happened: a coordinator's line became a copy of the read end of another rank's stderr pipe
+    (hydra's proxy leaks those into every process it starts after), so its watching thread ate that rank's
+    stderr a byte at a time and, when that rank ended first, took it for its keeper's end and killed the
+    coordinator while it wrote the run's ledger."""
     wanted = request.fds
     top = max([*wanted, 2]) + 1
+    line = _above(request.keeper_line, top)
     moved = {number: _above(fd, top) for number, fd in wanted.items()}  # out of each other's way first
     for number, fd in moved.items():
         os.dup2(fd, number, inheritable=True)
         os.close(fd)
-    line = _above(request.keeper_line, top)
     os.set_inheritable(line, False)  # the rank's own children must not hold the keeper's line open
     request.keeper_line = line
     for name in os.listdir("/proc/self/fd"):

@@ -224,6 +224,11 @@ class Liveness:
         self._last_beat = 0.0
         self._collector_seen = time.monotonic()
         self.spares: Spares | None = None  # faults.on_actor_loss: replace (gflowdist.runtime.spares)
+        # on the collector: replacements called but not heard from yet (gflowdist.runtime.replacing). They get no
+        # beats until their first one: a spare still importing torch under load makes no MPI progress, and a
+        # beat every faults.heartbeat_s to it filled the control channel's in-flight bound, which then failed
+        # the collector ("back-pressure ... is it receiving?") although the replacement was only slow to start.
+        self.starting: set[int] = set()
 
     def heartbeat(self, step: int, **extra: Any) -> None:
         """Say I am alive, at most once per ``faults.heartbeat_s``.
@@ -244,7 +249,7 @@ class Liveness:
             control.isend(*protocol.heartbeat(step, **counts, **extra), self.collector)
             return
         for rank in range(self.comm.size):
-            if rank != self.rank and rank not in self.finished and self.may_send_to(rank):
+            if rank != self.rank and rank not in self.finished and rank not in self.starting and self.may_send_to(rank):
                 control.isend(*protocol.heartbeat(step), rank)
 
     def heard_final(self, rank: int) -> None:

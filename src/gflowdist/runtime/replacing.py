@@ -25,7 +25,11 @@ spare the lost rank, with no wait on anything:
    other, and :meth:`Replacer.merge` adds the lost actor's ledger to it, so the
    run's ledger check covers both.
 
-A replacement that sends no heartbeat within ``faults.startup_timeout_s`` (a
+Until a replacement's first heartbeat the collector sends it none of its own
+(:attr:`Liveness.starting <gflowdist.runtime.liveness.Liveness>`): a spare
+still importing torch on a loaded machine makes no MPI progress, and the beats
+would fill the control channel's in-flight bound. A replacement that sends no
+heartbeat within ``faults.startup_timeout_s`` (a
 spare that died meanwhile, or failed in its role's setup) is named on the
 console, and the run goes on without the rank, as under ``continue``, or with
 the next spare. A replacement that is lost in turn is replaced again, within
@@ -152,6 +156,7 @@ class Replacer:
         self._sends.append(spares.inter.isend(self._spec(record, incarnation), dest=record.spare, tag=HANDSHAKE_TAG))
         self.done.append(record)
         self.pending[rank] = record
+        self.w.liveness.starting.add(rank)  # no beats to it until it runs (Liveness.starting)
         self.w.comm.route(rank, spares.inter, record.spare)  # type: ignore[attr-defined]  # an MPIComm
         for channel in self.w.channels.all():
             channel.new_peer(rank)
@@ -203,6 +208,7 @@ class Replacer:
     def heard(self, rank: int) -> None:
         """A heartbeat of ``rank``: a pending replacement has started."""
         record = self.pending.pop(rank, None)
+        self.w.liveness.starting.discard(rank)
         if record is not None:
             record.first_heartbeat = time.monotonic()
             log.info(
@@ -214,6 +220,7 @@ class Replacer:
     def silence(self, rank: int, reason: str) -> str:
         """Why ``rank`` is lost: a replacement that never sent a heartbeat is named as one that did not start."""
         record = self.pending.pop(rank, None)
+        self.w.liveness.starting.discard(rank)
         if record is None:
             return reason
         return (
