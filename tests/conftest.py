@@ -41,41 +41,8 @@ def pytest_sessionstart(session):
         compileall.compile_dir(folder, quiet=1, workers=1)
 
 
-#: Modules with tests of 15 s or more each on this project's 2-core machine (the suite's durations report),
-#: longest first. Under ``-n 2 --dist worksteal`` each worker starts with one half of the collection, in order,
-#: and then steals from the tail of the other's: these modules' tests go to the fronts of both halves, taken in
-#: turn, so that each worker starts with long tests and the suite's last minutes are short tests both workers
-#: share, not one long test that one worker runs while the other idles. Scheduling only: the same tests run.
-#: Not here: modules whose cost is a module fixture (tests/test_cli_prelaunch.py, the namespace hosts'), which
-#: each worker that runs one of their tests pays again.
-LONG_FIRST = (
-    "test_replace_actor.py",
-    "test_ranked_suites.py",
-    "test_keep_training.py",
-    "test_trace_replay.py",
-    "test_torch_comm_exit.py",
-    "test_console_end.py",
-    "test_docs_site.py",
-    "test_resume_faults.py",
-    "test_faults_remote.py",
-    "test_inference_jobs.py",
-    "test_benchmark_gpu.py",
-    "test_warm_start.py",
-    "test_preemption.py",
-    "test_example_ppo.py",
-)
-
-
-@pytest.hookimpl(trylast=True)  # after ``-m`` deselected what it does: the halves are those of what runs
 def pytest_collection_modifyitems(config, items):
-    """Put the :data:`LONG_FIRST` modules' tests at the fronts of both halves; skip the ``gpu`` tests where torch
-    sees no CUDA device (torch is imported only if there are some)."""
-    rank = {name: index for index, name in enumerate(LONG_FIRST)}
-    long = sorted((item for item in items if item.path.name in rank), key=lambda item: rank[item.path.name])
-    rest = [item for item in items if item.path.name not in rank]
-    first = long[0::2]
-    cut = max(len(items) // 2 - len(first), 0)
-    items[:] = [*first, *rest[:cut], *long[1::2], *rest[cut:]]
+    """Skip the ``gpu`` tests where torch sees no CUDA device (torch is imported only if there are some)."""
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return

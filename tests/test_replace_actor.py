@@ -23,7 +23,9 @@ it), and when the actor is then killed, the line about the loss says no spare is
 goes on without it at once (no replacement is tried, nothing waits ``faults.startup_timeout_s``).
 
 The replaced job is then resumed (``--resume``) for 10 more steps: its final checkpoint's manifest keeps the
-lost process's counts, so rank 2's ledger carries them on and the resumed run balances too. Every process of
+lost process's counts, so rank 2's ledger carries them on and the resumed run balances too; so does the
+``not started`` job, resumed for 5 (rank 2's slot holds the counts of its last process, the one that never
+started, and the manifest the replaced one's). Every process of
 the jobs (launcher, mpiexec, proxies, ranks, the spawned one) is gone at the end.
 """
 
@@ -108,6 +110,16 @@ def test_a_killed_actor_is_replaced_counted_from_zero_with_an_exact_ledger_or_na
     reached = read_json(run / "finals.json")["0"]["step"]
     resumed = job_factory("--resume", str(run), f"run.steps={reached + 10}", config=None)
     resumed.out_dir = run.parent
+    # the failing job's rank 2 was a replaced process, then one that never started: its slot holds only that
+    # one's counts (it held every process's, and the manifest added the replaced one's again)
+    gone = runs[failing]
+    gone_reached = read_json(gone / "finals.json")["0"]["step"]
+    resumed_gone = job_factory("--resume", str(gone), f"run.steps={gone_reached + 5}", config=None)
+    resumed_gone.out_dir = gone.parent
+    assert resumed_gone.wait(180) == 0, resumed_gone.output
+    ledger = read_json(gone / "ledger.json")
+    assert ledger["balanced"] and read_json(gone / "finals.json")["0"]["step"] == gone_reached + 5, ledger
+    assert resumed_gone.no_process_left()
     assert resumed.wait(180) == 0, resumed.output
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and read_json(run / "finals.json")["0"]["step"] == reached + 10, ledger

@@ -213,7 +213,8 @@ class Collector:
         from gflowdist.runtime.checkpoints import save_rank, write_manifest
 
         for rank in sorted(set(self.w.lost) - set(files)):
-            files[rank] = save_rank(run_dir, name, rank, self.lost_actors.payload(rank))
+            own = self.replacer.last_process(rank, self.lost_actors.ledger_of(rank), self.lost_actors.beats)
+            files[rank] = save_rank(run_dir, name, rank, self.lost_actors.payload(rank, own))
         lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
         replaced = {str(r): ledger.to_dict() for r, ledger in self.replacer.earlier_ledgers().items()}
         write_manifest(

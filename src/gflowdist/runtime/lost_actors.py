@@ -89,9 +89,10 @@ class LostActors:
         ledger.drop("lost_rank", produced - received)
         return ledger
 
-    def payload(self, rank: int) -> dict[str, Any]:
-        """Its slot in a checkpoint taken after the loss: no role state, its ledger, its counts."""
-        ledger = self.ledger_of(rank)
+    def payload(self, rank: int, ledger: Ledger | None = None) -> dict[str, Any]:
+        """Its slot in a checkpoint taken after the loss: no role state, its ledger (``ledger``, else
+        :meth:`ledger_of`), its counts."""
+        ledger = self.ledger_of(rank) if ledger is None else ledger
         return {
             "role": None,
             "runtime": {"produced": ledger.produced},

@@ -264,11 +264,7 @@ class Replacer:
                 continue
             ledger = Ledger.from_dict(final["ledger"])
             if final.get("lost"):  # final_of counted every process's deliveries as this one's
-                received = ledger.produced - ledger.dropped.get("lost_rank", 0)
-                received -= sum(sum(r.received.values()) for r in records)
-                produced = max(int(beats.get(rank, {}).get("produced", 0)), received)
-                ledger = Ledger(produced=produced, sent=produced)
-                ledger.drop("lost_rank", produced - received)
+                ledger = self.last_process(rank, ledger, beats)
             for record in records:
                 lost = record.ledger()
                 add_ledger(ledger, lost)
@@ -276,6 +272,25 @@ class Replacer:
                     {"reason": record.reason, "ledger": lost.to_dict(), "seconds_to_heartbeat": record.seconds()}
                 )
             final["ledger"] = ledger.to_dict()
+
+    def last_process(self, rank: int, ledger: Ledger, beats: Mapping[int, Mapping[str, Any]]) -> Ledger:
+        """The collector's account of lost ``rank`` (``ledger``: every process of it, from
+        :meth:`LostActors.ledger_of <gflowdist.runtime.lost_actors.LostActors.ledger_of>`) less what its earlier,
+        replaced processes delivered: its last process's own, from that one's last heartbeat (``beats``).
+
+        ``ledger`` itself for a rank never replaced. A checkpoint's slot for the rank holds this, and its manifest
+        the earlier processes' ledgers under ``replaced``, which a resumed rank adds (a slot with every process's
+        counts had them twice: a resumed run's ledger did not balance).
+        """
+        records = [record for record in self.done if record.rank == rank]
+        if not records:
+            return ledger
+        received = ledger.produced - ledger.dropped.get("lost_rank", 0)
+        received -= sum(sum(record.received.values()) for record in records)
+        produced = max(int(beats.get(rank, {}).get("produced", 0)), received)
+        own = Ledger(produced=produced, sent=produced)
+        own.drop("lost_rank", produced - received)
+        return own
 
     def _say(self, text: str, title: str = "rank replaced") -> None:
         self.w.reports.note(title, "fault", text=text)
