@@ -26,7 +26,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -208,13 +208,18 @@ class Collector:
             self.complete(name, ranks, self.run_dir)
             del self.saved[name]
 
+    def lost_slot(self, rank: int, finals: Mapping[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Lost actor ``rank``'s slot in a checkpoint: the counts of its last process only (a replaced one's are
+        the manifest's ``replaced``: :meth:`Replacer.last_process <gflowdist.runtime.replacing.Replacer.last_process>`)."""
+        lost = self.lost_actors
+        return lost.payload(rank, self.replacer.last_process(rank, lost.ledger_of(rank, finals), lost.beats))
+
     def complete(self, name: str, files: dict[int, dict[str, Any]], run_dir: Path) -> None:
         """Write checkpoint ``name``'s manifest; a lost actor's slot gets its ledger (:mod:`.lost_actors`)."""
         from gflowdist.runtime.checkpoints import save_rank, write_manifest
 
         for rank in sorted(set(self.w.lost) - set(files)):
-            own = self.replacer.last_process(rank, self.lost_actors.ledger_of(rank), self.lost_actors.beats)
-            files[rank] = save_rank(run_dir, name, rank, self.lost_actors.payload(rank, own))
+            files[rank] = save_rank(run_dir, name, rank, self.lost_slot(rank))
         lost = {str(r): self.w.lost[r] for r in sorted(self.w.lost)}
         replaced = {str(r): ledger.to_dict() for r, ledger in self.replacer.earlier_ledgers().items()}
         write_manifest(

@@ -333,12 +333,10 @@ def _conclude(
     rank.w.tape.finish()  # the final reports were my last recorded choices
     final["ledger"] = rank.w.ledger.to_dict()  # with what the collector refused while it waited
     finals[process.world.rank] = final
-    lost_actors, replacer = collector.lost_actors, collector.replacer
     for lost in sorted(rank.w.lost):  # actors the run went on without: their finals from what is known
-        finals[lost] = lost_actors.final_of(lost, finals)
-        own = replacer.last_process(lost, lost_actors.ledger_of(lost, finals), lost_actors.beats)  # the slot's
+        finals[lost] = collector.lost_actors.final_of(lost, finals)
         finals[lost]["checkpoint_file"] = checkpoints.save_rank(
-            process.run_dir, final_name, lost, lost_actors.payload(lost, own)
+            process.run_dir, final_name, lost, collector.lost_slot(lost, finals)
         )
     # the ledgers of actors lost and replaced (faults.on_actor_loss: replace)
     collector.replacer.merge(finals, collector.lost_actors.beats)

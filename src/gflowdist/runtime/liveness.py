@@ -224,11 +224,12 @@ class Liveness:
         self._last_beat = 0.0
         self._collector_seen = time.monotonic()
         self.spares: Spares | None = None  # faults.on_actor_loss: replace (gflowdist.runtime.spares)
-        # on the collector: replacements called but not heard from yet (gflowdist.runtime.replacing). They get no
-        # beats until their first one: a spare still importing torch under load makes no MPI progress, and a
-        # beat every faults.heartbeat_s to it filled the control channel's in-flight bound, which then failed
-        # the collector ("back-pressure ... is it receiving?") although the replacement was only slow to start.
-        self.starting: set[int] = set()
+        # on the collector: replacements called but not heard from yet, rank -> its record (the Replacer's
+        # ``pending``, gflowdist.runtime.replacing). They get no beats until their first one: a spare still
+        # importing torch under load makes no MPI progress, and a beat every faults.heartbeat_s to it filled the
+        # control channel's in-flight bound, which then failed the collector ("back-pressure ... is it
+        # receiving?") although the replacement was only slow to start.
+        self.starting: dict[int, Any] = {}
 
     def heartbeat(self, step: int, **extra: Any) -> None:
         """Say I am alive, at most once per ``faults.heartbeat_s``.

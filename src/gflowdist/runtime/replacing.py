@@ -94,7 +94,7 @@ class Replacer:
         self.allowed = w.settings.on_actor_loss == "replace"
         self.limit = w.settings.max_restarts
         self.done: list[Replacement] = []  # every replacement made, in order
-        self.pending: dict[int, Replacement] = {}  # rank -> replacement not yet heard from
+        self.pending: dict[int, Replacement] = w.liveness.starting  # rank -> replacement not yet heard from
         self._sends: list[Any] = []  # the requests of what was sent to spares (kept until complete)
 
     @property
@@ -156,7 +156,6 @@ class Replacer:
         self._sends.append(spares.inter.isend(self._spec(record, incarnation), dest=record.spare, tag=HANDSHAKE_TAG))
         self.done.append(record)
         self.pending[rank] = record
-        self.w.liveness.starting.add(rank)  # no beats to it until it runs (Liveness.starting)
         self.w.comm.route(rank, spares.inter, record.spare)  # type: ignore[attr-defined]  # an MPIComm
         for channel in self.w.channels.all():
             channel.new_peer(rank)
@@ -208,7 +207,6 @@ class Replacer:
     def heard(self, rank: int) -> None:
         """A heartbeat of ``rank``: a pending replacement has started."""
         record = self.pending.pop(rank, None)
-        self.w.liveness.starting.discard(rank)
         if record is not None:
             record.first_heartbeat = time.monotonic()
             log.info(
@@ -220,7 +218,6 @@ class Replacer:
     def silence(self, rank: int, reason: str) -> str:
         """Why ``rank`` is lost: a replacement that never sent a heartbeat is named as one that did not start."""
         record = self.pending.pop(rank, None)
-        self.w.liveness.starting.discard(rank)
         if record is None:
             return reason
         return (
