@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -277,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-mib", type=float, default=None, help="the staged batch's size (default 16, quick 1)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds each run may take")
     parser.add_argument("--json", type=Path, default=None, help="also write the measurements to this file")
-    parser.add_argument("--out-dir", type=Path, default=None, help="where the runs' directories go (default: a tmp)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where the runs' directories go (default: a temporary directory, removed after a run that passed)",
+    )
     args = parser.parse_args(argv)
     if args.device not in ("cuda", "cpu"):
         parser.error(f"--device {args.device!r}: cuda or cpu")
@@ -298,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         measure(args, out, rows, record)
     except (BenchmarkError, subprocess.TimeoutExpired, OSError, RuntimeError, KeyError, ValueError) as err:
         print_table(rows, header)
-        print(f"benchmarks/gpu.py: FAILED: {err}", file=sys.stderr)
+        print(f"benchmarks/gpu.py: FAILED: {err}\nbenchmarks/gpu.py: the runs' directories: {out}", file=sys.stderr)
         return 1
+    if args.out_dir is None:
+        shutil.rmtree(out)
     print_table(rows, header + f"; {time.monotonic() - began:.0f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1, default=str) + "\n")

@@ -31,9 +31,10 @@ def test_quick_run_on_the_cpu_prints_one_table_with_every_row(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env=base_env(),
+        env=base_env(TMPDIR=str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert not list(tmp_path.glob("gflowdist-gpu-*"))  # its runs' temporary directory is removed after a pass
     rows = {cells(line)[0]: cells(line) for line in out.stdout.splitlines()[1:]}
     for name in ("HyperGrid learner steps/s", "Ape-X learner steps/s", "2 trainers, 1 device steps/s"):
         assert float(rows[name][2]) > 0, out.stdout
@@ -60,7 +61,7 @@ def test_without_cuda_the_default_run_says_so_in_one_line_and_exits_2():
     assert len(lines) == 1 and "no CUDA device" in lines[0] and "--device cpu" in lines[0], out.stdout
 
 
-def test_a_failed_row_prints_the_table_so_far_and_exits_1(monkeypatch, capsys):
+def test_a_failed_row_prints_the_table_so_far_and_exits_1(monkeypatch, capsys, tmp_path):
     gpu = load()
 
     def broken(*_args, **_kwargs):
@@ -70,9 +71,10 @@ def test_a_failed_row_prints_the_table_so_far_and_exits_1(monkeypatch, capsys):
     monkeypatch.setattr(gpu, "apex", broken)
     monkeypatch.setattr(gpu, "hypergrid", lambda *a, **k: made)
     monkeypatch.setattr(gpu, "sharing", lambda *a, **k: made)
-    assert gpu.main(["--device", "cpu", "--quick"]) == 1
+    assert gpu.main(["--device", "cpu", "--quick", "--out-dir", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert "FAILED: gflowdist run ... failed (1): boom" in captured.err
+    assert f"the runs' directories: {tmp_path}" in captured.err  # kept, and named, after a failure
     lines = captured.out.splitlines()
     assert lines[0].startswith("benchmarks/gpu.py: GPU none (--device cpu)") and cells(lines[1])[0] == "setup"
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gflowdist.cli.hydra_files import TopologyFiles
 from gflowdist.cli.restarts import Ended
 from gflowdist.cli.stderr_relay import StderrRelay, choose_failure
 from gflowdist.process_tree import DescendantTracker, kill_group
@@ -191,7 +192,9 @@ def supervise(
 
     Whatever happens, no process of the job outlives this call: the launcher is a
     child subreaper and kills its whole process tree at the end (hydra moves
-    every rank into a session of its own, out of reach of a process-group kill).
+    every rank into a session of its own, out of reach of a process-group kill),
+    and then removes the topology file a killed hydra proxy would leave in
+    ``/tmp`` (:mod:`gflowdist.cli.hydra_files`).
 
     When a rank dies, hydra (with ``-disable-auto-cleanup``) signals the others
     and exits at once; the surviving ranks, now re-parented to us, get
@@ -203,6 +206,7 @@ def supervise(
     """
     interrupted: list[int] = []
     tracker = DescendantTracker(os.getpid(), exempt=helpers)
+    topology = TopologyFiles()  # what a killed hydra proxy would leave in /tmp
 
     last = [-1e9]  # when the last counted signal came
 
@@ -236,6 +240,7 @@ def supervise(
         while any(p.poll() is None for p in procs):
             if time.monotonic() >= next_scan:  # remember the ranks before their parents go
                 tracker.scan()
+                topology.note(tracker.seen)
                 next_scan = time.monotonic() + 0.5
             ended_badly = [p for p in procs if p.poll() not in (None, 0)]
             if (ended_badly or _failure_reported(relay)) and grace_until is None:
@@ -256,11 +261,14 @@ def supervise(
         if not interrupted and any(p.returncode not in (None, 0) for p in procs):
             _wait_for_orphans(report_grace_s, tracker, relay)
     finally:
+        topology.note(tracker.running())
         for p in procs:
             if p.poll() is None:
                 kill_group(p.pid)
             p.wait()
         _reap_leftovers(tracker)
+        for failure in topology.remove()[1]:
+            say(f"gflowdist: {failure}")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     codes = [p.returncode for p in procs]
