@@ -51,6 +51,8 @@ class Ended:
     failure: str | None = None
     interrupted: bool = False
     overran: bool = False  # stopped by a signal, but not within faults.preempt_grace_s: killed
+    #: what the launcher saw end when no rank reported a failure (a helper killed: :func:`unexplained`)
+    seen: str | None = None
 
     @property
     def reason(self) -> str:

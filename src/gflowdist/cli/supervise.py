@@ -115,7 +115,9 @@ def _failure_reported(relay: StderrRelay | None) -> bool:
     return any(relay.seen(m.splitlines()[0]) for m in messages)
 
 
-def _wait_for_orphans(grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None) -> None:
+def _wait_for_orphans(
+    grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None, reaped: dict[int, int] | None = None
+) -> None:
     """Let ranks that outlived their launcher report, reaping them as they exit.
 
     Ends after ``grace_s``, when none of the job's processes runs any more, or
@@ -124,19 +126,55 @@ def _wait_for_orphans(grace_s: float, tracker: DescendantTracker, relay: StderrR
     """
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and not _failure_reported(relay):
-        _reap_children()
+        _reap_children(reaped)
         if not tracker.running():
             return
         time.sleep(0.1)
 
 
-def _reap_children() -> None:
-    """Reap adopted orphans that have exited."""
+def _reap_children(reaped: dict[int, int] | None = None) -> None:
+    """Reap adopted orphans that have exited (their wait statuses into ``reaped``)."""
     try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            if reaped is not None:
+                reaped[pid] = status
     except ChildProcessError:
         pass
+
+
+def _helpers_seen(helpers: tuple[int, ...], reaped: dict[int, int]) -> str | None:
+    """One line on a helper of the job (the warm parent) that ended badly, else None: when it dies, every rank
+    it forked dies with it and none is left to say what happened."""
+    for pid in helpers:
+        status = reaped.get(pid)
+        if status is None:
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours, or reaped by its own Popen
+                continue
+            if not got:  # still running
+                continue
+        if os.WIFSIGNALED(status):
+            how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        elif os.WEXITSTATUS(status) != 0:
+            how = f"exited with status {os.WEXITSTATUS(status)}"
+        else:
+            continue
+        return (
+            f"the warm parent (pid {pid}), which forked this host's ranks, {how}, and they ended with it, so none "
+            f"could say what happened (docs/runtime.md#warm-start; the kernel's log, dmesg, names an out-of-memory "
+            f"kill)"
+        )
+    return None
+
+
+def unexplained(ended: Ended) -> str:
+    """The launcher's line for a failed job no rank explained (after :meth:`Ended.judged_by`)."""
+    why = ended.seen or "every rank ended before one could name the others (a rank killed by a signal says nothing)"
+    return f"gflowdist: the job failed (exit {ended.code}) and no rank said why: {why}"
 
 
 def _reap_leftovers(tracker: DescendantTracker) -> None:
@@ -207,6 +245,7 @@ def supervise(
     interrupted: list[int] = []
     tracker = DescendantTracker(os.getpid(), exempt=helpers)
     topology = TopologyFiles()  # what a killed hydra proxy would leave in /tmp
+    reaped: dict[int, int] = {}  # pid -> wait status of the children reaped here (the warm parent among them)
 
     last = [-1e9]  # when the last counted signal came
 
@@ -259,7 +298,7 @@ def supervise(
                 break
             time.sleep(0.05)
         if not interrupted and any(p.returncode not in (None, 0) for p in procs):
-            _wait_for_orphans(report_grace_s, tracker, relay)
+            _wait_for_orphans(report_grace_s, tracker, relay, reaped)
     finally:
         topology.note(tracker.running())
         for p in procs:
@@ -281,4 +320,5 @@ def supervise(
     if relay is not None:
         relay.join(0.5)  # the last lines mpiexec wrote
     message = _report_failure(failed, relay)
-    return Ended(failed, message, interrupted=bool(interrupted), overran=overran)
+    seen = _helpers_seen(helpers, reaped) if failed and message is None else None
+    return Ended(failed, message, interrupted=bool(interrupted), overran=overran, seen=seen)
