@@ -194,36 +194,51 @@ def test_an_rl_run_says_why_it_stopped_and_counts_transitions(local_job_factory)
     assert "the coordinator decided to stop" not in job.output
 
 
-def test_in_a_terminal_the_readmes_main_job_ends_on_one_screen_its_progress_line_rewritten_in_place(tmp_path):
-    """Under mpiexec a rank's stdout is a pipe; the launcher tells the ranks its own stdout is a terminal.
-    The README's main job (`gflowdist run examples/hypergrid/config.yaml`), as a person sees it."""
+def _in_a_terminal(cmd: list[str], act=None, timeout: float = 240) -> tuple[int, str]:
+    """Run ``cmd`` with a terminal (a pty) as its stdin, stdout and stderr; ``act(output so far)`` after each
+    read until it returns True. Its exit status and everything it wrote."""
     import os
     import pty
+    import select
     import subprocess
-    import sys
+    import time
 
-    from tests.support.jobs import HYPERGRID
     from tests.support.launching import base_env, kill_session
 
     main, child = pty.openpty()
-    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), f"run.out_dir={tmp_path / 'runs'}"]
     proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=base_env(), start_new_session=True)
     os.close(child)
-    chunks = []
+    chunks: list[bytes] = []
+    deadline, acting = time.monotonic() + timeout, act is not None
     try:
-        while True:
-            try:
-                data = os.read(main, 65536)
-            except OSError:  # the terminal closed: every process that held it ended
-                break
-            if not data:
-                break
-            chunks.append(data)
-        assert proc.wait(240) == 0
+        while time.monotonic() < deadline:
+            if select.select([main], [], [], 0.2)[0]:
+                try:
+                    data = os.read(main, 65536)
+                except OSError:  # the terminal closed: every process that held it ended
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            if acting and act(b"".join(chunks)):
+                acting = False
+        code = proc.wait(60)
     finally:
         kill_session(proc)
         os.close(main)
-    text = b"".join(chunks).decode(errors="replace")
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+def test_in_a_terminal_the_readmes_main_job_ends_on_one_screen_its_progress_line_rewritten_in_place(tmp_path):
+    """Under mpiexec a rank's stdout is a pipe; the launcher tells the ranks its own stdout is a terminal.
+    The README's main job (`gflowdist run examples/hypergrid/config.yaml`), as a person sees it."""
+    import sys
+
+    from tests.support.jobs import HYPERGRID
+
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), f"run.out_dir={tmp_path / 'runs'}"]
+    code, text = _in_a_terminal(cmd)
+    assert code == 0, text
     assert text.count("\r\x1b[2K") >= 2, text  # at least two updates of the one line
     lines = text.replace("\r\n", "\n").split("\n")
     assert sum(1 for line in lines if line.startswith("step ")) == 0, text  # no progress line of its own
@@ -249,3 +264,32 @@ def test_a_run_whose_trainers_learn_what_they_make_is_not_flooding(local_job_fac
     job = local_job_factory("run.steps=20")
     assert job.wait(120) == 0, job.output
     assert "flood" not in job.output and "flood" not in (job.run_dir() / "report.txt").read_text()
+
+
+def test_in_a_terminal_a_failed_jobs_lines_start_on_a_line_of_their_own(tmp_path):
+    """A job whose trainer is killed: the collector's progress line, rewritten in place in a terminal, is left
+    open; the launcher's failure lines used to be glued to it (``... modes 4/4gflowdist: the job failed``)."""
+    import os
+    import re
+    import sys
+
+    from tests.support.jobs import HYPERGRID, pid_of_rank
+
+    runs = tmp_path / "runs"
+    fast = ["run.steps=100000", "faults.peer_timeout_s=3", "faults.heartbeat_s=0.2"]
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), f"run.out_dir={runs}", *fast]
+    killed = []
+
+    def kill_a_trainer_once_the_line_was_rewritten(output: bytes) -> bool:
+        if output.count(b"\x1b[2Kstep ") < 2:  # not yet rewritten: not yet known to be open
+            return False
+        (run,) = runs.iterdir()
+        os.kill(pid_of_rank(run, 1), signal.SIGKILL)
+        killed.append(run)
+        return True
+
+    code, text = _in_a_terminal(cmd, kill_a_trainer_once_the_line_was_rewritten, timeout=180)
+    assert killed and code != 0, text
+    text = text.replace("\r\n", "\n")
+    assert re.search(r"\ngflowdist: the job failed \(exit \d+\):\ngflowdist: lost rank 1 \(trainer on ", text), text
+    assert not re.search(r"[^\n]gflowdist: ", text), text  # every line of the launcher's starts a line

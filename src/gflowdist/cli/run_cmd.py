@@ -34,7 +34,7 @@ from gflowdist.cli.arguments import (
 from gflowdist.cli.rank_end import finalize_mpi, freeze_for_exit, run_then_end
 from gflowdist.cli.restarts import Ended, keep_going
 from gflowdist.cli.stderr_relay import StderrRelay
-from gflowdist.cli.supervise import failure_file, final_saved, say, supervise, unexplained
+from gflowdist.cli.supervise import end_progress_line, failure_file, final_saved, say, supervise, unexplained
 from gflowdist.cli.warm_parent import start_for_launch
 from gflowdist.engines import CHOICES, TORCH, launched_engine
 from gflowdist.jobenv import (
@@ -225,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         attempts.append((ended, began))
         judged = ended.judged_by(Path(run_dir), since=began)
         if judged.code != 0 and judged.failure is None and not judged.interrupted:
+            end_progress_line()
             sys.stderr.write(unexplained(judged) + f"\ngflowdist: the ranks' logs: {Path(run_dir) / 'logs'}\n")
             sys.stderr.flush()
         return judged

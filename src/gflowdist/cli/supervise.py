@@ -102,9 +102,27 @@ def _report_failure(code: int, relay: StderrRelay | None = None) -> str | None:
             pass
     _FAILURE_FILES.clear()
     if code != 0 and message:
+        end_progress_line()
         sys.stderr.write(f"gflowdist: the job failed (exit {code}):\n{message}\n")
         sys.stderr.flush()
     return message if code != 0 else None
+
+
+def end_progress_line() -> None:
+    """Before the launcher's own lines on a failed job: end the collector's progress line where it is open.
+
+    In a terminal the collector rewrites its progress line in place (:mod:`gflowdist.runtime.progress`) on this
+    process's stdout, which the ranks share through mpiexec, and a job that failed leaves it open: the
+    collector was killed, or ended on its failure. Without a line break there, the failure's first line was
+    glued to the last progress (``... modes 4/4gflowdist: the job failed (exit 3):``). Elsewhere (a pipe, a
+    file) every progress line ends with its own line break: nothing to do."""
+    try:
+        if not sys.stdout.isatty():
+            return
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (AttributeError, ValueError, OSError):  # no stdout, or closed: no line to end
+        return
 
 
 def _failure_reported(relay: StderrRelay | None) -> bool:
