@@ -266,9 +266,11 @@ def test_a_run_whose_trainers_learn_what_they_make_is_not_flooding(local_job_fac
     assert "flood" not in job.output and "flood" not in (job.run_dir() / "report.txt").read_text()
 
 
-def test_in_a_terminal_a_failed_jobs_lines_start_on_a_line_of_their_own(tmp_path):
-    """A job whose trainer is killed: the collector's progress line, rewritten in place in a terminal, is left
-    open; the launcher's failure lines used to be glued to it (``... modes 4/4gflowdist: the job failed``)."""
+def test_in_a_terminal_the_lines_said_beside_the_progress_line_start_on_lines_of_their_own(tmp_path):
+    """The collector's progress line is rewritten in place in a terminal, so it is open between updates. Its
+    actor killed (``faults.on_actor_loss: continue``), the collector's "going on without it" was glued to it
+    (``... modesgflowdist: lost rank 2 ...``); then a trainer killed, the launcher's failure lines were too
+    (``... modes 4/4gflowdist: the job failed``): both now start lines of their own."""
     import os
     import re
     import sys
@@ -276,20 +278,26 @@ def test_in_a_terminal_a_failed_jobs_lines_start_on_a_line_of_their_own(tmp_path
     from tests.support.jobs import HYPERGRID, pid_of_rank
 
     runs = tmp_path / "runs"
-    fast = ["run.steps=100000", "faults.peer_timeout_s=3", "faults.heartbeat_s=0.2"]
-    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), f"run.out_dir={runs}", *fast]
-    killed = []
+    faults = ["faults.peer_timeout_s=3", "faults.heartbeat_s=0.2", "faults.on_actor_loss=continue"]
+    cmd = [sys.executable, "-m", "gflowdist", "run", str(HYPERGRID), "-n", "5", "layout.actors=1", "run.steps=100000"]
+    cmd += [f"run.out_dir={runs}", *faults]
+    killed: list[int] = []
 
-    def kill_a_trainer_once_the_line_was_rewritten(output: bytes) -> bool:
-        if output.count(b"\x1b[2Kstep ") < 2:  # not yet rewritten: not yet known to be open
+    def kill_the_actor_then_a_trainer_each_while_the_line_is_open(output: bytes) -> bool:
+        # the line is open once rewritten (twice: not the first update), after the last loss's line if any
+        if output.rsplit(b"going on without it", 1)[-1].count(b"\x1b[2Kstep ") < 2:
             return False
         (run,) = runs.iterdir()
-        os.kill(pid_of_rank(run, 1), signal.SIGKILL)
-        killed.append(run)
-        return True
+        victim = 2 if not killed else 1  # the actor (ranks: trainers 0-1, actor 2, buffer 3, coordinator 4)
+        if victim == 1 and b"going on without it" not in output:
+            return False
+        os.kill(pid_of_rank(run, victim), signal.SIGKILL)
+        killed.append(victim)
+        return victim == 1
 
-    code, text = _in_a_terminal(cmd, kill_a_trainer_once_the_line_was_rewritten, timeout=180)
-    assert killed and code != 0, text
+    code, text = _in_a_terminal(cmd, kill_the_actor_then_a_trainer_each_while_the_line_is_open, timeout=180)
+    assert killed == [2, 1] and code != 0, text
     text = text.replace("\r\n", "\n")
+    assert re.search(r"\ngflowdist: lost rank 2 \(actor on .*; going on without it", text), text
     assert re.search(r"\ngflowdist: the job failed \(exit \d+\):\ngflowdist: lost rank 1 \(trainer on ", text), text
-    assert not re.search(r"[^\n]gflowdist: ", text), text  # every line of the launcher's starts a line
+    assert not re.search(r"[^\n]gflowdist: ", text), text  # every line said beside the progress starts a line

@@ -105,11 +105,11 @@ class Collector:
         self.saved: dict[
             str, dict[int, dict[str, Any]]
         ] = {}  # periodic checkpoint name -> rank -> its file's size, digest
-        self.lost_actors = LostActors(w, out)
-        self.replacer = Replacer(w, out, run_dir)
+        self.line = progress_line(w, out, start_step=start_step, producer=producer)
+        self.lost_actors = LostActors(w, self.line.say)
+        self.replacer = Replacer(w, self.line.say, run_dir)
         self.reach = Reach(run_dir, w.generation)  # how far the trainers got (progress.json)
         self.generation_note: str | None = None  # which generation, why the one before ended (set by the job)
-        self.line = progress_line(w, out, start_step=start_step, producer=producer)
         self.board: LiveBoard | None = (
             None  # run.tensorboard: a LiveBoard the job opens (gflowdist.timing.tensorboard_live)
         )

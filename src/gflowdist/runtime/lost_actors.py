@@ -26,8 +26,8 @@ data; a restart (``faults.max_restarts``) is what cures those.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gflowdist.layout import Role
 from gflowdist.runtime import protocol
@@ -42,9 +42,9 @@ log = logging.getLogger("gflowdist.runtime")
 class LostActors:
     """The actors this run goes on without, and what their last heartbeats said."""
 
-    def __init__(self, w: Wiring, out: TextIO):
+    def __init__(self, w: Wiring, say: Callable[[str], None]):
         self.w = w
-        self.out = out
+        self.say = say  # a line on the console, beside the progress line (ProgressLine.say)
         self.layout = w.context.layout
         self.allowed = w.settings.on_actor_loss in ("continue", "replace")  # replace: continue, then replace
         self.beats: dict[int, dict[str, Any]] = {}  # rank -> its last heartbeat's body
@@ -70,8 +70,7 @@ class LostActors:
             self.w.control.isend(*protocol.lost(rank, text), other)
         policy = self.w.settings.on_actor_loss
         why = f"; {why_not_replaced}" if why_not_replaced else ""
-        self.out.write(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy}{why})\n")
-        self.out.flush()
+        self.say(f"gflowdist: {text}; going on without it (faults.on_actor_loss = {policy}{why})")
 
     def received_from(self, rank: int, finals: Mapping[int, dict[str, Any]] | None = None) -> int:
         """What the buffers received from ``rank``: from their final reports, else their last heartbeats."""

@@ -227,6 +227,14 @@ class ProgressLine:
             self.out.write(line + "\n")
         self.out.flush()
 
+    def say(self, line: str) -> None:
+        """A line of the collector's own while the run goes on (a rank lost or replaced), on a line of its own:
+        the progress line left in place (a terminal) is ended first, and its next update starts below. Written
+        straight after it, that line was glued to the progress (``... modesgflowdist: lost rank 2 ...``)."""
+        self.finish()
+        self.out.write(line + "\n")
+        self.out.flush()
+
     def finish(self) -> None:
         """End a line left in place (a terminal), so what follows starts on a line of its own."""
         if self._open:

@@ -41,9 +41,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 from gflowdist.layout import Role
 from gflowdist.runtime import protocol
@@ -86,9 +86,9 @@ class Replacement:
 class Replacer:
     """The collector's side: hand a lost actor's rank to a spare, tell its peers, keep the lost actors' ledgers."""
 
-    def __init__(self, w: Wiring, out: TextIO, run_dir: Any):
+    def __init__(self, w: Wiring, say: Callable[[str], None], run_dir: Any):
         self.w = w
-        self.out = out
+        self.say = say  # a line on the console, beside the progress line (ProgressLine.say)
         self.run_dir = run_dir
         self.layout = w.context.layout
         self.allowed = w.settings.on_actor_loss == "replace"
@@ -292,8 +292,7 @@ class Replacer:
     def _say(self, text: str, title: str = "rank replaced") -> None:
         self.w.reports.note(title, "fault", text=text)
         log.warning("%s", text)
-        self.out.write(f"gflowdist: {text}\n")
-        self.out.flush()
+        self.say(f"gflowdist: {text}")
 
 
 def add_ledger(ledger: Ledger, lost: Ledger) -> Ledger:
