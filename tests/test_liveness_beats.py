@@ -53,3 +53,25 @@ def test_a_replacement_not_yet_heard_from_gets_no_beats_and_gets_them_once_it_ru
     control.sent.clear()
     liveness.heartbeat(101)
     assert control.sent == [0, 1, 2, 3]
+
+
+def test_the_collector_waiting_for_a_named_death_keeps_polling():
+    """A trainer that is the collector waits here before its stop; its collector's poll (which names deaths and
+    hears the beats) must run meanwhile, or every other rank looks silent once the wait ends."""
+    liveness, _ = _collector()
+    liveness.settings.named_death_wait_s = 0.3
+    polls: list[float] = []
+    liveness.poll_while_waiting(lambda: polls.append(1.0))
+    liveness.deaths.signalled()  # hydra's notice, with nothing left for the collector to name
+    liveness.await_named_death()
+    assert len(polls) >= 5  # polled throughout the 0.3 s (every 10 ms), not only once it ended
+    polls.clear()
+
+    def name_it() -> None:  # the poll names the death: the wait ends at once
+        polls.append(1.0)
+        liveness.deaths.named(2)
+
+    liveness.poll_while_waiting(name_it)
+    liveness.deaths.signalled()
+    liveness.await_named_death()
+    assert polls == [1.0]

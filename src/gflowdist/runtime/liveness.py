@@ -268,11 +268,15 @@ class Liveness:
         return not (self.deaths.unnamed.is_set() and self.context.layout.role_of(rank) is Role.ACTOR)
 
     def await_named_death(self) -> None:
-        """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named."""
+        """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named.
+
+        Meanwhile keep alive as every wait does (:meth:`keep_alive`): on the collector that is its poll, which
+        names the death and hears everyone's beats. Without it, a collector whose trainer waited here (hydra's
+        notice of a death came again after the death was named, and nothing was left to name) heard nothing for
+        ``named_death_wait_s`` and then named the buffer lost for a silence that was its own (seen once in CI)."""
         deadline = time.monotonic() + self.settings.named_death_wait_s
         while self.deaths.unnamed.is_set() and time.monotonic() < deadline:
-            self.heartbeat(-1)
-            self.check_control()
+            self.keep_alive()
             time.sleep(0.01)
 
     def reset(self) -> None:
