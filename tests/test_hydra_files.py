@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gflowdist.cli.hydra_files import PROXY_NAME, TOPOLOGY_PREFIX, TopologyFiles, topology_file
+from gflowdist.cli.hydra_files import PROXY_NAME, TOPOLOGY_PREFIX, TopologyFiles, process_name, topology_file
 from tests.support.jobs import pid_of_rank
 
 # a process that names itself (PR_SET_NAME), opens the file, says so, and waits
@@ -74,7 +74,7 @@ def test_a_file_its_proxy_removed_itself_is_no_error(holders):
 def test_a_job_that_lost_a_rank_leaves_no_topology_file(job_factory):
     job = job_factory("run.steps=100000", "params.delay_s=0.005", "faults.peer_timeout_s=3", "faults.heartbeat_s=0.2")
     run = job.wait_for_metrics(4)
-    proxies = [pid for pid in job.processes_left() if _name(pid) == PROXY_NAME]
+    proxies = [pid for pid in job.processes_left() if process_name(pid) == PROXY_NAME]
     assert proxies, "no hydra proxy among the job's processes"
     held = {topology_file(pid) for pid in proxies} - {None}
     deadline = time.monotonic() + 10  # a proxy makes its file at its first rank's MPI_Init: long before metrics
@@ -87,10 +87,3 @@ def test_a_job_that_lost_a_rank_leaves_no_topology_file(job_factory):
     assert "lost rank 1 (trainer on" in job.output, job.output
     assert job.no_process_left()
     assert not [path for path in held if Path(path).exists()], f"left in /tmp: {held}"
-
-
-def _name(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None

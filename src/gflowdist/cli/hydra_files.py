@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["PROXY_NAME", "TOPOLOGY_PREFIX", "TopologyFiles", "topology_file"]
+__all__ = ["PROXY_NAME", "TOPOLOGY_PREFIX", "TopologyFiles", "process_name", "topology_file"]
 
 #: ``/proc/PID/comm`` of hydra's proxy (the kernel keeps 15 characters: all of this name)
 PROXY_NAME = "hydra_pmi_proxy"
@@ -41,7 +41,7 @@ class TopologyFiles:
         """Note the topology file each hydra proxy among ``pids`` holds open (a proxy makes it lazily, at its
         first rank's ``MPI_Init``: one without it yet is looked at again next time)."""
         for pid in pids:
-            if pid in self._found or _name(pid) != PROXY_NAME:
+            if pid in self._found or process_name(pid) != PROXY_NAME:
                 continue
             path = topology_file(pid)
             if path is not None:
@@ -64,7 +64,8 @@ class TopologyFiles:
         return removed, failures
 
 
-def _name(pid: int) -> str | None:
+def process_name(pid: int) -> str | None:
+    """``/proc/PID/comm`` (None once the process is gone)."""
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()

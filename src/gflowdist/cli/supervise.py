@@ -134,7 +134,7 @@ def _failure_reported(relay: StderrRelay | None) -> bool:
 
 
 def _wait_for_orphans(
-    grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None = None, reaped: dict[int, int] | None = None
+    grace_s: float, tracker: DescendantTracker, relay: StderrRelay | None, reaped: dict[int, int]
 ) -> None:
     """Let ranks that outlived their launcher report, reaping them as they exit.
 
@@ -150,15 +150,14 @@ def _wait_for_orphans(
         time.sleep(0.1)
 
 
-def _reap_children(reaped: dict[int, int] | None = None) -> None:
-    """Reap adopted orphans that have exited (their wait statuses into ``reaped``)."""
+def _reap_children(reaped: dict[int, int]) -> None:
+    """Reap children and adopted orphans that have exited (their wait statuses into ``reaped``)."""
     try:
         while True:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            if reaped is not None:
-                reaped[pid] = status
+            reaped[pid] = status
     except ChildProcessError:
         pass
 
@@ -166,15 +165,11 @@ def _reap_children(reaped: dict[int, int] | None = None) -> None:
 def _helpers_seen(helpers: tuple[int, ...], reaped: dict[int, int]) -> str | None:
     """One line on a helper of the job (the warm parent) that ended badly, else None: when it dies, every rank
     it forked dies with it and none is left to say what happened."""
+    _reap_children(reaped)  # a helper that ended since (a warm parent still running is not among them)
     for pid in helpers:
         status = reaped.get(pid)
         if status is None:
-            try:
-                got, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not ours, or reaped by its own Popen
-                continue
-            if not got:  # still running
-                continue
+            continue
         if os.WIFSIGNALED(status):
             how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
         elif os.WEXITSTATUS(status) != 0:
