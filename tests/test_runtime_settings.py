@@ -19,7 +19,7 @@ def _settings(**faults: float) -> Settings:
 def test_each_timeout_is_its_named_multiple_of_the_peer_timeout() -> None:
     s = _settings(peer_timeout_s=4.0, heartbeat_s=0.25, preempt_grace_s=30.0)
     assert (s.reply_timeout_s, s.weights_timeout_s, s.refusals_wait_s, s.collector_silence_s) == (4.0,) * 4
-    assert (s.silence_after_death_s, s.named_death_wait_s) == (8.0, 8.0)
+    assert (s.silence_after_death_s, s.named_death_wait_s) == (12.0, 8.0)
     assert s.send_timeout_s == 4.0 and s.postmortem_wait_s == 4.0
     assert s.launcher_grace_s == 18.0 and s.keeper_bound_s == 6.0
     assert s.summary_every_s == 0.5  # a buffer's summary at most twice a second, however fast the beats

@@ -136,6 +136,7 @@ def _run(process: RankProcess, config: Config, resume_dir: str | None, out: Text
     collector = _open_collector(process, config, rank, out) if world.rank == w.collector else None
     if collector is not None:
         w.reports.host(collector)  # this rank's reports and its loop's turns go to the collector it hosts
+        w.liveness.say = collector.line.say  # the collector's console: an expired notice of a death is said there
     # from here on a failure leaves a post-mortem (every rank is past setup: the collector can gather)
     process.holding = Holding(w, lambda: _final_extras(rank, {}), collector)
     if collector is not None and not (w.tape.recording or w.tape.replaying):

@@ -113,19 +113,24 @@ class Deaths:
 
     ``unnamed`` is set when MPICH's hydra says a rank of the job died (SIGUSR1) until the collector names
     it: meanwhile nobody sends to an actor, since a send to a dead rank stalls all of the sender's MPI
-    traffic (MPICH 5) or fails (gloo). ``heard`` is set with it and never cleared. ``lost``: the ranks
-    gone on without; the end of such a process may not wait for them
-    (:func:`gflowdist.runtime.process.end_within`). Both flags are :class:`SignalFlag`: the signal may
-    come again while its handler runs.
+    traffic (MPICH 5) or fails (gloo). ``heard`` is set with it and never cleared; ``heard_at`` is when the
+    latest notice came (``time.monotonic``). ``lost``: the ranks gone on without; the end of such a process
+    may not wait for them (:func:`gflowdist.runtime.process.end_within`). Both flags are :class:`SignalFlag`:
+    the signal may come again while its handler runs.
+
+    A notice with nothing left to name expires (:meth:`Liveness.death_unnamed`): hydra may say so again after
+    the death was named (a killed actor's process and then its keeper; every host's proxy).
     """
 
     def __init__(self) -> None:
         self.unnamed = SignalFlag()
         self.heard = SignalFlag()
+        self.heard_at = float("-inf")
         self.lost: set[int] = set()
 
     def signalled(self) -> None:
         """A rank died, not yet named (from a signal handler: attributes only)."""
+        self.heard_at = time.monotonic()
         self.unnamed.set()
         self.heard.set()
 
@@ -230,6 +235,9 @@ class Liveness:
         # control channel's in-flight bound, which then failed the collector ("back-pressure ... is it
         # receiving?") although the replacement was only slow to start.
         self.starting: dict[int, Any] = {}
+        #: on the collector's rank, its console line (``ProgressLine.say``): a notice of a death that expired
+        #: (:meth:`death_unnamed`) is said there too, once for the job; elsewhere the rank's log has it
+        self.say: Callable[[str], None] | None = None
 
     def heartbeat(self, step: int, **extra: Any) -> None:
         """Say I am alive, at most once per ``faults.heartbeat_s``.
@@ -265,7 +273,33 @@ class Liveness:
         """False for a rank the run goes on without, and for every actor while a death is not yet named."""
         if rank in self.lost:
             return False
-        return not (self.deaths.unnamed.is_set() and self.context.layout.role_of(rank) is Role.ACTOR)
+        return not (self.death_unnamed() and self.context.layout.role_of(rank) is Role.ACTOR)
+
+    def death_unnamed(self) -> bool:
+        """Hydra said a process of the job died and the collector has not named a rank since.
+
+        The collector names a dead rank within ``faults.peer_timeout_s`` of its last heartbeat. A notice that no
+        naming followed within ``named_death_wait_s`` was about a death already named (hydra said it again: a
+        killed rank's process and then its keeper end one after the other), or about a process that is not a
+        rank's: it expires here, with a warning, and sending to the actors starts again. Before, such a notice
+        held every trainer's weights back from its actors until the run's end, and nothing said so.
+        """
+        if not self.deaths.unnamed.is_set():
+            return False
+        since = time.monotonic() - self.deaths.heard_at
+        if since <= self.settings.named_death_wait_s:
+            return True
+        self.deaths.unnamed.clear()
+        self.note("death notice expired", "fault", after_s=round(since, 1))
+        text = (
+            f"hydra said a process of this job ended {since:.1f} s ago, and the collector named no rank since "
+            f"(it names a dead rank within faults.peer_timeout_s = {self.settings.peer_timeout_s:g} of its "
+            "silence): taken as a notice about a death already named; sending to the actors again"
+        )
+        log.warning("%s", text)
+        if self.say is not None:
+            self.say(f"gflowdist: {text}")
+        return False
 
     def await_named_death(self) -> None:
         """Before a message every actor must get (a checkpoint marker, stop): wait until the dead rank is named.
@@ -275,7 +309,7 @@ class Liveness:
         notice of a death came again after the death was named, and nothing was left to name) heard nothing for
         ``named_death_wait_s`` and then named the buffer lost for a silence that was its own (seen once in CI)."""
         deadline = time.monotonic() + self.settings.named_death_wait_s
-        while self.deaths.unnamed.is_set() and time.monotonic() < deadline:
+        while self.death_unnamed() and time.monotonic() < deadline:
             self.keep_alive()
             time.sleep(0.01)
 
@@ -308,8 +342,10 @@ class Liveness:
                 self._obey(msg)
                 msg = control.try_recv(buffer)
         silent, settings = now - self._collector_seen, self.settings
-        # an actor hears no beats while a death is not yet named (may_send_to): it allows twice the time
-        if silent > (settings.silence_after_death_s if self.deaths.unnamed.is_set() else settings.collector_silence_s):
+        # an actor hears no beats while a death is not yet named (may_send_to), and the collector's notice may
+        # expire after mine (death_unnamed): within silence_after_death_s of a notice it allows that long
+        after_death = self.death_unnamed() or now - self.deaths.heard_at < settings.silence_after_death_s
+        if silent > (settings.silence_after_death_s if after_death else settings.collector_silence_s):
             layout = self.context.layout
             raise PeerLostError(
                 self.collector,

@@ -13,8 +13,8 @@ a named property with its multiple of ``faults.peer_timeout_s`` (or of
 | ``refusals_wait_s`` | peer_timeout_s | a client hearing its buffer's refusals |
 | ``collector_silence_s`` | peer_timeout_s | a rank declaring the collector lost |
 | ``rank_silence_s`` | peer_timeout_s | the collector declaring a rank lost |
-| ``silence_after_death_s`` | 2 * peer_timeout_s | the same while a death is not yet named |
-| ``named_death_wait_s`` | 2 * peer_timeout_s | waiting for the collector to name a death |
+| ``silence_after_death_s`` | 3 * peer_timeout_s | the same within that time of a notice of a death |
+| ``named_death_wait_s`` | 2 * peer_timeout_s | waiting for the collector to name a death; a notice's expiry |
 | ``summary_every_s`` | max(heartbeat_s, 0.5 s) | a buffer's summary to the collector |
 | ``postmortem_wait_s`` | min(peer_timeout_s, 10 s) | the collector gathering a post-mortem |
 | ``launcher_grace_s`` | 2 * peer_timeout_s + 10 s | ``gflowdist run`` after the job's end began |
@@ -155,12 +155,14 @@ class Settings:
 
     @property
     def silence_after_death_s(self) -> float:
-        """The same while a death is not yet named (an actor hears no beats meanwhile): twice as long."""
-        return 2 * self.peer_timeout_s
+        """The same within this long of a notice of a death (an actor hears no beats until it is named, and the
+        collector's notice may expire a little after the actor's): a notice's expiry plus ``peer_timeout_s``."""
+        return self.named_death_wait_s + self.peer_timeout_s
 
     @property
     def named_death_wait_s(self) -> float:
-        """How long a message every actor must get waits for the collector to name a dead rank."""
+        """How long a message every actor must get waits for the collector to name a dead rank; a notice of a
+        death that no naming followed expires after this long (:meth:`~gflowdist.runtime.liveness.Liveness.death_unnamed`)."""
         return 2 * self.peer_timeout_s
 
     @property
