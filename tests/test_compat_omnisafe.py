@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -70,7 +72,8 @@ def test_fork_translates_flags_for_torchrun_original_passes_mpirun_flags(monkeyp
     seen = {}
 
     def fake_call(command, env, **options):  # preexec_fn: torchrun dies with its caller
-        seen.update(command=command, env=env)
+        logs = command[command.index("--log-dir") + 1]
+        seen.update(command=command, env=env, logs=logs, logs_there=os.path.isdir(logs))
         return 0
 
     monkeypatch.setattr(torchrun.subprocess, "call", fake_call)
@@ -81,6 +84,8 @@ def test_fork_translates_flags_for_torchrun_original_passes_mpirun_flags(monkeyp
     assert command[-2:] == ["train.py", "--x"]
     assert not {"-bind-to", "--bind-to", "core", "--use-hwthread-cpus"} & set(command)
     assert seen["env"]["GFLOWDIST_BIND_TO"] == "hwthread" and seen["env"]["OMP_NUM_THREADS"] == "1"
+    # torchrun's log folder is one of fork's own, there while it runs and gone after (torchrun keeps its own)
+    assert seen["logs_there"] and not os.path.exists(seen["logs"])
 
 
 def test_fork_failure_raises(monkeypatch):

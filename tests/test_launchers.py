@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 from tests.support.launching import lines, run_mpi, run_plain, run_torch, write
 
@@ -83,19 +84,34 @@ def test_mpi_fork_keeps_module_mode_original_loses_it(tmp_path):
 # -- fork (OmniSafe) ---------------------------------------------------------------
 
 
+def _own_tmpdir(tmp_path: Path) -> Path:
+    """A ``TMPDIR`` of the test's own: what a run leaves in it is seen (plain torchrun leaves a
+    ``torchelastic_XXXXXXXX`` folder in every run)."""
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    return folder
+
+
 def test_fork_runs_workers_under_torchrun_bound_to_cores(tmp_path):
     """Each worker is pinned to one CPU; the original hands ``-bind-to core`` to torchrun, which fails."""
-    result = run_plain([PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT), "--bind"], timeout=180)
+    tmpdir = _own_tmpdir(tmp_path)
+    script = write(tmp_path, "train.py", OMNISAFE_SCRIPT)
+    result = run_plain([PY, script, "--bind"], timeout=180, env={"TMPDIR": str(tmpdir)})
     assert result.returncode == 0, result.stdout
     assert sorted(lines(result.stdout, "WORKER")) == ["WORKER 0 SIZE 2 SUM 2 CPUS 1", "WORKER 1 SIZE 2 SUM 2 CPUS 1"]
     assert result.stdout.rstrip().endswith("PARENT DONE")
+    assert list(tmpdir.iterdir()) == []  # torchrun's log folder is gone
 
 
 def test_fork_failing_worker_fails_the_parent(tmp_path):
-    result = run_plain([PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT), "--fail"], timeout=180)
+    tmpdir = _own_tmpdir(tmp_path)
+    result = run_plain(
+        [PY, write(tmp_path, "train.py", OMNISAFE_SCRIPT), "--fail"], timeout=180, env={"TMPDIR": str(tmpdir)}
+    )
     assert result.returncode != 0
     assert "worker boom" in result.stdout and "workers failed" in result.stdout
     assert "PARENT DONE" not in result.stdout
+    assert list(tmpdir.iterdir()) == []
 
 
 def test_fork_inside_a_torch_job_starts_nothing(tmp_path):

@@ -29,7 +29,8 @@ def test_torchrun_and_its_workers_end_when_the_caller_is_killed(tmp_path):
     marker = new_marker()
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "parent.py"), str(tmp_path / "worker.py")],
-        env=base_env(OUT=str(tmp_path), **{MARKER_VARIABLE: marker}),
+        # torchrun's log folder outlives a killed caller: it lands in the test's own folder, not in /tmp
+        env=base_env(OUT=str(tmp_path), TMPDIR=str(tmp_path), **{MARKER_VARIABLE: marker}),
         start_new_session=True,
     )
     proc.gflowdist_marker = marker

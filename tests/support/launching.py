@@ -156,14 +156,17 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def run_plain(argv: list[str], *, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """One process (it may launch more) in its own process group, killed after ``timeout``."""
+def run_plain(
+    argv: list[str], *, timeout: float = 120, cwd: Path = REPO, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """One process (it may launch more) in its own process group, killed after ``timeout``; ``env`` holds extra
+    variables on top of :func:`base_env`."""
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=base_env(),
+        env=base_env(**(env or {})),
         cwd=cwd,
         start_new_session=True,
     )

@@ -17,6 +17,8 @@
   command line (:func:`~gflowdist.launch.jobs.current_command`), wait, and
   return True. torchrun dies with this process (``PR_SET_PDEATHSIG``: SIGTERM,
   on which it ends its workers), however this process ends. ``--standalone`` puts the rendezvous on a free port.
+  Its ``--log-dir`` is a temporary folder removed once it ended (plain torchrun leaves
+  ``/tmp/torchelastic_XXXXXXXX`` behind in every run).
   A failing worker makes ``fork`` raise :class:`GflowdistError` with torchrun's
   exit status (torchrun stops the other workers and prints the failure).
 - ``parallel <= 1``: return False.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 from gflowdist.engines import MPI, TORCH
 from gflowdist.errors import GflowdistError
@@ -44,8 +47,10 @@ from gflowdist.process_tree import die_with_parent
 __all__ = ["fork", "torchrun_command", "ensure_process_group"]
 
 
-def torchrun_command(parallel: int, program: list[str]) -> list[str]:
-    """The torchrun command line that runs ``program`` (a full argv) as ``parallel`` local workers."""
+def torchrun_command(parallel: int, program: list[str], log_dir: str | None = None) -> list[str]:
+    """The torchrun command line that runs ``program`` (a full argv) as ``parallel`` local workers
+    (``log_dir``: where torchrun keeps its workers' error files, its ``--log-dir``)."""
+    logs = ["--log-dir", log_dir] if log_dir is not None else []
     return [
         sys.executable,
         "-m",
@@ -53,6 +58,7 @@ def torchrun_command(parallel: int, program: list[str]) -> list[str]:
         "--standalone",
         "--nproc-per-node",
         str(int(parallel)),
+        *logs,
         "--no-python",
         *program,
     ]
@@ -99,8 +105,11 @@ def fork(
         env[BIND_VARIABLE] = "hwthread" if use_number_of_threads else "core"
     sys.stdout.flush()
     sys.stderr.flush()
-    # torchrun ends its workers on SIGTERM: the kernel sends it one when this process dies, however it dies
-    status = subprocess.call(torchrun_command(parallel, program), env=env, preexec_fn=die_with_parent)
+    # torchrun ends its workers on SIGTERM: the kernel sends it one when this process dies, however it dies.
+    # Its log folder (a worker's error file for a @record traceback) is ours, removed once it ended: left to
+    # itself it makes /tmp/torchelastic_XXXXXXXX in every run and never removes it.
+    with tempfile.TemporaryDirectory(prefix="gflowdist-torchrun-") as logs:
+        status = subprocess.call(torchrun_command(parallel, program, logs), env=env, preexec_fn=die_with_parent)
     if status != 0:
         raise GflowdistError(
             f"fork({parallel}): the workers failed (torchrun exited with status {status}); "
