@@ -137,8 +137,70 @@ def test_a_lost_rank_ends_the_job_with_status_3_whichever_rank_noticed_it():
     from gflowdist.runtime.postmortem import _exit_code
 
     def relayed(kind: str) -> RankFailed:
-        return RankFailed(Failure(2, "buffer", "vm", None, kind, "PeerLostError: x", None, "text", "detail"), {})
+        return RankFailed(Failure(2, "buffer", "vm", None, kind, "PeerLostError: x", None, "text", "detail"), {}, 0)
 
     assert _exit_code(PeerLostError(2, role="buffer", host="vm", reason="no heartbeat")) == 3  # the collector's
     assert _exit_code(relayed("lost rank")) == 3  # another rank noticed, the collector ends the job
     assert _exit_code(relayed("exception")) == 1
+
+
+def test_a_lost_rank_relayed_by_the_rank_that_noticed_it_files_each_part_under_its_own_rank(monkeypatch, tmp_path):
+    """Seen once in CI under load: trainer 0 noticed the killed buffer (rank 2) first and relayed its failure; the
+    collector filed trainer 0's part under rank 2 (failure.json: rank 2 a trainer, "held"), asked the dead buffer
+    for its part, and reported trainer 0, which had answered already, as silent."""
+    from types import SimpleNamespace
+
+    from gflowdist.layout import Role
+    from gflowdist.runtime import conclusion, protocol
+    from gflowdist.runtime.failures import LOST_RANK, Failure, RankFailed
+    from gflowdist.runtime.postmortem import _gather_and_write
+    from gflowdist.transport.messages import Message
+
+    roles = {0: Role.TRAINER, 1: Role.TRAINER, 2: Role.BUFFER, 3: Role.COORDINATOR}
+    asked: list[int] = []  # asked for their parts
+    told: list[int] = []  # told the post-mortem is written (those waiting for the end may go)
+    msg_type, body = protocol.partial({"role": "trainer", "step": 15})
+    inbox = [Message(msg_type, 1, 0, body)]  # trainer 1 answers the collector's question
+    control = SimpleNamespace(
+        isend=lambda _type, body, dst: (told if body.get("written") else asked).append(dst),
+        try_recv=lambda *_source: inbox.pop() if inbox else None,
+        drain=lambda timeout: None,
+    )
+    w = SimpleNamespace(
+        rank=3,
+        lost={},
+        comm=SimpleNamespace(size=4),
+        control=control,
+        settings=SimpleNamespace(postmortem_wait_s=0.3, figure=False),
+        generation=0,
+        context=SimpleNamespace(role=Role.COORDINATOR),
+        reports=SimpleNamespace(final_dict=lambda role, extras: {"role": role, **extras}),
+    )
+    collector = SimpleNamespace(
+        w=w,
+        finals={},
+        layout=SimpleNamespace(role_of=roles.__getitem__, host_of=lambda _r: "vm"),
+        lost_actors=SimpleNamespace(beats={}),
+        latest={},
+        generation_note=None,
+        note_refused=lambda _problem: None,
+        record_metrics=lambda *a, **k: None,
+    )
+    holding = SimpleNamespace(w=w, collector=collector, extras=lambda: {})
+    process = SimpleNamespace(step=lambda: 0, run_dir=tmp_path)
+    written: dict = {}
+    monkeypatch.setattr(
+        conclusion,
+        "conclude_failed",
+        lambda _dir, failures, states, **kw: written.update(states=states, missing=kw["missing"]) or "line",
+    )
+    failure = Failure(2, "buffer", "vm", None, LOST_RANK, "PeerLostError: no reply", None, "text", "detail")
+    err = RankFailed(failure, {"role": "trainer", "step": 14}, sender=0)
+
+    _gather_and_write(process, holding, failure, err)  # type: ignore[arg-type]
+
+    states = written["states"]
+    assert states[0] == {"role": "trainer", "step": 14}  # trainer 0's part, under its own rank
+    assert states[1]["step"] == 15 and states[2]["role"] == "buffer" and states[2]["lost"] == "PeerLostError: no reply"
+    assert written["missing"] == {}  # nobody reported silent
+    assert asked == [1] and sorted(told) == [0, 1]  # neither the dead buffer nor the trainer that told us is asked

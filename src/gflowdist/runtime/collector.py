@@ -195,7 +195,7 @@ class Collector:
         elif command_of(msg) is Command.REFUSED:  # I am a trainer too, and my buffer refused my batch
             self.w.liveness.refused(body)
         elif command_of(msg) is Command.FAILED:  # the run ends: its post-mortem (runtime.postmortem)
-            raise RankFailed(Failure.from_dict(body["failure"]), body["state"])
+            raise RankFailed(Failure.from_dict(body["failure"]), body["state"], msg.sender)
 
     def note_saved(self, name: str, rank: int, file: dict[str, Any]) -> None:
         """A rank saved its part of periodic checkpoint ``name`` (``file``: size, digest); the last completes it."""

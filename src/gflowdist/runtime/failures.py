@@ -35,7 +35,10 @@ from typing import Any, TextIO
 import gflowdist
 from gflowdist.errors import GflowdistError
 
-__all__ = ["Failure", "describe_failure", "user_frame", "RankFailed", "PostMortemCalled"]
+__all__ = ["Failure", "describe_failure", "user_frame", "RankFailed", "PostMortemCalled", "LOST_RANK"]
+
+#: :attr:`Failure.kind` of a rank that another rank (or the collector) noticed was gone
+LOST_RANK = "lost rank"
 
 _PACKAGE = str(Path(gflowdist.__file__).resolve().parent)
 _LIBRARIES = tuple(
@@ -53,7 +56,7 @@ class Failure:
     role: str
     host: str
     step: int | None
-    kind: str  # "exception", "lost rank", "interrupted", "refused batch"
+    kind: str  # "exception", LOST_RANK ("lost rank"), "interrupted", "refused batch"
     exception: str  # "RuntimeError: boom in loss"
     frame: str | None  # the innermost frame of the user's: "boom_roles.py:8 in loss"
     text: str  # the console's lines (headline first)
@@ -153,10 +156,14 @@ def describe_failure(
 
 
 class RankFailed(GflowdistError):
-    """On the collector: rank ``failure.rank`` failed (its ``failed`` message arrived, with what it held)."""
+    """On the collector: rank ``sender`` failed (its ``failed`` message arrived, with what it held in ``state``).
 
-    def __init__(self, failure: Failure, state: dict[str, Any]):
-        self.failure, self.state = failure, state
+    ``failure.rank`` is the rank the failure names: ``sender`` itself, or, for a lost rank
+    (``failure.kind == "lost rank"``), the peer that ``sender`` noticed was gone.
+    """
+
+    def __init__(self, failure: Failure, state: dict[str, Any], sender: int):
+        self.failure, self.state, self.sender = failure, state, sender
         super().__init__(failure.headline)
 
 

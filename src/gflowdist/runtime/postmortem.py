@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gflowdist.errors import GflowdistError, PeerLostError, ProtocolError
 from gflowdist.runtime import protocol
-from gflowdist.runtime.failures import Failure, PostMortemCalled, RankFailed, describe_failure
+from gflowdist.runtime.failures import LOST_RANK, Failure, PostMortemCalled, RankFailed, describe_failure
 from gflowdist.runtime.process import RankProcess, abort_job, announce_failure
 from gflowdist.runtime.protocol import Command, MessageType, command_of
 from gflowdist.runtime.settings import POSTMORTEM_CAP_S
@@ -142,7 +142,7 @@ def _exit_code(err: BaseException) -> int:
     """3 for a lost rank, whichever rank noticed it: the collector (a heartbeat missed) or another rank, whose
     failure reaches the collector relayed (a reply that never came: the timeouts race under load); 130 for an
     interrupt; 1 for the rest."""
-    if isinstance(err, PeerLostError) or (isinstance(err, RankFailed) and err.failure.kind == "lost rank"):
+    if isinstance(err, PeerLostError) or (isinstance(err, RankFailed) and err.failure.kind == LOST_RANK):
         return 3
     if isinstance(err, KeyboardInterrupt):
         return 130
@@ -162,7 +162,7 @@ def _failure_of(process: RankProcess, err: BaseException) -> Failure:
             role=err.role or "?",
             host=err.host or "?",
             step=None,
-            kind="lost rank",
+            kind=LOST_RANK,
             exception=f"PeerLostError: {err.reason}",
             frame=None,
             text=f"gflowdist: {err}\n  noticed by {ctx.describe_rank(rank)}, whose log is {log_path}",
@@ -226,11 +226,16 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
         return
     states: dict[int, dict[str, Any]] = {w.rank: held(holding, process.step())}
     failures = [failure]
-    if isinstance(err, RankFailed):
-        states[failure.rank] = err.state
     lost = dict(w.lost)
     if isinstance(err, PeerLostError):
         lost[err.rank] = failure.exception
+    if isinstance(err, RankFailed):
+        # what its sender held. A lost-rank failure names another rank, the one its sender noticed was gone:
+        # filed under that rank, the sender's part was read as the lost rank's (a trainer's, in the buffer's
+        # row), the sender was asked again and reported silent, and the lost rank was asked too.
+        states[err.sender] = err.state
+        if failure.kind == LOST_RANK:
+            lost[failure.rank] = failure.exception
     states.update({r: dict(f, partial=False) for r, f in collector.finals.items()})  # those that finished
     asked = [r for r in range(w.comm.size) if r not in states and r not in lost]
     for rank in asked:
@@ -241,6 +246,10 @@ def _gather_and_write(process: RankProcess, holding: Holding, failure: Failure, 
     began = time.monotonic()
     missing = _collect(collector, states, failures, asked, wait_s(w))
     log.info("post-mortem: parts of ranks %s gathered in %.1f s", sorted(states), time.monotonic() - began)
+    for named in failures:  # a rank that another noticed was gone is lost, not only silent
+        if named.kind == LOST_RANK and named.rank not in states and named.rank not in lost:
+            lost[named.rank] = named.exception
+    missing = [r for r in missing if r not in lost]
     for rank in lost:
         states[rank] = _last_heard(collector, rank, lost[rank])
     for rank in missing:
