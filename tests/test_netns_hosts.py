@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.support.launching import pytest_summaries
+from tests.support.launching import pytest_summaries, ranked_pytest
 from tests.support.netns import (
     LAUNCHER,
     NetnsError,
@@ -30,17 +30,7 @@ from tests.support.netns import (
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no namespace hosts here: {UNAVAILABLE}")
 
-SUITE = [
-    sys.executable,
-    "-m",
-    "pytest",
-    "-q",
-    "-x",
-    "-p",
-    "no:cacheprovider",
-    "--timeout=90",
-    "tests/ranked/test_comm.py",
-]
+SUITE = ranked_pytest("--timeout=90", "tests/ranked/test_comm.py")
 MARK = "RANK-REPORT "
 #: doubles each rank contributes to the all-reduce (8 MiB): every host must receive at least that
 ALLREDUCE_N = 1 << 20

@@ -8,11 +8,9 @@ the normal suite, as a world of one.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.support.launching import pytest_summaries, run_mpi, run_torch
+from tests.support.launching import pytest_summaries, ranked_pytest, run_mpi, run_torch
 
 CONFIGS = [
     ("mpi", 1, ()),
@@ -33,7 +31,7 @@ CONFIGS = [
 )
 def test_ranked_suites(engine, nprocs, only):
     targets = [f"tests/ranked/{name}" for name in only] or ["tests/ranked"]
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120", *targets]
+    argv = ranked_pytest("--timeout=120", *targets)
     runner = run_mpi if engine == "mpi" else run_torch
     result = runner(nprocs, argv, timeout=480, env={"GFLOWDIST_TEST_ENGINE": engine})
     result.check()
