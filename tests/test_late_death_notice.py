@@ -50,7 +50,7 @@ def test_a_late_notice_of_a_named_death_expires_and_the_trainers_send_weights_to
         "params.actor_metrics=1",
         "faults.on_actor_loss=continue",
         "faults.heartbeat_s=0.2",
-        "faults.peer_timeout_s=2",
+        "faults.peer_timeout_s=3",
     )
     run = job.wait_for_metrics(2)
     _wait("metrics rows from actor 3", job, lambda: _actor_versions(run, 3))
