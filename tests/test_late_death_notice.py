@@ -70,8 +70,10 @@ def test_a_late_notice_of_a_named_death_expires_and_the_trainers_send_weights_to
     job.proc.send_signal(signal.SIGINT)
     assert job.wait(90) == 130, job.output
     out = job.output
-    assert out.count(EXPIRED) == 1, out  # said once, by the collector; every rank's log has it
-    for rank in survivors:
+    assert out.count(EXPIRED) == 1, out  # said once, by the collector; the ranks' logs have it
+    # the trainers and the actor read the notice at every step; a busy buffer looks at its control messages
+    # only when idle (it may not have looked since the expiry), and expires its notice when it next does
+    for rank in (0, 1, 3):
         assert EXPIRED in (run / "logs" / f"rank-{rank}.log").read_text(), rank
     ledger = read_json(run / "ledger.json")
     assert ledger["balanced"] and list(ledger["lost_ranks"]) == ["2"], ledger
