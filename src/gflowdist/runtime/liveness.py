@@ -283,6 +283,11 @@ class Liveness:
         killed rank's process and then its keeper end one after the other), or about a process that is not a
         rank's: it expires here, with a warning, and sending to the actors starts again. Before, such a notice
         held every trainer's weights back from its actors until the run's end, and nothing said so.
+
+        A limit: under ``faults.on_actor_loss: replace``, a replacement that dies in its own start-up later than
+        ``named_death_wait_s`` after a notice may be sent weights before it is named (a second fault inside the
+        first). Its trainer's MPI traffic would then stall (MPICH 5), and the collector name that trainer lost for
+        its silence: the job fails naming a rank, it does not hang. Not tried here.
         """
         if not self.deaths.unnamed.is_set():
             return False
