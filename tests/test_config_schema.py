@@ -180,6 +180,8 @@ OVERRIDE_ERRORS = [
     ("params=3", "params", ["params.<name>=value"]),
     ("faults.heartbeat_s=20", "faults.peer_timeout_s", ["greater than faults.heartbeat_s", "after overrides"]),
     ("params.lr=[1, 2", "params.lr", ["cannot parse the value"]),
+    ("launch.warm_imports=[1bad]", "launch.warm_imports", ["list of module names", "'1bad' is not a module name"]),
+    ("launch.warm_imports=gymnasium", "launch.warm_imports", ["found str 'gymnasium'", "e.g. [gymnasium]"]),
 ]
 
 

@@ -91,9 +91,26 @@ def test_the_rank_takes_its_keepers_descriptors_environment_and_directory_and_it
     assert info["keeper"] == str(proc.pid) and info["probe"] == "probe", info
     assert info["ppid"] != proc.pid and info["sid"] == info["pid"], info  # the warm parent's child, own session
     assert info["torch"], "the warm parent imported torch before the fork"
+    assert info["dynamo"], "and torch._dynamo (launch.warm_imports' default)"
     assert info["cwd"] == str(REPO) and info["argv"] == [str(REPO / "tests" / "jobs" / "warm_rank.py"), "report"], info
     assert info["affinity"] == sorted(os.sched_getaffinity(0)), info
     assert {0, 1, 2, extra_read} <= set(info["fds"]), info  # printed through the keeper's own stdout
+
+
+def test_the_warm_parent_imports_what_launch_warm_imports_lists_and_names_one_it_cannot(keepers, capfd):
+    with warm_parent(base_env(), ()) as started:  # warm_imports: []
+        out, _ = _keeper(keepers, "report", started.variables).communicate(timeout=120)
+    info = json.loads(out.strip().splitlines()[-1])
+    assert info["start"].startswith("warm:") and info["torch"] and not info["dynamo"], info
+    with warm_parent(base_env(), ("gflowdist_no_such_module",)) as started:
+        proc = _keeper(keepers, "report", started.variables)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and re.search(r"^cold: ", out, re.M), out  # the test keeper's cold start
+    said = capfd.readouterr().err  # the warm parent's stderr is the launcher's
+    assert (
+        "gflowdist warm parent: launch.warm_imports: cannot import 'gflowdist_no_such_module' "
+        "(No module named 'gflowdist_no_such_module'); the ranks start cold"
+    ) in said, said
 
 
 def test_sigterm_to_the_keeper_reaches_the_rank(warm, keepers):

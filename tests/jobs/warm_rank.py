@@ -31,6 +31,7 @@ def _report() -> None:
                 "probe": os.environ.get("WARM_TEST_PROBE"),
                 "fds": fds,
                 "torch": "torch" in sys.modules,
+                "dynamo": "torch._dynamo" in sys.modules,  # launch.warm_imports' default
                 "argv": sys.argv,
                 "affinity": sorted(os.sched_getaffinity(0)),
             }

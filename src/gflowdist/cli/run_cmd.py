@@ -217,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 fds=lifeline.fds,
                 saved=lambda: final_saved(run_dir, began),
                 warm_start=config.launch.warm_start,
+                warm_imports=config.launch.warm_imports,
             )
         else:
             ended = _launch_mpi(
@@ -365,7 +366,8 @@ def _launch_mpi(
     env = dict(env, **{IN_MPI_VARIABLE: "1", STDERR_RELAY_VARIABLE: "1"})
     become_subreaper()
     with contextlib.ExitStack() as stack:
-        helpers = start_for_launch(stack, config.launch.warm_start, nprocs, env)  # this host's ranks: forks
+        # this host's ranks: forks
+        helpers = start_for_launch(stack, config.launch.warm_start, nprocs, env, config.launch.warm_imports)
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
         relay = StderrRelay(cast(IO[bytes], proc.stderr))  # stderr=PIPE: Popen made the pipe (its type allows None)
         report_grace_s = Settings.of(config).launcher_grace_s
@@ -385,12 +387,13 @@ def _spawn_torch(
     fds: tuple[int, ...] = (),
     saved=None,
     warm_start: bool | None = False,
+    warm_imports: tuple[str, ...] = (),
 ) -> Ended:
     env = dict(env)
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
     become_subreaper()
     with contextlib.ExitStack() as stack:
-        helpers = start_for_launch(stack, warm_start, nprocs, env)  # each rank: a fork (its keeper stays)
+        helpers = start_for_launch(stack, warm_start, nprocs, env, warm_imports)  # each rank: a fork (its keeper stays)
         procs = []
         for rank in range(nprocs):
             rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))

@@ -6,7 +6,9 @@ fewer cores than ranks that start-up is most of a short job's time. ``gflowdist
 run`` therefore starts this process beside ``mpiexec``, with the ranks'
 environment, and hands it a listening abstract Unix socket. It imports what every rank
 imports (:data:`PRELOAD`; never ``mpi4py.MPI``, which would initialise MPI
-here) and then serves the rank keepers (:mod:`gflowdist.cli.rank_keeper`).
+here) and ``launch.warm_imports`` (by default ``torch._dynamo``; ``[]`` where
+no rank steps a torch optimizer saves this process 1-2 CPU-s a launch), and
+then serves the rank keepers (:mod:`gflowdist.cli.rank_keeper`).
 
 A keeper is the process hydra started for a rank. Instead of forking the rank
 itself, it sends the warm parent its command line, environment, working
@@ -71,8 +73,9 @@ __all__ = [
     "main",
 ]
 
-#: imported before the first fork: what every rank imports and what the trainers' optimizers import
-PRELOAD = ("numpy", "torch", "torch._dynamo", "gflowdist.runtime.job", "gflowdist.cli.run_cmd")
+#: imported before the first fork: what every rank imports; ``launch.warm_imports`` adds the rest (by default
+#: ``torch._dynamo``, which the trainers' optimizers import at their first step)
+PRELOAD = ("numpy", "torch", "gflowdist.runtime.job", "gflowdist.cli.run_cmd")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -113,14 +116,19 @@ def _pidfds_work() -> bool:
 
 
 def start_for_launch(
-    stack: contextlib.ExitStack, setting: bool | None, nprocs: int, env: dict[str, str]
+    stack: contextlib.ExitStack,
+    setting: bool | None,
+    nprocs: int,
+    env: dict[str, str],
+    imports: tuple[str, ...] = ("torch._dynamo",),
 ) -> tuple[int, ...]:
-    """Where :func:`warm_wanted`: start the warm parent on ``stack`` and point ``env`` (the ranks') to it.
+    """Where :func:`warm_wanted`: start the warm parent on ``stack`` and point ``env`` (the ranks') to it; it
+    imports ``imports`` (``launch.warm_imports``) besides :data:`PRELOAD`.
 
     Returns the pids the launcher's supervision is not to count as the job's (the warm parent's, or none)."""
     if not warm_wanted(setting, nprocs):
         return ()
-    started = stack.enter_context(warm_parent(env))
+    started = stack.enter_context(warm_parent(env, imports))
     env.update(started.variables)
     return (started.pid,)
 
@@ -134,8 +142,9 @@ class Started:
 
 
 @contextlib.contextmanager
-def warm_parent(env: dict[str, str]) -> Iterator[Started]:
-    """For one launch (on the launcher): start the warm parent with the ranks' environment ``env``.
+def warm_parent(env: dict[str, str], imports: tuple[str, ...] = ("torch._dynamo",)) -> Iterator[Started]:
+    """For one launch (on the launcher): start the warm parent with the ranks' environment ``env``; it imports
+    ``imports`` besides :data:`PRELOAD`.
 
     On leaving, its input is closed: it ends once every rank it forked has (it is killed after 30 s, and its
     ranks with it)."""
@@ -147,7 +156,7 @@ def warm_parent(env: dict[str, str]) -> Iterator[Started]:
         listener.bind(abstract_address(name))
         listener.listen(128)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gflowdist.cli.warm_parent", str(listener.fileno())],
+            [sys.executable, "-m", "gflowdist.cli.warm_parent", str(listener.fileno()), *imports],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -169,11 +178,19 @@ def warm_parent(env: dict[str, str]) -> Iterator[Started]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gflowdist.cli.warm_parent FD``: serve on the listening socket at descriptor ``FD``."""
+    """``python -m gflowdist.cli.warm_parent FD [MODULE ...]``: import :data:`PRELOAD` and each ``MODULE``
+    (``launch.warm_imports``), then serve on the listening socket at descriptor ``FD``."""
     args = sys.argv[1:] if argv is None else argv
     listener = socket.socket(fileno=int(args[0]))
     for name in PRELOAD:
         __import__(name)
+    for name in args[1:]:
+        try:
+            __import__(name)
+        except ImportError as err:  # its keepers find no warm parent: the ranks start cold, their logs say why
+            raise SystemExit(
+                f"gflowdist warm parent: launch.warm_imports: cannot import {name!r} ({err}); the ranks start cold"
+            ) from None
     if "mpi4py.MPI" in sys.modules:  # MPI initialised here would be every child's: refuse to serve
         raise SystemExit("gflowdist warm parent: mpi4py.MPI was imported before the fork; not serving")
     if sys.modules["torch"].cuda.is_initialized():  # a CUDA context does not survive a fork

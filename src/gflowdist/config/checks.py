@@ -27,6 +27,7 @@ from gflowdist.errors import ConfigError
 
 __all__ = [
     "Check",
+    "ModuleListCheck",
     "IntCheck",
     "FloatCheck",
     "BoolCheck",
@@ -246,6 +247,25 @@ class StrListCheck(Check):
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*")
+
+
+class ModuleListCheck(StrListCheck):
+    """A list of dotted module names (``["torch._dynamo", "gymnasium"]``); only their form is checked here."""
+
+    def __call__(self, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            raise self.fail(value, f" (write a list, e.g. [{value}])")
+        names = super().__call__(value)
+        for name in names:
+            if not _DOTTED.fullmatch(name):
+                raise self.fail(value, f" ({name!r} is not a module name)")
+        return names
+
+    def describe(self) -> str:
+        return "list[module]"
+
+    def expected(self) -> str:
+        return "a list of module names"
 
 
 class ClassRefCheck(Check):

@@ -20,6 +20,7 @@ from gflowdist.config.checks import (
     DevicesCheck,
     FloatCheck,
     IntCheck,
+    ModuleListCheck,
     OptionalCheck,
     StrCheck,
     StrListCheck,
@@ -125,6 +126,13 @@ class LaunchConfig(Section):
         "Start the ranks on the launcher's host as forks of one process that imported torch once (the warm "
         "parent; docs/runtime.md#warm-start): less CPU and memory, one serial import. true; false; null = "
         "when there are more ranks than the launcher's usable cores.",
+    )
+    warm_imports: tuple[str, ...] = setting(
+        ("torch._dynamo",),
+        ModuleListCheck(),
+        "What the warm parent imports besides torch and the runtime, once for every rank it forks: torch's "
+        "optimizers import torch._dynamo at their first step (about 1-2 CPU-s a rank); add your ranks' heavy "
+        "imports (gymnasium, ...); [] where no rank steps a torch optimizer.",
     )
     devices: str | tuple[str, ...] = setting(
         "auto",
