@@ -60,6 +60,7 @@ from gflowdist.cli.warm_wire import (
     receive_request,
     send_line,
 )
+from gflowdist.config.sections import WARM_IMPORTS_DEFAULT
 
 __all__ = [
     "PRELOAD",
@@ -120,7 +121,7 @@ def start_for_launch(
     setting: bool | None,
     nprocs: int,
     env: dict[str, str],
-    imports: tuple[str, ...] = ("torch._dynamo",),
+    imports: tuple[str, ...] = WARM_IMPORTS_DEFAULT,
 ) -> tuple[int, ...]:
     """Where :func:`warm_wanted`: start the warm parent on ``stack`` and point ``env`` (the ranks') to it; it
     imports ``imports`` (``launch.warm_imports``) besides :data:`PRELOAD`.
@@ -142,7 +143,7 @@ class Started:
 
 
 @contextlib.contextmanager
-def warm_parent(env: dict[str, str], imports: tuple[str, ...] = ("torch._dynamo",)) -> Iterator[Started]:
+def warm_parent(env: dict[str, str], imports: tuple[str, ...] = WARM_IMPORTS_DEFAULT) -> Iterator[Started]:
     """For one launch (on the launcher): start the warm parent with the ranks' environment ``env``; it imports
     ``imports`` besides :data:`PRELOAD`.
 

@@ -29,6 +29,9 @@ from gflowdist.config.replay_section import ReplayConfig
 from gflowdist.config.section_base import MIB, REST, Section, setting
 from gflowdist.engines import CHOICES
 
+#: ``launch.warm_imports`` when a config does not say: what torch's optimizers import at their first step
+WARM_IMPORTS_DEFAULT = ("torch._dynamo",)
+
 __all__ = [
     "RunConfig",
     "LaunchConfig",
@@ -44,6 +47,7 @@ __all__ = [
     "REST",
     "MIB",
     "ACTOR_LOSS_REFUSED",
+    "WARM_IMPORTS_DEFAULT",
     "setting",
 ]
 
@@ -128,7 +132,7 @@ class LaunchConfig(Section):
         "when there are more ranks than the launcher's usable cores.",
     )
     warm_imports: tuple[str, ...] = setting(
-        ("torch._dynamo",),
+        WARM_IMPORTS_DEFAULT,
         ModuleListCheck(),
         "What the warm parent imports besides torch and the runtime, once for every rank it forks: torch's "
         "optimizers import torch._dynamo at their first step (about 1-2 CPU-s a rank); add your ranks' heavy "
