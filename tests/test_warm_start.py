@@ -92,6 +92,7 @@ def test_the_rank_takes_its_keepers_descriptors_environment_and_directory_and_it
     assert info["ppid"] != proc.pid and info["sid"] == info["pid"], info  # the warm parent's child, own session
     assert info["torch"], "the warm parent imported torch before the fork"
     assert info["dynamo"], "and torch._dynamo (launch.warm_imports' default)"
+    assert info["frozen"] > 100_000, "and froze what it imported: no collection of the rank walks it"
     assert info["cwd"] == str(REPO) and info["argv"] == [str(REPO / "tests" / "jobs" / "warm_rank.py"), "report"], info
     assert info["affinity"] == sorted(os.sched_getaffinity(0)), info
     assert {0, 1, 2, extra_read} <= set(info["fds"]), info  # printed through the keeper's own stdout
@@ -155,6 +156,65 @@ def test_a_keeper_whose_python_differs_or_that_has_no_warm_parent_starts_cold_an
     assert optimised.returncode == 3 and "another Python, or with other options" in out, out
     out, _ = nowhere.communicate(timeout=60)
     assert nowhere.returncode == 3 and re.search(r"^cold: no warm parent at \S+\.absent \(", out, re.M), out
+
+
+def test_a_keeper_hands_its_rank_over_before_it_reads_anything_and_if_refused_forks_it_cold_without_a_retry(
+    warm, keepers
+):
+    """``gflowdist run`` as a keeper of a launch with a warm parent: the rank is handed over before the command
+    line's parser or the config is loaded (their imports cost a keeper 0.15 CPU-s), with the launcher's bound. The
+    rank (no spy in it: the warm parent forked it) then fails on the missing config, and the keeper exits with its
+    status. Refused, the keeper reads the config and forks the rank cold itself, not asking the warm parent again."""
+    bound = {"GFLOWDIST_KEEPER_BOUND_S": "7.5", "IN_MPI": "1"}
+    missing = str(REPO / "tests" / "jobs" / "no_such_config.yaml")
+    handed = subprocess.Popen(
+        [sys.executable, "-m", "tests.jobs.handing_keeper", missing],
+        env=base_env(**warm, **bound),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    keepers.append(handed)
+    out, _ = handed.communicate(timeout=120)
+    said = out.strip().splitlines()
+    assert json.loads(said[0]) == {"tried": 7.5, "by_signal": False, "loaded": []}, out
+    assert handed.returncode == 2 and said[1:] == [f"gflowdist run: config error: {missing}: config file not found"], (
+        out
+    )  # the rank's
+    refused = subprocess.Popen(
+        [sys.executable, "-m", "tests.jobs.handing_keeper", str(REPO / "tests" / "jobs" / "toy.yaml")],
+        env=base_env(**warm, **bound, PYTHONWARMTEST="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    keepers.append(refused)
+    out, _ = refused.communicate(timeout=120)
+    said = out.strip().splitlines()
+    assert refused.returncode == 0 and len(said) == 3, out
+    assert json.loads(said[0])["tried"] == 7.5 and "returned" in json.loads(said[1]), out
+    kept = json.loads(said[2])
+    assert kept["keep"] == 8.0 and kept["warm"] is None, out  # the config's bound: faults.peer_timeout_s 6 + 2 s
+    assert kept["start"].startswith("cold: the warm parent did not start the rank: the keeper's PYTHON*"), out
+
+
+def test_running_a_command_loads_that_command_only():
+    probe = (
+        "import sys\n"
+        "from gflowdist.cli import main\n"
+        "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gflowdist.cli.') and m.endswith('_cmd')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, env=base_env()
+    )
+    assert out.returncode == 0, out.stderr
+    assert "usage: gflowdist run" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "['gflowdist.cli.run_cmd']", out.stdout
 
 
 def test_a_jobs_ranks_start_warm_from_one_warm_parent_or_cold_when_the_config_says_so(job_factory):

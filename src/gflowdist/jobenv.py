@@ -33,6 +33,7 @@ __all__ = [
     "CONSOLE_VARIABLE",
     "WARM_VARIABLE",
     "START_VARIABLE",
+    "KEEPER_BOUND_VARIABLE",
     "in_mpi_job",
     "in_torch_job",
     "launcher_world_size",
@@ -77,6 +78,9 @@ CONSOLE_VARIABLE = "GFLOWDIST_CONSOLE"
 WARM_VARIABLE = "GFLOWDIST_WARM_PARENT"
 #: in a rank's environment: how it started ("warm: ..." or "cold: why"); its log says it
 START_VARIABLE = "GFLOWDIST_RANK_START"
+#: in the ranks' environment: how long a rank's keeper lets it run once the launcher is gone (``Settings.keeper_bound_s``
+#: of the launcher's config), so that a keeper can hand its rank to the warm parent before reading the config
+KEEPER_BOUND_VARIABLE = "GFLOWDIST_KEEPER_BOUND_S"
 LAUNCHER_NAMES = (
     *TORCH_JOB_VARIABLES,
     "LOCAL_RANK",
@@ -87,6 +91,7 @@ LAUNCHER_NAMES = (
     LAUNCH_CONFIG_VARIABLE,
     LIFELINE_VARIABLE,
     CONSOLE_VARIABLE,
+    KEEPER_BOUND_VARIABLE,
 )
 #: Names the ``mpiexec`` to use when ``launch.mpiexec`` of the config does not (see :func:`locate_mpiexec`).
 MPIEXEC_VARIABLE = "GFLOWDIST_MPIEXEC"

@@ -84,7 +84,7 @@ def _setup_pause(role):
 def _exit_marks(role):
     """``params.exit_marks`` (a folder): a non-daemon thread that writes ``thread-N`` there 0.5 s after the run's
     ledger.json appeared (the job is over: every rank is ending), and an atexit handler that writes ``atexit-N``
-    saying whether ``thread-N`` was there by then and whether the process's objects were frozen for its exit
+    saying whether ``thread-N`` was there by then and whether the run's objects were frozen for its exit
     (gflowdist.cli.rank_end.freeze_for_exit)."""
     folder, run_dir = role.params.get("exit_marks"), os.environ.get("GFLOWDIST_RUN_DIR")
     if not folder or not run_dir:
@@ -99,10 +99,11 @@ def _exit_marks(role):
         _write(mark, "done")
 
     threading.Thread(target=after_the_job, daemon=False).start()
+    inherited = gc.get_freeze_count()  # a warm start's rank inherits the warm parent's frozen imports
     atexit.register(
         lambda: _write(
             os.path.join(folder, f"atexit-{role.rank}"),
-            f"thread mark {os.path.exists(mark)} frozen {gc.get_freeze_count() > 0}",
+            f"thread mark {os.path.exists(mark)} frozen {gc.get_freeze_count() > inherited}",
         )
     )
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ def _report() -> None:
                 "fds": fds,
                 "torch": "torch" in sys.modules,
                 "dynamo": "torch._dynamo" in sys.modules,  # launch.warm_imports' default
+                "frozen": gc.get_freeze_count(),  # the warm parent's objects, out of the collector's reach
                 "argv": sys.argv,
                 "affinity": sorted(os.sched_getaffinity(0)),
             }

@@ -8,7 +8,9 @@ is found by name and must expose::
         parser.add_argument(...)
         parser.set_defaults(handler=run)      # run(args: argparse.Namespace) -> int
 
-Rules for command modules, so that ``gflowdist --help`` stays instant:
+Running a command imports its module only (``gflowdist --help`` and a mistyped
+command import them all, to list them). Rules for command modules, so that
+``gflowdist --help`` stays instant:
 import nothing heavy at module level (no torch, no mpi4py, no numpy); import
 inside the handler. The handler returns the exit status. A
 :class:`~gflowdist.errors.ConfigError` or :class:`~gflowdist.errors.LayoutError`
@@ -23,14 +25,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from gflowdist.errors import ConfigError, GflowdistError, LayoutError
+from gflowdist.jobenv import WARM_VARIABLE
 
-__all__ = ["main", "build_parser", "command_modules", "OneLineParser", "EXIT_USAGE", "EXIT_FAILURE"]
+__all__ = ["main", "build_parser", "command_names", "command_modules", "OneLineParser", "EXIT_USAGE", "EXIT_FAILURE"]
 
 EXIT_FAILURE = 1
 """A command ran and failed."""
@@ -40,10 +44,18 @@ EXIT_USAGE = 2
 _SUFFIX = "_cmd"
 
 
+def command_names() -> list[str]:
+    """Every command's name (``run`` for ``gflowdist.cli.run_cmd``), sorted; imports none of them."""
+    return sorted(info.name[: -len(_SUFFIX)] for info in pkgutil.iter_modules(__path__) if info.name.endswith(_SUFFIX))
+
+
 def command_modules() -> list[ModuleType]:
     """Every ``gflowdist.cli.<name>_cmd`` module, sorted by name."""
-    names = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.name.endswith(_SUFFIX))
-    return [importlib.import_module(f"{__name__}.{name}") for name in names]
+    return [_command_module(name) for name in command_names()]
+
+
+def _command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{name}{_SUFFIX}")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -54,8 +66,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per command module."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command module; with ``command``, that command's only (what
+    running it needs: the other command modules are not imported)."""
     from gflowdist import __version__
 
     parser = OneLineParser(
@@ -64,14 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gflowdist {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in command_modules():
+    for module in command_modules() if command is None else [_command_module(command)]:
         module.add_parser(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (``python -m gflowdist`` exits with it)."""
-    parser = build_parser()
+    if argv is None and WARM_VARIABLE in os.environ:  # a rank's keeper, before this process reads anything
+        from gflowdist.cli.rank_keeper import hand_over_early
+
+        hand_over_early(sys.argv[1:])
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(given[0] if given and given[0] in command_names() else None)  # only the command's
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_request:  # --help, --version and usage errors

@@ -28,12 +28,13 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 from gflowdist.cli.warm_keeper import start_warm
-from gflowdist.jobenv import START_VARIABLE, WARM_VARIABLE
+from gflowdist.jobenv import KEEPER_BOUND_VARIABLE, START_VARIABLE, WARM_VARIABLE, in_mpi_job, in_torch_job
 from gflowdist.lifeline import keeper_wait
 
-__all__ = ["keep", "keep_gloo_rank", "KEEPER_VARIABLE"]
+__all__ = ["keep", "keep_gloo_rank", "hand_over_early", "KEEPER_VARIABLE"]
 
 #: set in the rank's environment by its keeper (its pid); the rank reads it only for diagnostics
 KEEPER_VARIABLE = "GFLOWDIST_RANK_KEEPER"
@@ -89,6 +90,33 @@ def keep_gloo_rank(bound_s: float = 60.0) -> None:
     process is the rank, as before."""
     if sys.platform.startswith("linux") and not os.environ.get(KEEPER_VARIABLE):
         _try_warm(bound_s, by_signal=True)
+
+
+def hand_over_early(args: Sequence[str]) -> None:
+    """``gflowdist run ...`` as a rank of a launch with a warm parent: hand the rank to the warm parent before
+    anything else is imported or read (the command line's parser, the config: 0.15 CPU-s a keeper), as
+    :func:`keep` or :func:`keep_gloo_rank` would once the config was read. The launcher checked that config
+    and put the keeper's bound (:data:`~gflowdist.jobenv.KEEPER_BOUND_VARIABLE`) beside the warm parent's
+    address.
+
+    Returns where there is nothing to hand over, and where the warm parent did not start the rank: then the
+    command runs as before and its :func:`keep` forks the rank cold (the rank's log says why)."""
+    warm, bound = os.environ.get(WARM_VARIABLE), os.environ.get(KEEPER_BOUND_VARIABLE, "")
+    if not (warm and bound and args[:1] == ["run"] and sys.platform.startswith("linux")):
+        return
+    if os.environ.get(KEEPER_VARIABLE):  # the rank itself (the warm parent's fork runs the command again)
+        return
+    try:
+        bound_s = float(bound)
+    except ValueError:
+        return  # not the launcher's: the command reads the bound from the config
+    if in_mpi_job():
+        _try_warm(bound_s, by_signal=False)
+    elif in_torch_job():
+        _try_warm(bound_s, by_signal=True)
+    else:
+        return
+    del os.environ[WARM_VARIABLE]  # refused (START_VARIABLE says why): the command's keeper forks the rank cold
 
 
 def _try_warm(bound_s: float, *, by_signal: bool) -> None:

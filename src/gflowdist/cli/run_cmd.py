@@ -41,6 +41,7 @@ from gflowdist.jobenv import (
     CONSOLE_VARIABLE,
     FAILURE_FILE_VARIABLE,
     IN_MPI_VARIABLE,
+    KEEPER_BOUND_VARIABLE,
     LAUNCH_CONFIG_VARIABLE,
     RESTART_VARIABLE,
     RUN_DIR_VARIABLE,
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
     def launch(argv: list[str], extra: dict) -> Ended:
         env = dict(_child_env(run_dir), **extra, **lifeline.env(), **{LAUNCH_CONFIG_VARIABLE: str(handed)})
+        env[KEEPER_BOUND_VARIABLE] = str(Settings.of(config).keeper_bound_s)  # a warm start's keepers: at once
         began = time.time()
         if engine is TORCH:
             grace = Settings.of(config).launcher_grace_s

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import secrets
 import selectors
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     (``launch.warm_imports``), then serve on the listening socket at descriptor ``FD``."""
     args = sys.argv[1:] if argv is None else argv
     listener = socket.socket(fileno=int(args[0]))
+    gc.disable()  # the imports make objects that live as long as this process: collecting meanwhile is wasted
     for name in PRELOAD:
         __import__(name)
     for name in args[1:]:
@@ -196,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("gflowdist warm parent: mpi4py.MPI was imported before the fork; not serving")
     if sys.modules["torch"].cuda.is_initialized():  # a CUDA context does not survive a fork
         raise SystemExit("gflowdist warm parent: CUDA was initialised before the fork; not serving")
+    # out of the collector's reach: no rank's collections walk (and so copy) the ~170,000 objects it inherits
+    gc.freeze()
+    gc.enable()
     request = serve(listener)
     if request is None:  # served: no teardown of torch's objects (nothing here is left to flush but the streams)
         sys.stdout.flush()

