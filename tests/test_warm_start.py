@@ -52,10 +52,11 @@ def _keeper(
     warm: dict[str, str],
     pass_fds: tuple[int, ...] = (),
     flags: tuple[str, ...] = (),
+    module: str = "tests.jobs.warm_keeper",
     **env: str,
 ):
     proc = subprocess.Popen(
-        [sys.executable, *flags, "-m", "tests.jobs.warm_keeper", mode],
+        [sys.executable, *flags, "-m", module, mode],
         env=base_env(**warm, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -167,32 +168,15 @@ def test_a_keeper_hands_its_rank_over_before_it_reads_anything_and_if_refused_fo
     status. Refused, the keeper reads the config and forks the rank cold itself, not asking the warm parent again."""
     bound = {"GFLOWDIST_KEEPER_BOUND_S": "7.5", "IN_MPI": "1"}
     missing = str(REPO / "tests" / "jobs" / "no_such_config.yaml")
-    handed = subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.handing_keeper", missing],
-        env=base_env(**warm, **bound),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    keepers.append(handed)
+    handed = _keeper(keepers, missing, warm, module="tests.jobs.handing_keeper", **bound)
     out, _ = handed.communicate(timeout=120)
     said = out.strip().splitlines()
     assert json.loads(said[0]) == {"tried": 7.5, "by_signal": False, "loaded": []}, out
     assert handed.returncode == 2 and said[1:] == [f"gflowdist run: config error: {missing}: config file not found"], (
         out
     )  # the rank's
-    refused = subprocess.Popen(
-        [sys.executable, "-m", "tests.jobs.handing_keeper", str(REPO / "tests" / "jobs" / "toy.yaml")],
-        env=base_env(**warm, **bound, PYTHONWARMTEST="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    keepers.append(refused)
+    toy = str(REPO / "tests" / "jobs" / "toy.yaml")
+    refused = _keeper(keepers, toy, warm, module="tests.jobs.handing_keeper", **bound, PYTHONWARMTEST="1")
     out, _ = refused.communicate(timeout=120)
     said = out.strip().splitlines()
     assert refused.returncode == 0 and len(said) == 3, out
