@@ -74,6 +74,24 @@ def test_held_payloads_survive_later_messages_of_the_same_size(comm):
     comm.barrier()
 
 
+def test_messages_a_receive_waited_for_are_each_their_own_tensor(comm):
+    """A token passed round the ring 8 times, 24 bytes each time: every receive waits for its message (MPI makes
+    the next message's tensor while it waits, of the size last received). Each message kept is its own."""
+    nxt, prv = ring(comm)
+    kept = []
+    for lap in range(8):
+        if comm.rank == 0:
+            comm.send(numbered(24, lap * comm.size), nxt, tag=14)
+            kept.append(comm.recv(prv, tag=14, timeout=60)[1])
+        else:
+            kept.append(comm.recv(prv, tag=14, timeout=60)[1])
+            comm.send(numbered(24, lap * comm.size + comm.rank), nxt, tag=14)
+    for lap, payload in enumerate(kept):
+        assert np.array_equal(payload.numpy(), numbered(24, lap * comm.size + prv)), lap
+    assert len({payload.data_ptr() for payload in kept}) == len(kept)
+    comm.barrier()
+
+
 def test_compat_sends_byte_tensors_as_they_are(comm):
     """A flat uint8 tensor crosses as its own bytes (kind 1); other values as a wire message (kind 0)."""
     backend = "torch" if comm.engine == "torch" else "mpi"
