@@ -45,6 +45,21 @@ def test_the_pool_hands_a_buffer_out_again_only_once_nothing_holds_it():
     assert pool.take(100).nbytes == 100  # below min_bytes: a fresh array of its own
 
 
+def test_a_pool_without_huge_pages_recycles_plain_arrays_of_its_size_class():
+    """The gloo lanes' frames: plain arrays (no 2 MiB page committed for a header), recycled once dropped."""
+    pool = BufferPool(min_bytes=1 << 20, max_buffers=2, huge_pages=False)
+    frame = pool.take(1 << 20)
+    assert frame.nbytes == frame.base.nbytes == 1 << 20  # exactly the size class: no huge-page padding
+    address = frame.ctypes.data
+    held = torch.from_numpy(frame[:100])  # a message handed over in the frame
+    del frame
+    other = pool.take(1 << 20)
+    assert other.ctypes.data != address, "a frame still held was handed out again"
+    del held
+    assert pool.take(1 << 20).ctypes.data == address, "a released frame was not reused"
+    assert other.base.nbytes == 1 << 20
+
+
 def test_pooled_buffers_start_on_a_huge_page_boundary_and_are_backed_by_huge_pages():
     pool = BufferPool()
     for nbytes in (1 << 20, (5 << 20) + 3, 16 << 20):

@@ -115,11 +115,16 @@ class BufferPool:
     of them, each aligned to :data:`HUGE_PAGE` (see the module's docstring). :meth:`take` returns a
     uint8 array of exactly ``nbytes`` that views a pooled buffer when one is free (no live references),
     else a new one.
+
+    With ``huge_pages=False`` the buffers are plain NumPy arrays of the power of two at or above
+    ``nbytes`` (the gloo lanes' frames: a 40-byte header written into a frame on huge pages would commit
+    a whole 2 MiB page).
     """
 
-    def __init__(self, min_bytes: int = 1 << 20, max_buffers: int = 4):
+    def __init__(self, min_bytes: int = 1 << 20, max_buffers: int = 4, *, huge_pages: bool = True):
         self.min_bytes = min_bytes
         self.max_buffers = max_buffers
+        self.huge_pages = huge_pages
         # (owner, start, capacity): the array that owns the memory (whose reference count says whether a
         # view of it is alive: views of views keep the owner as their base), where the aligned part starts
         self._buffers: list[tuple[np.ndarray, int, int]] = []
@@ -136,8 +141,12 @@ class BufferPool:
         if best is not None:
             owner, start, _ = best
             return owner[start : start + nbytes]
-        capacity = max(HUGE_PAGE, 1 << (nbytes - 1).bit_length())
-        owner, start = _huge_page_owner(capacity)
+        if self.huge_pages:
+            capacity = max(HUGE_PAGE, 1 << (nbytes - 1).bit_length())
+            owner, start = _huge_page_owner(capacity)
+        else:
+            capacity = 1 << (nbytes - 1).bit_length()
+            owner, start = np.empty(capacity, dtype=np.uint8), 0
         if len(self._buffers) >= self.max_buffers:
             self._buffers.pop(0)
         self._buffers.append((owner, start, capacity))

@@ -29,6 +29,7 @@ all sub-groups from it (as :class:`~gflowdist.context.DistributedContext` does).
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -36,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,7 +49,7 @@ from gflowdist.comm.base import (
     file_in_inbox,
     take_from_inbox,
 )
-from gflowdist.comm.buffers import as_byte_array, read_only_tensor
+from gflowdist.comm.buffers import BufferPool, as_byte_array, read_only_tensor
 from gflowdist.comm.session import forget, register, track, unregister
 from gflowdist.comm.torch_collectives import TorchCollectives
 from gflowdist.comm.torch_p2p import CLOSE_CHANNEL, Lane, SendHandle, close_notices, post_message
@@ -91,9 +93,13 @@ class TorchComm(TorchCollectives):
         #: the receiver threads stop receiving while this much is waiting unread, so a slow
         #: reader pushes back on its senders instead of buffering without bound
         self.max_inbox_bytes = 64 << 20
-        self._arrived = threading.Condition()  # guards _inbox, _inbox_bytes and _receive_error
-        self._receive_error: BaseException | None = None
+        self._arrived = threading.Condition()  # guards _inbox, _inbox_bytes and _receive_errors
+        #: what the receiver threads failed on, oldest first: each is raised once, by the next receive
+        self._receive_errors: collections.deque[BaseException] = collections.deque()
         self._lanes: dict[int, Lane] = {}  # peer -> what it sends us (torch_p2p)
+        # the buffers of messages in pieces, for every lane (as many as MPIComm keeps), taken under the lock
+        self._receive_pool = BufferPool()
+        self._receive_pool_lock = threading.Lock()
         self._receivers: list[threading.Thread] = []
         self._send_lock = threading.Lock()
         self._sends: queue.SimpleQueue[SendHandle | None] = queue.SimpleQueue()
@@ -251,9 +257,8 @@ class TorchComm(TorchCollectives):
 
     def _take_queued(self, src: int | None, tag: int) -> tuple[int, torch.Tensor, int] | None:
         """Pop the oldest matching message (caller holds ``_arrived``)."""
-        if self._receive_error is not None:
-            error, self._receive_error = self._receive_error, None
-            raise error
+        if self._receive_errors:
+            raise self._receive_errors.popleft()
         if not self._inbox:
             return None
         found = take_from_inbox(self._inbox, src, tag)
@@ -270,13 +275,18 @@ class TorchComm(TorchCollectives):
             self._inbox_bytes += payload.numel()
             self._arrived.notify_all()
 
+    def _take_buffer(self, nbytes: int) -> np.ndarray:
+        """A receive buffer of ``nbytes`` from the pool the lanes share (called by whichever thread holds a lane)."""
+        with self._receive_pool_lock:
+            return self._receive_pool.take(nbytes)
+
     def _wait_for_room(self) -> None:
         with self._arrived:
             self._arrived.wait_for(lambda: self._inbox_bytes < self.max_inbox_bytes or self._freed)
 
     def _fail(self, error: BaseException) -> None:
         with self._arrived:
-            self._receive_error = error
+            self._receive_errors.append(error)
             self._arrived.notify_all()
 
     def _send_close_notices(self) -> None:
@@ -307,7 +317,9 @@ class TorchComm(TorchCollectives):
         for peer in range(self.size):
             if peer == self.rank:
                 continue
-            lane = self._lanes[peer] = Lane(self._open_pg(), peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes)
+            lane = self._lanes[peer] = Lane(
+                self._open_pg(), peer, self._p2p_ranks[peer], lambda: self.max_recv_bytes, self._take_buffer
+            )
             deliver = lambda channel, payload, kind, peer=peer: self._file(channel, peer, payload, kind)  # noqa: E731
             thread = threading.Thread(
                 target=lane.serve,

@@ -8,8 +8,8 @@ mode       payload                                         gloo operations
 =========  ==============================================  ===========================
 INLINE     up to ``INLINE_BYTES``, right behind the        1 (the payload is copied
            header in the same message                      behind the header)
-PIECES     larger, in pieces of ``piece bytes`` (at most   1 + pieces, no copy on the
-           ``DATA_BYTES``) sent right after the header     sending side
+PIECES     larger, in the pieces :func:`piece_bounds`      1 + pieces, no copy on the
+           lays out, sent right after the header           sending side
 =========  ==============================================  ===========================
 
 A channel of :data:`CLOSE_CHANNEL` is the notice a peer sends when it frees
@@ -29,9 +29,22 @@ with ``terminate called without an active exception``.)
 
 Because the receives are posted in advance, a sender's message leaves at
 once (gloo holds a send back until the receiver has announced a matching
-receive; an any-source receive announces nothing until a send arrives). A
-piece lands in a posted frame and is copied out of it into the message's
-buffer, and the frame is posted again at once.
+receive; an any-source receive announces nothing until a send arrives).
+
+**Where a piece lands.** When a header has been read, exactly
+``HEADER_WINDOW - 1`` frames are still posted, so the peer's next operations
+land in them. A message of one piece (up to ``DATA_BYTES``) lands in a frame:
+from ``HAND_OVER_BYTES`` on, that frame *is* the payload handed to the
+caller (no copy; a frame from the lane's pool takes its place, and comes
+back into service once the caller drops the message), below it the payload
+is copied out. A larger message opens with ``LEAD_PIECES`` pieces of
+``LEAD_BYTES`` that fill those frames (copied out: 12 KiB), and its other
+pieces, up to ``DIRECT_BYTES`` each, land straight in the message's buffer:
+their receives are posted as soon as the header is read, in order, and no
+frame is posted again before the last of them. Before this, every piece
+landed in a frame and was copied out of it: a 16 MiB message was 17 gloo
+operations and a 16 MiB copy (docs/transport.md, "gloo: pieces received in
+place").
 
 The receiving side keeps a :class:`Lane` per peer. Gloo reports a receive
 complete only from a blocking ``wait()``, so each lane has a thread that
@@ -45,10 +58,11 @@ no receive is left posted on the group once both sides have freed.
 from __future__ import annotations
 
 import collections
+import itertools
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -93,6 +107,16 @@ FRAME_BYTES = max(HEADER_BYTES + INLINE_BYTES, DATA_BYTES)
 HEADER_WINDOW = 4
 #: a lane's thread takes the lane back this long after the last direct receive from it
 PARK_S = 0.002
+#: a message of one piece of at least this size is handed over in the frame it landed in (no copy)
+HAND_OVER_BYTES = DATA_BYTES // 2
+#: the pieces of a message that land in the frames its receiver had posted before its header: small, copied out
+LEAD_PIECES = HEADER_WINDOW - 1
+LEAD_BYTES = 4 << 10
+#: pieces after the lead ones are at most this large (or the communicator's smaller chunk_bytes); a receiver
+#: reads the pieces of a message over its limit into one buffer of this size and drops them
+DIRECT_BYTES = 16 << 20
+#: receives of the pieces that land in place kept posted ahead of the one waited on
+DIRECT_AHEAD = 4
 _UINT8 = torch.uint8
 
 
@@ -113,12 +137,29 @@ def post_message(
             envelope[HEADER_BYTES:] = payload.numpy()
         message = torch.from_numpy(envelope)
         return [pg.send([message], dst, HEADER_TAG)], [message]
-    piece = max(1, min(int(chunk_bytes), DATA_BYTES))
+    piece = max(1, min(int(chunk_bytes), DIRECT_BYTES))
     header = torch.from_numpy(np.frombuffer(_HEADER.pack(channel, kind, PIECES, nbytes, piece), dtype=np.uint8).copy())
     works = [pg.send([header], dst, HEADER_TAG)]
-    for start in range(0, nbytes, piece):
-        works.append(pg.send([payload[start : start + piece]], dst, HEADER_TAG))
+    for start, end in piece_bounds(nbytes, piece):
+        works.append(pg.send([payload[start:end]], dst, HEADER_TAG))
     return works, [header, payload]
+
+
+def piece_bounds(total: int, piece: int) -> Iterator[tuple[int, int]]:
+    """Where each piece of a message in pieces starts and ends; its sender and its receiver both follow this.
+
+    A message that fits one frame and one piece travels whole (it lands in a frame). Any other opens with
+    :data:`LEAD_PIECES` pieces of :data:`LEAD_BYTES`, which land in the frames its receiver had posted before
+    the header, and goes on in pieces of ``piece`` bytes, which land straight in the receiver's buffer.
+    """
+    if total <= min(piece, DATA_BYTES):
+        yield 0, total
+        return
+    start, count = 0, 0
+    while start < total:
+        end = min(total, start + (LEAD_BYTES if count < LEAD_PIECES else piece))
+        yield start, end
+        start, count = end, count + 1
 
 
 def close_notices(pg: dist.ProcessGroup, dst: int) -> tuple[list[Any], list[Any]]:
@@ -141,7 +182,14 @@ class Lane:
     lane is never left unobserved for longer than that.
     """
 
-    def __init__(self, pg: dist.ProcessGroup, peer: int, p2p_peer: int, max_recv_bytes: Callable[[], int | None]):
+    def __init__(
+        self,
+        pg: dist.ProcessGroup,
+        peer: int,
+        p2p_peer: int,
+        max_recv_bytes: Callable[[], int | None],
+        take_buffer: Callable[[int], np.ndarray],
+    ):
         self._pg = pg
         self.peer = peer  # the rank of the communicator (errors name it)
         self._src = p2p_peer  # the same rank in pg
@@ -152,23 +200,28 @@ class Lane:
         #: monotonic time of the last direct receive (the lane's thread parks until PARK_S after it)
         self.last_direct = 0.0
         self._wakeup = threading.Event()
-        self._chunk_buffers = BufferPool(max_buffers=2)  # recycled: a fresh 64 MiB costs a page fault per 4 KiB
-        # posted from the start: a sender's message goes out at once (see the module docstring)
-        self._frames = collections.deque(
-            self._post(np.empty(FRAME_BYTES, dtype=np.uint8)) for _ in range(HEADER_WINDOW)
+        self._take_buffer = take_buffer  # a message's buffer, recycled: a fresh 64 MiB costs a page fault per 4 KiB
+        # frames handed over with their message come back into service once the caller drops it
+        self._frame_pool = BufferPool(FRAME_BYTES, max_buffers=HEADER_WINDOW + 4, huge_pages=False)
+        # posted from the start: a sender's message goes out at once (see the module docstring);
+        # (work, buffer, whether it is a frame: a piece's own receive is not posted again)
+        self._frames: collections.deque[tuple[Any, np.ndarray, bool]] = collections.deque(
+            self._post(self._frame_pool.take(FRAME_BYTES)) for _ in range(HEADER_WINDOW)
         )
         self._repost: list[np.ndarray] = []  # frames read, to post again before the next wait
 
-    def _post(self, buffer: np.ndarray) -> tuple[Any, np.ndarray]:
-        return self._pg.recv([torch.from_numpy(buffer)], self._src, HEADER_TAG), buffer
+    def _post(self, buffer: np.ndarray, frame: bool = True) -> tuple[Any, np.ndarray, bool]:
+        return self._pg.recv([torch.from_numpy(buffer)], self._src, HEADER_TAG), buffer, frame
 
-    def _next_frame(self) -> np.ndarray:
-        """Wait for the next operation of the peer; the frame goes back into service at the next call."""
-        while self._repost:  # frames read before (kept out of the caller's way until now)
+    def _next_frame(self, repost: bool = True) -> np.ndarray:
+        """Wait for the next operation of the peer; a frame goes back into service at the next call with
+        ``repost`` true (none during a message's pieces: see :meth:`_gather`)."""
+        while repost and self._repost:  # frames read before (kept out of the caller's way until now)
             self._frames.append(self._post(self._repost.pop()))
-        work, buffer = self._frames.popleft()
+        work, buffer, frame = self._frames.popleft()
         work.wait()
-        self._repost.append(buffer)
+        if frame:
+            self._repost.append(buffer)
         return buffer
 
     def next_message(self) -> tuple[int, torch.Tensor, int] | None:
@@ -247,7 +300,7 @@ class Lane:
         alive: one destroyed at interpreter exit, after the group, can abort
         the process.
         """
-        for work, _ in self._frames:
+        for work, _, _ in self._frames:
             work.wait()
         self._frames.clear()
         self._repost.clear()
@@ -259,18 +312,54 @@ class Lane:
             raise ProtocolError(f"header names channel {channel} and kind {kind}", sender=self.peer)
         if mode == INLINE and 0 <= total <= INLINE_BYTES:
             return buffer[HEADER_BYTES : HEADER_BYTES + total].copy()
-        if mode == PIECES and total > INLINE_BYTES and 0 < chunk <= DATA_BYTES:
+        if mode == PIECES and total > INLINE_BYTES and 0 < chunk <= DIRECT_BYTES:
             limit = self._max_recv_bytes()
             over = limit is not None and total > limit
-            payload = None if over else self._chunk_buffers.take(total)
-            for start in range(0, total, chunk):  # each piece in the next frame, whatever its tag
-                piece = self._next_frame()
-                if payload is not None:
-                    payload[start : start + chunk] = piece[: min(chunk, total - start)]
-            if payload is None:  # over the limit: read to its end, so the peer's next message is found where it starts
+            if HAND_OVER_BYTES <= total <= min(chunk, DATA_BYTES) and not over:  # one piece, in one frame
+                return self._hand_over(total)
+            payload = self._gather(total, chunk, over)
+            if payload is None:
                 raise ProtocolError(f"message of {total} bytes is over the limit of {limit}", sender=self.peer)
             return payload
         raise ProtocolError(f"header claims {total} bytes in mode {mode} (pieces of {chunk})", sender=self.peer)
+
+    def _hand_over(self, total: int) -> np.ndarray:
+        """A message of one piece: the frame it lands in becomes the payload; a pooled frame takes its place."""
+        frame = self._next_frame()
+        self._repost.pop()  # that frame, which the caller keeps now
+        self._repost.append(self._frame_pool.take(FRAME_BYTES))
+        return frame[:total]
+
+    def _gather(self, total: int, chunk: int, over: bool) -> np.ndarray | None:
+        """A message in pieces, into one buffer (None when ``over`` the limit: every piece is read and dropped,
+        so the peer's next message is found where it starts).
+
+        The first pieces land in the frames posted before the header (:func:`piece_bounds` keeps them small)
+        and are copied out. The receives of the others go into the buffer itself, :data:`DIRECT_AHEAD` of them
+        posted ahead, and no frame is posted again before the last of them: every operation of the peer lands
+        where it belongs.
+        """
+        payload = None if over else self._take_buffer(total)
+        scratch = np.empty(min(total, chunk), dtype=np.uint8) if over else None  # where dropped pieces land
+        pieces = piece_bounds(total, chunk)
+        lead = list(itertools.islice(pieces, len(self._frames)))  # the peer's next operations land in these
+
+        def post_next() -> None:
+            start, end = next(pieces, (0, 0))
+            if end:
+                target = payload[start:end] if payload is not None else scratch[: end - start]  # type: ignore[index]
+                self._frames.append(self._post(target, frame=False))
+
+        for _ in range(DIRECT_AHEAD):
+            post_next()
+        for start, end in lead:
+            piece = self._next_frame(repost=False)
+            if payload is not None:
+                payload[start:end] = piece[: end - start]
+        while self._frames and not self._frames[0][2]:  # the pieces received in place, in order
+            self._next_frame(repost=False)
+            post_next()
+        return payload
 
 
 class SendHandle(AsyncSendHandle):
