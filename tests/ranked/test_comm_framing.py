@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gflowdist.compat.torchgfn as tg
-from gflowdist.comm.torch_p2p import DATA_BYTES, DIRECT_BYTES, HAND_OVER_BYTES, INLINE_BYTES
+from gflowdist.comm.torch_p2p import DIRECT_BYTES, HAND_OVER_BYTES, INLINE_BYTES
 from gflowdist.errors import ProtocolError
 
 
@@ -40,17 +40,15 @@ def test_kinds_travel_with_messages_in_order(comm):
     comm.barrier()
 
 
-# sizes at each framing boundary of the torch engine (inline; one piece, copied out of its frame or handed over
-# in it; lead pieces and pieces received in place, one or several); one MPI message each
+# sizes at each framing boundary of the torch engine (inline, copied out of its frame or handed over in it;
+# lead pieces and pieces received in place, one or several); one MPI message each
 SIZES = [
     0,
     1,
-    INLINE_BYTES,
-    INLINE_BYTES + 1,
     HAND_OVER_BYTES - 1,
     HAND_OVER_BYTES,
-    DATA_BYTES,
-    DATA_BYTES + 1,
+    INLINE_BYTES,
+    INLINE_BYTES + 1,
     DIRECT_BYTES + 1,
 ]
 
@@ -68,10 +66,10 @@ def test_every_framing_mode_and_boundary_arrives_whole(comm):
     comm.barrier()
 
 
-@pytest.mark.parametrize("n", [2 * INLINE_BYTES, DATA_BYTES], ids=["copied", "handed-over"])
+@pytest.mark.parametrize("n", [INLINE_BYTES, 2 * INLINE_BYTES], ids=["inline", "pieces"])
 def test_held_payloads_survive_later_messages_of_the_same_size(comm, n):
-    """Six messages of one piece back to back, all kept: recycled receive buffers (on gloo, the frames a message
-    of 1 MiB is handed over in) never overwrite one in use."""
+    """Six messages back to back, all kept: recycled receive buffers (on gloo, the frames an inline payload of
+    1 MiB is handed over in, and the buffers pieces land in) never overwrite one in use."""
     nxt, prv = ring(comm)
     handles = [comm.isend(numbered(n, i), nxt, tag=13) for i in range(6)]
     received = [comm.recv(prv, tag=13, timeout=60)[1] for _ in range(6)]
@@ -141,12 +139,12 @@ def test_a_malformed_gloo_header_is_refused_naming_the_sender(comm):
 
 def test_pieces_of_a_small_chunk_size_arrive_whole(comm):
     """A communicator's own smaller ``chunk_bytes``: on gloo a message past the inline size goes in lead pieces
-    and then pieces of that size, received in place."""
+    and then pieces of that size, received in place (an inline one ignores it)."""
     nxt, prv = ring(comm)
     old = comm.chunk_bytes
     comm.chunk_bytes = 40_000
     try:
-        sizes = [INLINE_BYTES + 1, 200_000, 3 * 40_000]
+        sizes = [INLINE_BYTES + 1, INLINE_BYTES + 200_000, 3 * 40_000]
         handles = [comm.isend(numbered(n, i), nxt, tag=17) for i, n in enumerate(sizes)]
         kept = [comm.recv(prv, tag=17, timeout=60)[1] for _ in sizes]
         for handle in handles:
@@ -159,15 +157,15 @@ def test_pieces_of_a_small_chunk_size_arrive_whole(comm):
 
 
 def test_gloo_messages_over_the_receivers_limit_are_refused_and_the_stream_goes_on(comm):
-    """Over ``max_recv_bytes`` a message in one piece and one in lead and in-place pieces are read to their end
-    and refused naming the sender; the next message arrives whole."""
+    """Over ``max_recv_bytes`` an inline message and one in lead and in-place pieces are read to their end and
+    refused naming the sender; the next message arrives whole."""
     if comm.engine != "torch" or comm.size == 1:
         pytest.skip("the receiver's limit on pieces is the gloo framing's")
     nxt, prv = ring(comm)
     comm.max_recv_bytes = 100_000
     comm.barrier()  # every receiver has its limit before any message arrives (a lane may file one early)
     try:
-        sizes = [200_000, 2 * DATA_BYTES + 5, 1000]
+        sizes = [200_000, 2 * INLINE_BYTES + 5, 1000]
         handles = [comm.isend(numbered(n, i), nxt, tag=18) for i, n in enumerate(sizes)]
         for n in sizes[:2]:
             with pytest.raises(ProtocolError, match=f"message of {n} bytes is over the limit") as info:

@@ -31,20 +31,21 @@ Because the receives are posted in advance, a sender's message leaves at
 once (gloo holds a send back until the receiver has announced a matching
 receive; an any-source receive announces nothing until a send arrives).
 
-**Where a piece lands.** When a header has been read, exactly
-``HEADER_WINDOW - 1`` frames are still posted, so the peer's next operations
-land in them. A message of one piece (up to ``DATA_BYTES``) lands in a frame:
-from ``HAND_OVER_BYTES`` on, that frame *is* the payload handed to the
-caller (no copy; a frame from the lane's pool takes its place, and comes
+**Where a payload lands.** An inline payload lands in a frame with its
+header: from ``HAND_OVER_BYTES`` on, that frame *is* the payload handed to
+the caller (no copy; a frame from the lane's pool takes its place, and comes
 back into service once the caller drops the message), below it the payload
-is copied out. A larger message opens with ``LEAD_PIECES`` pieces of
+is copied out. When the header of a message in pieces has been read,
+exactly ``HEADER_WINDOW - 1`` frames are still posted, so the peer's next
+operations land in them: the message opens with ``LEAD_PIECES`` pieces of
 ``LEAD_BYTES`` that fill those frames (copied out: 12 KiB), and its other
 pieces, up to ``DIRECT_BYTES`` each, land straight in the message's buffer:
 their receives are posted as soon as the header is read, in order, and no
-frame is posted again before the last of them. Before this, every piece
-landed in a frame and was copied out of it: a 16 MiB message was 17 gloo
-operations and a 16 MiB copy (docs/transport.md, "gloo: pieces received in
-place").
+frame is posted again before the last of them. Before this, payloads above
+64 KiB travelled in 1 MiB pieces that each landed in a frame and were copied
+out of it: a 1 MiB message was two gloo operations and a copy, a 16 MiB one
+17 operations and a 16 MiB copy (docs/transport.md, "gloo: pieces received
+in place").
 
 The receiving side keeps a :class:`Lane` per peer. Gloo reports a receive
 complete only from a blocking ``wait()``, so each lane has a thread that
@@ -79,7 +80,6 @@ __all__ = [
     "CHUNK_TAG",
     "CLOSE_CHANNEL",
     "INLINE_BYTES",
-    "DATA_BYTES",
     "HEADER_WINDOW",
     "PARK_S",
     "Lane",
@@ -98,17 +98,15 @@ INLINE, PIECES = 0, 1
 _HEADER = struct.Struct("<5q")
 HEADER_BYTES = _HEADER.size
 #: payloads up to this size travel inside the header message (copied once, one gloo operation)
-INLINE_BYTES = 64 << 10
-#: larger payloads travel in pieces of this size (or the communicator's smaller chunk_bytes)
-DATA_BYTES = 1 << 20
-#: the size of every receive a lane keeps posted: a header with its inline payload, or a piece
-FRAME_BYTES = max(HEADER_BYTES + INLINE_BYTES, DATA_BYTES)
+INLINE_BYTES = 1 << 20
+#: the size of every receive a lane keeps posted: a header with its inline payload, or a lead piece
+FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 #: receives each lane keeps posted for its peer (so many operations of a peer leave without waiting)
 HEADER_WINDOW = 4
 #: a lane's thread takes the lane back this long after the last direct receive from it
 PARK_S = 0.002
-#: a message of one piece of at least this size is handed over in the frame it landed in (no copy)
-HAND_OVER_BYTES = DATA_BYTES // 2
+#: an inline payload of at least this size is handed over in the frame it landed in (no copy)
+HAND_OVER_BYTES = INLINE_BYTES // 2
 #: the pieces of a message that land in the frames its receiver had posted before its header: small, copied out
 LEAD_PIECES = HEADER_WINDOW - 1
 LEAD_BYTES = 4 << 10
@@ -148,13 +146,9 @@ def post_message(
 def piece_bounds(total: int, piece: int) -> Iterator[tuple[int, int]]:
     """Where each piece of a message in pieces starts and ends; its sender and its receiver both follow this.
 
-    A message that fits one frame and one piece travels whole (it lands in a frame). Any other opens with
-    :data:`LEAD_PIECES` pieces of :data:`LEAD_BYTES`, which land in the frames its receiver had posted before
-    the header, and goes on in pieces of ``piece`` bytes, which land straight in the receiver's buffer.
+    :data:`LEAD_PIECES` pieces of :data:`LEAD_BYTES` first, which land in the frames the receiver had posted
+    before the header, then pieces of ``piece`` bytes, which land straight in the receiver's buffer.
     """
-    if total <= min(piece, DATA_BYTES):
-        yield 0, total
-        return
     start, count = 0, 0
     while start < total:
         end = min(total, start + (LEAD_BYTES if count < LEAD_PIECES else piece))
@@ -310,25 +304,22 @@ class Lane:
         """This message's payload, a numpy array the caller may keep."""
         if not 0 <= channel <= (1 << 31) or kind not in (0, 1):
             raise ProtocolError(f"header names channel {channel} and kind {kind}", sender=self.peer)
+        limit = self._max_recv_bytes()
+        over = limit is not None and total > limit
         if mode == INLINE and 0 <= total <= INLINE_BYTES:
-            return buffer[HEADER_BYTES : HEADER_BYTES + total].copy()
-        if mode == PIECES and total > INLINE_BYTES and 0 < chunk <= DIRECT_BYTES:
-            limit = self._max_recv_bytes()
-            over = limit is not None and total > limit
-            if HAND_OVER_BYTES <= total <= min(chunk, DATA_BYTES) and not over:  # one piece, in one frame
-                return self._hand_over(total)
-            payload = self._gather(total, chunk, over)
-            if payload is None:
+            if over:  # read whole already: the peer's next message is in the next frame
                 raise ProtocolError(f"message of {total} bytes is over the limit of {limit}", sender=self.peer)
+            payload = buffer[HEADER_BYTES : HEADER_BYTES + total]
+            if total < HAND_OVER_BYTES:
+                return payload.copy()
+            self._repost[-1] = self._frame_pool.take(FRAME_BYTES)  # this frame goes with the payload
             return payload
+        if mode == PIECES and total > INLINE_BYTES and 0 < chunk <= DIRECT_BYTES:
+            gathered = self._gather(total, chunk, over)
+            if gathered is None:
+                raise ProtocolError(f"message of {total} bytes is over the limit of {limit}", sender=self.peer)
+            return gathered
         raise ProtocolError(f"header claims {total} bytes in mode {mode} (pieces of {chunk})", sender=self.peer)
-
-    def _hand_over(self, total: int) -> np.ndarray:
-        """A message of one piece: the frame it lands in becomes the payload; a pooled frame takes its place."""
-        frame = self._next_frame()
-        self._repost.pop()  # that frame, which the caller keeps now
-        self._repost.append(self._frame_pool.take(FRAME_BYTES))
-        return frame[:total]
 
     def _gather(self, total: int, chunk: int, over: bool) -> np.ndarray | None:
         """A message in pieces, into one buffer (None when ``over`` the limit: every piece is read and dropped,
