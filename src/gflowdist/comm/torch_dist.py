@@ -2,8 +2,8 @@
 
 Point-to-point framing (:mod:`gflowdist.comm.torch_p2p`): every message
 starts with a header ``[channel tag, kind, mode, total bytes, chunk bytes]``;
-a payload up to 64 KiB travels inside the header message (one gloo
-operation), a larger one follows it in pieces. Every operation uses one
+a payload up to 1 MiB travels inside the header message (one gloo
+operation), a larger one follows it in pieces received in place. Every operation uses one
 wire tag and lands in the next receive posted for its sender, so neither
 the framing nor ordering per (sender, channel) depends on tags (NCCL
 ignores them). Byte
