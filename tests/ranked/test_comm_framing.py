@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gflowdist.compat.torchgfn as tg
-from gflowdist.comm.torch_p2p import DIRECT_BYTES, HAND_OVER_BYTES, INLINE_BYTES
+from gflowdist.comm.torch_p2p import DIRECT_BYTES, HAND_OVER_BYTES, INLINE_BYTES, LEAD_BYTES, LEAD_PIECES
 from gflowdist.errors import ProtocolError
 
 
@@ -20,8 +20,9 @@ def ring(comm):
 
 
 def numbered(n: int, seed: int) -> np.ndarray:
-    """``n`` bytes that differ between seeds (a payload overwritten by a later one would show)."""
-    return ((np.arange(n, dtype=np.int64) * 31 + seed * 7) % 251).astype(np.uint8)
+    """``n`` bytes that differ between seeds (a payload overwritten by a later one would show): byte ``i`` is
+    ``(31 i + 7 seed) mod 251``, a pattern of period 251 repeated (cheap at 16 MiB)."""
+    return np.resize(((np.arange(251, dtype=np.int64) * 31 + seed * 7) % 251).astype(np.uint8), n)
 
 
 def test_kinds_travel_with_messages_in_order(comm):
@@ -49,7 +50,7 @@ SIZES = [
     HAND_OVER_BYTES,
     INLINE_BYTES,
     INLINE_BYTES + 1,
-    DIRECT_BYTES + 1,
+    LEAD_PIECES * LEAD_BYTES + DIRECT_BYTES + 1,  # two pieces in place
 ]
 
 
