@@ -12,11 +12,14 @@ Rows, each measured in this run:
   (``launch.devices: [<device>, cpu, cpu, cpu]``: the trainer is local rank 0). Columns: learner
   steps/s (from its metrics rows, start-up excluded), the rate against the CPU learner, the share
   of the learner's timed phases spent moving data (``stage``: batches onto the device,
-  ``publish``: weights off it), and the mean publish.
-* ``staging pinned`` / ``staging pageable`` / ``direct .to()``: one replayed batch (``--batch-mib``)
-  to the device through :class:`gflowdist.runtime.staging.BatchStager` with pinned buffers, with
-  pageable ones, and by a plain ``tensor.to(device)``; MiB/s, against the direct copy. Pinned
-  memory needs CUDA: with ``--device cpu`` the pinned row says so and stages pageably.
+  ``publish``: weights off it), and the mean publish. ``Ape-X wide`` is the same Ape-X run with a
+  1024-wide Q-network learning from 512 transitions a step (:data:`WIDE`): where the GPU's
+  arithmetic outweighs its launch and copy costs.
+* ``staging (default)`` / ``staging pinned`` / ``staging pageable`` / ``direct .to()``: one replayed
+  batch (``--batch-mib``) to the device through :class:`gflowdist.runtime.staging.BatchStager`
+  by its default (one copy per field on its side stream), with pinned buffers, with pageable
+  ones, and by a plain ``tensor.to(device)``; MiB/s, against the direct copy. Pinned memory needs
+  CUDA: with ``--device cpu`` the pinned row says so.
 * ``2 trainers, 1 GPU``: HyperGrid with 2 trainers of one agent group on ``cuda:0`` (both), the
   averaging chosen at start-up (read back from the run's devices.json) and the steps/s per trainer
   against the 1-trainer row.
@@ -50,7 +53,11 @@ from harness import clean_env  # noqa: E402
 #: steps per run: (full, --quick)
 HYPERGRID_STEPS = (400, 12)
 APEX_STEPS = (600, 12)
+APEX_WIDE_STEPS = (200, 6)
 STAGING_ROUNDS = (200, 10)
+#: the "Ape-X wide" rows: a Q-network of two 1024-wide hidden layers learning from 512 replayed transitions a step
+#: (the example's own is 128 wide with 64 a step: too small for a GPU to pay, see the rows above it)
+WIDE = ("params.hidden=1024", "replay.learner_batch=512")
 COLUMNS = ("setup", "device", "rate", "vs baseline", "moving data", "publish ms", "note")
 
 
@@ -119,7 +126,7 @@ def hypergrid(learner: str, steps: int, out: Path, timeout: float) -> dict:
     return learner_numbers(run_job(HYPERGRID, ranks, overrides, out, timeout))
 
 
-def apex(learner: str, steps: int, out: Path, timeout: float) -> dict:
+def apex(learner: str, steps: int, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> dict:
     ranks = 4  # learner 0, actor 1, buffer 2, coordinator 3
     overrides = [
         "layout.actors=1",
@@ -131,9 +138,15 @@ def apex(learner: str, steps: int, out: Path, timeout: float) -> dict:
         f"sync.weights_to_coordinator_every={max(1, steps // 3)}",
         "replay.min_size_to_sample=128",
         f"launch.devices={devices(learner, ranks)}",
-        "run.name=gpu-apex",
+        "run.name=gpu-apex" + ("-wide" if extra else ""),
+        *extra,
     ]
     return learner_numbers(run_job(APEX, ranks, overrides, out, timeout))
+
+
+def apex_wide(learner: str, steps: int, out: Path, timeout: float) -> dict:
+    """The Ape-X run with a model and batch big enough for the GPU's arithmetic to count (:data:`WIDE`)."""
+    return apex(learner, steps, out, timeout, extra=WIDE)
 
 
 def sharing(learner: str, steps: int, out: Path, timeout: float) -> dict:
@@ -154,7 +167,8 @@ def sharing(learner: str, steps: int, out: Path, timeout: float) -> dict:
 
 
 def staging(device: str, mib: float, rounds: int) -> dict[str, float | None]:
-    """MiB/s of one batch of ``mib`` MiB to ``device``: pinned staging, pageable staging, a direct copy."""
+    """MiB/s of one batch of ``mib`` MiB to ``device``: the stager's default (one copy per field on a side
+    stream), staging through pinned and through pageable buffers, a plain ``.to()`` on the current stream."""
     from gflowdist.runtime.staging import BatchStager
 
     rows = int(mib * (1 << 20) / (2 * 64 * 4))
@@ -180,9 +194,11 @@ def staging(device: str, mib: float, rounds: int) -> dict[str, float | None]:
                 raise BenchmarkError(f"staging to {device} changed field {name!r}")
         return nbytes * rounds / elapsed / (1 << 20)
 
+    default = BatchStager(device, copy_on_cpu=True)
     pinned = BatchStager(device, pin_memory=True) if on_cuda else None
     pageable = BatchStager(device, pin_memory=False, copy_on_cpu=True)
     return {
+        "default": rate(lambda: default.stage(batch)),
         "pinned": rate(lambda: pinned.stage(batch)) if pinned is not None else None,
         "pageable": rate(lambda: pageable.stage(batch)),
         "direct": rate(lambda: {k: v.to(device, copy=True) for k, v in batch.items()}),
@@ -222,13 +238,18 @@ def measure(args: argparse.Namespace, out: Path, rows: list[tuple[str, ...]], re
     device = args.device
     baseline = device != "cpu"  # with --device cpu the learner is its own baseline: no second run
     jobs: dict[tuple[str, str], tuple] = {}
-    for name, run, steps in (("HyperGrid", hypergrid, HYPERGRID_STEPS), ("Ape-X", apex, APEX_STEPS)):
+    setups = (
+        ("HyperGrid", hypergrid, HYPERGRID_STEPS),
+        ("Ape-X", apex, APEX_STEPS),
+        ("Ape-X wide", apex_wide, APEX_WIDE_STEPS),
+    )
+    for name, run, steps in setups:
         jobs[(name, device)] = (run, device, steps[quick])
         if baseline:
             jobs[(name, "cpu")] = (run, "cpu", steps[quick])
     jobs[("shared", device)] = (sharing, device, HYPERGRID_STEPS[quick])
     results = run_all(jobs, out, args.timeout, parallel=args.quick)
-    for name in ("HyperGrid", "Ape-X"):
+    for name, _, _ in setups:
         mine, cpu = results[(name, device)], results.get((name, "cpu")) if baseline else None
         record[name] = {"learner": mine, "cpu": cpu}
         for where, result, base in ((device, mine, cpu), ("cpu", cpu, None)):
@@ -248,7 +269,13 @@ def measure(args: argparse.Namespace, out: Path, rows: list[tuple[str, ...]], re
             )
     moved = staging(device, args.batch_mib, STAGING_ROUNDS[quick])
     record["staging"] = moved
-    for label, key in (("staging pinned", "pinned"), ("staging pageable", "pageable"), ("direct .to()", "direct")):
+    labels = (
+        ("staging (default)", "default"),
+        ("staging pinned", "pinned"),
+        ("staging pageable", "pageable"),
+        ("direct .to()", "direct"),
+    )
+    for label, key in labels:
         value = moved[key]
         vs = f"{value / moved['direct']:.2f}x" if value is not None and key != "direct" else "baseline"
         note = f"a {moved['bytes'] / (1 << 20):.1f} MiB batch, MiB/s"

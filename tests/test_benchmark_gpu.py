@@ -36,11 +36,18 @@ def test_quick_run_on_the_cpu_prints_one_table_with_every_row(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert not list(tmp_path.glob("gflowdist-gpu-*"))  # its runs' temporary directory is removed after a pass
     rows = {cells(line)[0]: cells(line) for line in out.stdout.splitlines()[1:]}
-    for name in ("HyperGrid learner steps/s", "Ape-X learner steps/s", "2 trainers, 1 device steps/s"):
+    for name in (
+        "HyperGrid learner steps/s",
+        "Ape-X learner steps/s",
+        "Ape-X wide learner steps/s",
+        "2 trainers, 1 device steps/s",
+    ):
         assert float(rows[name][2]) > 0, out.stdout
     assert float(rows["staging pageable"][2]) > 0 and float(rows["direct .to()"][2]) > 0
+    assert float(rows["staging (default)"][2]) > 0
     assert rows["staging pinned"][2] == "-" and "needs CUDA" in rows["staging pinned"][-1]
     record = json.loads((tmp_path / "gpu.json").read_text())
+    assert record["staging"]["default"] > 0 and record["staging"]["pinned"] is None
     (shared,) = record["shared"]["averaging"]
     assert shared["ranks"] == [0, 1] and shared["path"] == "host"
     assert "averaging: host memory on" in rows["2 trainers, 1 device steps/s"][-1]

@@ -34,9 +34,24 @@ def batch(n: int, seed: int) -> dict:
     return {"x": torch.randn(n, 16, generator=g), "keys": torch.arange(n)}
 
 
-def test_pinned_staging_reaches_the_gpu_with_its_values():
+def test_by_default_a_batch_reaches_the_gpu_in_one_copy_per_field_and_the_source_is_free_at_once():
     stager = BatchStager("cuda:0")
-    assert stager.pin_memory and stager.stream is not None
+    assert stager.direct and stager.stream is not None
+    g = torch.Generator().manual_seed(2)
+    pageable = torch.randn(1 << 23, generator=g)  # 32 MiB: long enough for a late copy to see the overwrite
+    pinned = torch.randn(1 << 23, generator=g).pin_memory()
+    kept = {"pageable": pageable.clone(), "pinned": pinned.clone()}
+    out = stager.stage({"pageable": pageable, "pinned": pinned})
+    pageable.zero_()
+    pinned.zero_()  # the caller may reuse its tensors once stage() has returned
+    for name, value in kept.items():
+        assert out[name].device.type == "cuda" and torch.equal(out[name].cpu(), value), name
+    assert all(not slot.flat for slot in stager.slots)  # no host buffers on this path
+
+
+def test_pinned_staging_reaches_the_gpu_with_its_values():
+    stager = BatchStager("cuda:0", pin_memory=True)
+    assert stager.pin_memory and not stager.direct and stager.stream is not None
     batches = [batch(256, seed) for seed in range(5)]
     outs = [stager.stage(b) for b in batches]
     for b, out in zip(batches, outs, strict=True):
@@ -45,8 +60,9 @@ def test_pinned_staging_reaches_the_gpu_with_its_values():
     assert sum(slot.allocations for slot in stager.slots) == 4  # 2 slots x 2 fields, reused after
 
 
-def test_the_step_right_after_staging_sees_the_whole_batch():
-    stager = BatchStager("cuda:0")
+@pytest.mark.parametrize("pin_memory", [None, True])
+def test_the_step_right_after_staging_sees_the_whole_batch(pin_memory):
+    stager = BatchStager("cuda:0", pin_memory=pin_memory)
     big = torch.randn(1 << 22, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     out = stager.stage({"x": big})
     total = out["x"].sum()  # on the compute stream, which waited for the copy stream

@@ -47,6 +47,21 @@ def test_staging_copies_into_reused_buffers_and_hands_fresh_tensors():
     assert stager.batches == 5 and stager.bytes == 5 * (8 * 4 * 4 + 8 * 8)
 
 
+def test_by_default_each_field_is_copied_once_with_no_host_buffers():
+    stager = BatchStager("cpu", copy_on_cpu=True)  # the GPU's default path, with the CPU in its place
+    assert stager.direct and not stager.pin_memory
+    b = batch(8)
+    out = stager.stage(b)
+    kept = {k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)}
+    for tensor in kept:
+        b[tensor].zero_()  # the caller may reuse its tensors once stage() has returned
+    for name, value in kept.items():
+        assert torch.equal(out[name], value) and out[name].data_ptr() != b[name].data_ptr()
+    assert out["note"] == "not a tensor" and all(not s.flat for s in stager.slots)
+    assert stager.batches == 1 and stager.bytes == 8 * 4 * 4 + 8 * 8
+    assert not BatchStager("cpu", pin_memory=False, copy_on_cpu=True).direct
+
+
 def test_a_bigger_batch_grows_its_buffer_and_a_smaller_one_reuses_it():
     stager = BatchStager("cpu", pin_memory=False, copy_on_cpu=True, slots=1)
     stager.stage(batch(4))
