@@ -53,8 +53,8 @@ def test_by_default_each_field_is_copied_once_with_no_host_buffers():
     b = batch(8)
     out = stager.stage(b)
     kept = {k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)}
-    for tensor in kept:
-        b[tensor].zero_()  # the caller may reuse its tensors once stage() has returned
+    for name in kept:
+        b[name].zero_()  # the caller may reuse its tensors once stage() has returned
     for name, value in kept.items():
         assert torch.equal(out[name], value) and out[name].data_ptr() != b[name].data_ptr()
     assert out["note"] == "not a tensor" and all(not s.flat for s in stager.slots)
