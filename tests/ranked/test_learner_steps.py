@@ -128,3 +128,73 @@ def test_target_kl_stops_every_member_at_the_same_minibatch_on_the_groups_mean_k
     assert all(torch.equal(other, mine) for other in comm.all_gather(mine))  # the averages lined up
     values = step(data(comm.rank), step=1)  # the next trainer step starts its epochs anew, still aligned
     assert all(torch.equal(other, flat(trainer.model)) for other in comm.all_gather(flat(trainer.model)))
+
+
+class StopFlag:
+    """The stop flag of a rank's wiring, as :meth:`AgentGroup.agree_to_stop` uses it."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+
+class Wired:
+    """What ``agree_to_stop`` reads of a rank's wiring: the choices (who sees a stop, before which step) and the flag."""
+
+    def __init__(self, sees_stop_from: int | None):
+        self.stop = StopFlag()
+        self.choices = self
+        self.sees_stop_from = sees_stop_from
+        self.asked: list[int] = []
+
+    def stop_seen(self, point: int) -> bool:
+        self.asked.append(point)
+        seen = self.sees_stop_from is not None and point >= self.sees_stop_from
+        if seen:
+            self.stop.set("a signal")
+        return seen
+
+
+def counts(timer: StepTimer) -> dict[str, int]:
+    return {name: len(durations) for (name, _group), durations in timer.collectives.items()}
+
+
+@pytest.mark.parametrize("target_kl", [None, 0.001])
+def test_the_group_stops_together_at_the_step_after_any_member_saw_a_stop(comm, target_kl):
+    """The last member sees a stop before step 3: every member stops there. The vote rides in the step's
+    gradient average, so each step costs one collective; where the epochs end before any average
+    (target_kl far below the KL), each vote is an all-reduce of its own."""
+    trainer = Drifting(rank=comm.rank, config=None, generator=torch.Generator().manual_seed(comm.rank))
+    trainer.setup()
+    timer = StepTimer()
+    group = AgentGroup(comm, SyncConfig(mode="gradients"), timer)
+    step = LearnerStep(
+        trainer,
+        group,
+        LearnerConfig(target_kl=target_kl),
+        timer,
+        rank=comm.rank,
+        on_nonfinite="fail",
+        note_skip=print,
+    )
+    wired = Wired(3 if comm.rank == comm.size - 1 else None)
+    s = 0
+    while s < 10 and not group.agree_to_stop(wired, s):  # type: ignore[arg-type]  # the wiring's two parts it reads
+        step(data(comm.rank), step=s)
+        s += 1
+    assert s == 3
+    assert wired.asked == [0, 1, 2, 3]  # each vote asked once, about the step it decides
+    if comm.rank == comm.size - 1:
+        assert wired.stop.reason == "a signal"
+    else:
+        assert wired.stop.reason == "an agent-group peer stopped"
+    if comm.size == 1:
+        assert counts(timer) == {}  # a group of one has no one to vote with
+    elif target_kl is None:
+        assert counts(timer) == {"stop_vote": 1, "gradients": 3}  # only the first step's vote stands alone
+    else:
+        assert counts(timer) == {"stop_vote": 4, "kl": 3}  # no average to ride: a vote of its own per step
+    mine = flat(trainer.model)
+    assert all(torch.equal(other, mine) for other in comm.all_gather(mine))

@@ -42,6 +42,22 @@ def test_average_gradients_closed_form(comm):
     assert gathered_equal(comm, [p.grad for p in model.parameters()])
 
 
+def test_a_rider_travels_in_the_reduction_and_leaves_the_gradients_alone(comm):
+    """Rank r's rider is r + 1 (their mean is (n + 1) / 2); the gradients' mean is what it is without one,
+    in the very bits, across several buckets (a 64-byte cap cuts this model's parameters into four)."""
+    n = comm.size
+    bare, carrying = make_model(), make_model()
+    for step in range(2):
+        set_grads(bare, comm.rank + step)
+        set_grads(carrying, comm.rank + step)
+        assert average_gradients(bare, comm, bucket_cap_bytes=64) is None  # no rider, nothing returned
+        mean = average_gradients(carrying, comm, bucket_cap_bytes=64, rider=float(comm.rank + 1 + step))
+        assert mean == ((n + 1) / 2 + step if n > 1 else None)  # a group of one reduces nothing
+        for a, b in zip(bare.parameters(), carrying.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad)
+    assert average_gradients(torch.nn.Linear(2, 2).requires_grad_(False), comm, rider=1.0) is None  # nothing to ride
+
+
 def test_repeated_calls_reuse_bucket_views(comm):
     n = comm.size
     model = make_model()

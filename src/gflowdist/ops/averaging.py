@@ -23,7 +23,10 @@ decides which parameters share one). A call
 
 Because the presence flags travel inside the same reduction, ranks agree on
 which parameters have gradients without a second collective, and a rank
-with a ``None`` gradient cannot desynchronise the others.
+with a ``None`` gradient cannot desynchronise the others. One more slot, the
+*rider*, carries a number of the caller's in the first bucket's reduction
+(``average_gradients(..., rider=x)`` returns its mean over the group): an
+agent group's stop vote travels there instead of in a collective of its own.
 
 How a gradient comes to live in its slot without changing identity: its
 values are copied into the slot and the *same tensor object* is re-pointed
@@ -200,23 +203,33 @@ class GradientAverager:
             )
         self._checked = True
 
-    def __call__(self) -> None:
-        """Average the gradients now (a collective: every rank of the group must call it)."""
+    def __call__(self, rider: float | None = None) -> float | None:
+        """Average the gradients now (a collective: every rank of the group must call it).
+
+        With ``rider``, that number travels in the first bucket's reduction and
+        its mean over the group is returned (every rank must pass one, or none).
+        None when nothing was reduced: a group of one, or no parameter needing
+        a gradient.
+        """
         comm = self.group
         if comm.size == 1 or not self.params:
-            return
+            return None
         if not self._checked:
             self._check_layout()
         if self._buckets is None:
             self._buckets = _bucket_set(self.params, self.bucket_cap_bytes)
         size = comm.size
-        for bucket in self._buckets.buckets:
+        buckets = self._buckets.buckets
+        if rider is not None:
+            buckets[0].rider.fill_(rider)
+        for bucket in buckets:
             missing, copied = bucket.fill()
             comm.all_reduce(bucket.flat, ReduceOp.SUM)
             # torch's division (about half the time of the engine's numpy one), correctly rounded:
             # the originals' ``sum / n`` bits, which ``mul_(1 / n)`` would not give for n = 3, 5, ...
             bucket.flat.div_(size)
             bucket.write_back(missing, copied)
+        return None if rider is None else float(buckets[0].rider.item())
 
     average = __call__
 
@@ -229,31 +242,32 @@ def average_gradients(
     group: Group | None = None,
     *,
     bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
-) -> None:
+    rider: float | None = None,
+) -> float | None:
     """Replace every gradient by its mean over ``group`` (see module docstring), in place.
 
     Each existing ``p.grad`` stays the same tensor and receives the mean.
     For a module, the flat buffers are kept between calls (one
     :class:`GradientAverager` per module and group, sharing the buffers);
     for a plain iterable of parameters they are rebuilt each call (keep a
-    :class:`GradientAverager` yourself in a hot loop).
+    :class:`GradientAverager` yourself in a hot loop). ``rider``: a number
+    that travels in the same reduction; its mean over the group is returned
+    (None when nothing was reduced: see :meth:`GradientAverager.__call__`).
     """
     comm = group_or_world(group)
     if comm.size == 1:
-        return
+        return None
     params = parameters_of(model)
     if not isinstance(model, torch.nn.Module):
-        GradientAverager(params, comm, bucket_cap_bytes=bucket_cap_bytes)()
-        return
+        return GradientAverager(params, comm, bucket_cap_bytes=bucket_cap_bytes)(rider)
     cached = _AVERAGERS.setdefault(model, [])
     for averager in cached:
         if averager.bucket_cap_bytes == bucket_cap_bytes and averager.matches(params, comm):
-            averager()
-            return
+            return averager(rider)
     cached[:] = [a for a in cached if a.group is not comm]
     averager = GradientAverager(params, comm, bucket_cap_bytes=bucket_cap_bytes)
     cached.append(averager)
-    averager()
+    return averager(rider)
 
 
 def average_models(model: torch.nn.Module | Iterable[torch.Tensor], group: Group | None = None) -> None:

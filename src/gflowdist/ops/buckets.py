@@ -131,7 +131,7 @@ def _movable(grad: torch.Tensor, slot: torch.Tensor) -> bool:
 
 
 class GradBucket:
-    """One flat buffer: a slot for each parameter's gradient, then one presence flag each.
+    """One flat buffer: a slot for each parameter's gradient, then one presence flag each, then a rider.
 
     A gradient *lives in* its slot when its data is the slot's memory. The
     bucket moves gradients there while keeping every tensor object
@@ -143,13 +143,15 @@ class GradBucket:
     object it was.
     """
 
-    __slots__ = ("__weakref__", "flat", "occupants", "offsets", "params", "pointers", "presence", "slots")
+    __slots__ = ("__weakref__", "flat", "occupants", "offsets", "params", "pointers", "presence", "rider", "slots")
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
         numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(numel + len(params), dtype=params[0].dtype, device=params[0].device)
-        self.presence = self.flat[numel:]
+        self.flat = torch.zeros(numel + len(params) + 1, dtype=params[0].dtype, device=params[0].device)
+        self.presence = self.flat[numel : numel + len(params)]
+        #: one number that travels in the same reduction (the caller's, e.g. an agent group's stop vote)
+        self.rider = self.flat[numel + len(params) :]
         self.slots, self.offsets, offset = [], [], 0
         for p in params:
             self.slots.append(self.flat[offset : offset + p.numel()].view(p.shape))

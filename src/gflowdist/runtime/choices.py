@@ -48,6 +48,10 @@ class Choices:
         """A choice made by the clock (``value``; about rank ``who``, if given), or as recorded."""
         return self.tape.decide(site, point, value, who)
 
+    def reached(self, point: int) -> None:
+        """My loop is at ``point`` (a step) now: where a replay says a divergence happened."""
+        self.tape.reached(point)
+
     def check(self, site: Site, point: int, value: Callable[[], Any]) -> None:
         """A value a replay must reproduce to the bit (``value()`` is only computed when recording or replaying)."""
         if self.tape.recording or self.tape.replaying:

@@ -173,6 +173,9 @@ class ReplayTape(Tape):
             )
         self._advance()
 
+    def reached(self, point: int) -> None:
+        self._step = point
+
     def finish(self) -> None:
         if self.events and not self.interrupted:
             raise self._diverged(

@@ -156,6 +156,9 @@ class Tape:
     def check(self, site: Site, point: int, value: Any) -> None:
         """A value that a replay must reproduce exactly (a loss, a digest)."""
 
+    def reached(self, point: int) -> None:
+        """The rank's loop is at ``point`` now (a replay names it beside a divergence counted in trajectories)."""
+
     def finish(self) -> None:
         """The rank's loop ended (a replay checks that it replayed every recorded event)."""
 

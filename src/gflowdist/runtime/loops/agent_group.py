@@ -5,6 +5,13 @@
 averaged every ``sync.every`` versions, after it) or ``none`` (each trainer
 learns alone). A group of one has nothing to average.
 
+The group stops at one step on every member (:meth:`AgentGroup.agree_to_stop`):
+each votes whether to stop before the next step. In mode ``gradients`` the
+vote rides in the step's first gradient average (the bucket's rider slot,
+:func:`~gflowdist.ops.averaging.average_gradients`), so a step costs one
+collective, not two; a vote that found no average to ride (the first step,
+or a step whose epochs ended before any average) is a MAX all-reduce of its own.
+
 Each collective of the group is timed on every member
 (:meth:`StepTimer.collective <gflowdist.timing.StepTimer.collective>`): the stop
 vote, the gradient and the model averages; the report names the member that
@@ -12,6 +19,8 @@ arrived last at each and how long the others waited on it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -36,6 +45,10 @@ class AgentGroup:
         self.members = tuple(comm.world_rank(r) for r in range(comm.size)) if comm is not None else ()
         #: whether every step's gradients are averaged over the group (mode ``gradients``)
         self.averages_gradients = self.shared and sync.mode == "gradients"
+        #: the next vote, to ride in the next gradient average: ``(step it is about, how to see my stop)``
+        self._vote: tuple[int, Callable[[int], bool]] | None = None
+        #: a vote the last gradient average carried: ``(step, the group's decision, mine)``
+        self._carried: tuple[int, bool, bool] | None = None
 
     def _averaged(self, model: torch.nn.Module | None) -> torch.nn.Module:
         """The model this shared group averages; a named error when the trainer set none."""
@@ -62,12 +75,17 @@ class AgentGroup:
                 sync_params(self._averaged(model), self.comm)
 
     def average_gradients(self, model: torch.nn.Module | None) -> None:
-        """Average the gradients over the group (mode ``gradients``)."""
+        """Average the gradients over the group (mode ``gradients``); the first of a step carries the stop vote."""
         from gflowdist.ops.averaging import average_gradients
 
-        if self.shared and self.sync.mode == "gradients":
-            with self.timer.phase("sync"), self.timer.collective("gradients", self.members):
-                average_gradients(self._averaged(model), self.comm)
+        if not self.averages_gradients:
+            return
+        vote, self._vote = self._vote, None
+        mine = vote[1](vote[0]) if vote is not None else False
+        with self.timer.phase("sync"), self.timer.collective("gradients", self.members):
+            mean = average_gradients(self._averaged(model), self.comm, rider=None if vote is None else float(mine))
+        if vote is not None and mean is not None:  # None: no parameter needs a gradient, so the vote rode nothing
+            self._carried = (vote[0], mean > 0, mine)
 
     def check_same_steps(self, count: int) -> None:
         """Fail on every member, naming each one's count, unless all take ``count`` optimizer steps now.
@@ -117,15 +135,26 @@ class AgentGroup:
 
         A signal reaches the trainers of a group at slightly different times (on
         other hosts, through hydra's proxies); a trainer that stopped alone would
-        leave its peers waiting in the next average forever. One MAX all-reduce
-        of the stop flag per step makes them stop at the same step.
+        leave its peers waiting in the next average forever. So every member
+        votes, and all stop at the same step when any voted to. The vote about
+        ``step`` is taken in the previous step's first gradient average where
+        there was one (mode ``gradients``: a stop seen later waits one step
+        more), else here in a MAX all-reduce of its own. Every member takes the
+        same path: they average alike.
         """
-        stop = w.choices.stop_seen(step)
-        if not self.shared:
-            return stop
-        flag = torch.tensor([1.0 if stop else 0.0])
-        with self.timer.collective("stop_vote", self.members):
-            self.group.all_reduce(flag, op=ReduceOp.MAX)
-        if flag.item() > 0 and not stop:
+        carried, self._carried = self._carried, None
+        if carried is not None and carried[0] == step:
+            _, decided, mine = carried
+        else:
+            mine = w.choices.stop_seen(step)
+            if not self.shared:
+                return mine
+            flag = torch.tensor([1.0 if mine else 0.0])
+            with self.timer.collective("stop_vote", self.members):
+                self.group.all_reduce(flag, op=ReduceOp.MAX)
+            decided = flag.item() > 0
+        if decided and not mine:
             w.stop.set("an agent-group peer stopped")
-        return flag.item() > 0
+        if self.averages_gradients and not decided:
+            self._vote = (step + 1, w.choices.stop_seen)
+        return decided

@@ -17,6 +17,11 @@ metric ``optimizer_steps`` says how many were taken.
 With the defaults (1 epoch, 1 minibatch) this is the two-method common case:
 one ``loss(batch)`` and one optimizer step per trainer step.
 
+The report's phases: ``prepare`` once per trainer step (where the trainer's
+class defines it); per optimizer step one
+``loss`` (the loss, the KL check, backward), one ``sync`` (the group's
+average) and one ``optimizer`` (clipping and the step).
+
 :meth:`Trainer.loss <gflowdist.runtime.roles.Trainer.loss>` returns the scalar
 loss, or a dict holding it under ``"loss"`` beside named numbers (policy loss,
 entropy, KL, ...): :func:`read_loss` checks it and names the trainer's class
@@ -34,6 +39,7 @@ that a peer never joins.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -169,12 +175,14 @@ class LearnerStep:
         # the minibatches' shuffle: its own stream, so the user's self.generator is left as it is
         self.shuffle = torch.Generator().manual_seed(trainer.generator.initial_seed() ^ 0x5EED_5EED)
         self.skipped = 0  # optimizer steps whose loss was not finite (faults.on_nonfinite_loss: skip)
+        #: whether the trainer's class defines prepare() (the base's returns the batch: nothing to time)
+        self.prepares = type(trainer).prepare is not Trainer.prepare
 
     def __call__(self, batch: dict[str, Any], step: int) -> dict[str, float]:
         """Learn from ``batch`` at trainer step ``step``; the step's ``loss`` and auxiliary values
         (each the mean over its optimizer steps), ``grad_norm`` when clipping, ``lr`` with a schedule."""
         trainer, config = self.trainer, self.config
-        with self.timer.phase("loss"):
+        with self.timer.phase("prepare") if self.prepares else nullcontext():
             batch = trainer.prepare(batch)
             if not isinstance(batch, dict):
                 raise GflowdistError(f"{self.prepare_owner} returned {type(batch).__name__}: expected the batch dict")
@@ -220,12 +228,11 @@ class LearnerStep:
         optimizer step when there is no average to join.
         """
         trainer, timer = self.trainer, self.timer
-        with timer.phase("loss"):
+        with timer.phase("loss"):  # one block per optimizer step: the report's iterations of "loss"
             optimizer_of(trainer).zero_grad(set_to_none=True)
             loss, aux = read_loss(trainer.loss(minibatch), self.loss_owner)
-        if self.stops_on_kl(aux):
-            return False, {"loss": float(loss.detach()), **aux}
-        with timer.phase("loss"):
+            if self.stops_on_kl(aux):
+                return False, {"loss": float(loss.detach()), **aux}
             usable = loss_is_usable(loss, mode=self.on_nonfinite, rank=self.rank, step=step)
             if usable:
                 loss.backward()  # type: ignore[no-untyped-call]  # Tensor.backward is unannotated in torch 2.13

@@ -157,6 +157,8 @@ class TrainerLoop:
         self.group.align(self.trainer.model)
         self.send_weights()
         while self.state.step < self.settings.steps and not self.group.agree_to_stop(self.w, self.turn):
+            # where a replay names a divergence: the vote about this turn may have ridden in the last one's average
+            self.w.choices.reached(self.turn)
             fresh = self.rollout()
             self.ship(fresh)
             replayed = self.replayed(fresh)
