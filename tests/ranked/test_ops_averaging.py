@@ -58,6 +58,32 @@ def test_a_rider_travels_in_the_reduction_and_leaves_the_gradients_alone(comm):
     assert average_gradients(torch.nn.Linear(2, 2).requires_grad_(False), comm, rider=1.0) is None  # nothing to ride
 
 
+def exact_values(rank: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Rank ``rank``'s gradients: small integers times a power of two, normal and subnormal, so every sum
+    over up to 4 ranks is exact (any order of the reduction gives it) and its quotient by 3 is not."""
+    g = torch.Generator().manual_seed(100 + rank)
+    k = torch.randint(-30, 31, (2, 64), generator=g, dtype=torch.int64).double()
+    smallest = torch.finfo(dtype).tiny * torch.finfo(dtype).eps  # the smallest subnormal
+    return [(k[0] * 0.125).to(dtype), (k[1] * smallest).to(dtype)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_mean_has_the_bits_of_the_sum_divided_by_n(comm, dtype):
+    """What the originals compute, ``sum / n`` by torch's division, to the bit, at every world size (a power
+    of two or not), for normal and subnormal values (where halving rounds)."""
+    n = comm.size
+    params = [torch.zeros(64, dtype=dtype, requires_grad=True) for _ in range(2)]
+    for p, grad in zip(params, exact_values(comm.rank, dtype), strict=True):
+        p.grad = grad
+    average_gradients(params, comm)
+    everyone = [exact_values(r, dtype) for r in range(n)]
+    for index, p in enumerate(params):
+        total = sum((values[index].double() for values in everyone), torch.zeros(64, dtype=torch.float64))
+        assert torch.equal(total.to(dtype).double(), total)  # exact: the sum's bits do not depend on the order
+        assert torch.equal(p.grad, total.to(dtype) / n)
+    assert bool((params[1].grad != 0).any()) and bool((params[1].grad.abs() < torch.finfo(dtype).tiny).all())
+
+
 def test_repeated_calls_reuse_bucket_views(comm):
     n = comm.size
     model = make_model()
