@@ -106,3 +106,16 @@ def test_launch_inside_an_mpi_job_runs_in_place(tmp_path):
         "JOB injob RANK 0 SIZE 2 AVG 0.5 IN_PARENT True",
         "JOB injob RANK 1 SIZE 2 AVG 0.5 IN_PARENT True",
     ]
+
+
+def test_of_the_workers_found_failed_together_the_first_to_fail_is_named():
+    """Worker 1 raises and worker 0 fails on the closed connection after it; the supervisor may find both
+    gone at once, and must name worker 1 (its report's time is earlier), not the lower index."""
+    from gflowdist.launch.spawn import _first_failure
+
+    cause, echo = b"105.25\nTraceback: ValueError: boom\n", b"105.5\nTraceback: connection closed by peer\n"
+    assert _first_failure({0: echo, 1: cause}) == (1, "Traceback: ValueError: boom")
+    assert _first_failure({0: cause, 1: echo}) == (0, "Traceback: ValueError: boom")
+    assert _first_failure({0: b"", 1: echo}) == (1, "Traceback: connection closed by peer")  # no report: last
+    assert _first_failure({0: b"", 2: b""}) == (0, "")  # nothing to go by: the lower index
+    assert _first_failure({3: cause, 1: cause}) == (1, "Traceback: ValueError: boom")  # a tie: the lower index

@@ -17,7 +17,9 @@ original refuses to run without CUDA), passes a barrier, runs
   ``num_machines * num_gpus_per_machine`` (else :class:`ConfigError`).
 - **A failing worker**: the others are stopped and ``launch`` raises
   :class:`PeerLostError` naming the worker's global rank, with its
-  traceback as the reason.
+  traceback as the reason; of several found failed together (a worker
+  in a collective with the failing one fails on the closed connection),
+  the one whose report was made first.
 
 ``dist_url`` is torch's ``init_method``. VirTex's default
 ``"tcp://127.0.0.1:23456"`` is kept so calls keep their meaning, but a fixed
@@ -48,6 +50,7 @@ import multiprocessing.connection
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -141,7 +144,9 @@ def _worker(
         release_world_comm()
         dist.destroy_process_group()
     except BaseException:
-        report.send_bytes(traceback.format_exc().encode("utf-8", "replace"))
+        # when it failed (a clock every process of this machine shares), then the traceback: the parent
+        # names the worker that failed first, not a peer that failed because of it (_first_failure)
+        report.send_bytes(f"{time.monotonic()!r}\n{traceback.format_exc()}".encode("utf-8", "replace"))
         report.close()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -175,31 +180,51 @@ def _supervise(processes: list, readers: list, first_rank: int) -> None:
                         messages[index] = messages.get(index, b"") + reader.recv_bytes()
                     except EOFError:
                         del open_readers[index]
-            for index in sorted(running):
-                code = processes[index].exitcode
-                if code is None:
-                    continue
-                running.discard(index)
-                if code != 0:
-                    _stop(processes)
+            exited = [index for index in sorted(running) if processes[index].exitcode is not None]
+            running.difference_update(exited)
+            failed = [index for index in exited if processes[index].exitcode != 0]
+            if failed:
+                _stop(processes)
+                for index in failed:
                     reader = readers[index]
                     if index not in messages and reader.poll(1.0):
                         try:
                             messages[index] = reader.recv_bytes()
                         except EOFError:
                             pass
-                    text = messages.get(index, b"").decode("utf-8", "replace").rstrip()
-                    how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
-                    raise PeerLostError(
-                        first_rank + index,
-                        role="launch worker",
-                        host=socket.gethostname(),
-                        reason=f"{how}" + (f":\n{text}" if text else " (no traceback)"),
-                    )
+                index, text = _first_failure({i: messages.get(i, b"") for i in failed})
+                code = processes[index].exitcode
+                how = f"exited with status {code}" if code > 0 else f"was killed by signal {-code}"
+                raise PeerLostError(
+                    first_rank + index,
+                    role="launch worker",
+                    host=socket.gethostname(),
+                    reason=f"{how}" + (f":\n{text}" if text else " (no traceback)"),
+                )
     finally:
         _stop(processes)
         for reader in readers:
             reader.close()
+
+
+def _first_failure(reports: dict[int, bytes]) -> tuple[int, str]:
+    """Of the failed workers found together, the one that failed first, and its traceback.
+
+    Workers found failed at once are often one failure and its echo: worker 1 raises, and worker 0,
+    in a collective with it, fails on the closed connection. Each report starts with the time it was
+    made; a worker without one (killed by a signal) counts as last, and ties go to the lower index."""
+
+    def parsed(report: bytes) -> tuple[float, str]:
+        text = report.decode("utf-8", "replace")
+        stamp, _, rest = text.partition("\n")
+        try:
+            return float(stamp), rest.rstrip()
+        except ValueError:
+            return float("inf"), text.rstrip()
+
+    read = {index: parsed(report) for index, report in reports.items()}
+    first = min(read, key=lambda index: (read[index][0], index))
+    return first, read[first][1]
 
 
 def launch(

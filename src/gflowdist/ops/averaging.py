@@ -258,7 +258,7 @@ def average_gradients(
     for a plain iterable of parameters they are rebuilt each call (keep a
     :class:`GradientAverager` yourself in a hot loop). ``rider``: a number
     that travels in the same reduction; its mean over the group is returned
-    (None when nothing was reduced: see :meth:`GradientAverager.__call__`).
+    (None when nothing was reduced: a group of one, or no parameter needing a gradient).
     """
     comm = group_or_world(group)
     if comm.size == 1:
