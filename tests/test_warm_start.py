@@ -115,12 +115,35 @@ def test_the_warm_parent_imports_what_launch_warm_imports_lists_and_names_one_it
     ) in said, said
 
 
+def _signal_state(pid: int) -> str:
+    """What the kernel says of a process's signals and threads (for a failure message)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        threads = {
+            task.name: (task / "stat").read_text().rsplit(")", 1)[1].split()[0] + " " + (task / "wchan").read_text()
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        }
+    except OSError as err:
+        return f"pid {pid}: {err}"
+    return (
+        f"pid {pid}: "
+        + "; ".join(line for line in status if line.startswith(("State", "Sig", "Shd")))
+        + f"; threads {threads}"
+    )
+
+
 def test_sigterm_to_the_keeper_reaches_the_rank(warm, keepers):
     proc = _keeper(keepers, "sigterm", warm)
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
+    ready = proc.stdout.readline().split()
+    assert ready[0] == "ready", ready
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=70)
+    except subprocess.TimeoutExpired:  # the rank said it waited 60 s; or neither ended: say where each stands
+        pytest.fail(
+            f"the keeper did not end in 70 s; keeper {_signal_state(proc.pid)}; rank {_signal_state(int(ready[1]))}"
+        )
     assert proc.returncode == 0 and "got SIGTERM" in out, out
 
 

@@ -1,7 +1,9 @@
 """The "rank" tests/test_warm_start.py has the warm parent fork: ``sys.argv[1]`` says what it does.
 
 - ``report``: prints what it inherited as one JSON line and exits 7;
-- ``sigterm``: prints ``ready``, then ends with status 0 on SIGTERM, printing ``got SIGTERM``;
+- ``sigterm``: prints ``ready`` (with its pid), then ends with status 0 on SIGTERM, printing ``got SIGTERM``
+  (waiting in short sleeps: a signal the kernel hands to the keeper-line thread runs its handler in the main
+  thread at the next one, where a long sleep would sleep on);
 - ``kill``: SIGKILLs itself;
 - ``sleep``: prints ``ready`` (with its pid) and sleeps a minute.
 """
@@ -53,8 +55,11 @@ def main(mode: str) -> None:
         _report()
     elif mode == "sigterm":
         signal.signal(signal.SIGTERM, _on_sigterm)
-        print("ready", flush=True)
-        time.sleep(60)
+        print(f"ready {os.getpid()}", flush=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("no SIGTERM in 60 s", flush=True)
         sys.exit(1)
     elif mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
