@@ -17,13 +17,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gflowdist.rundir import newest_intact
 from tests.support.jobs import TOY, read_json
 from tests.support.launching import MARKER_VARIABLE, REPO, base_env, kill_session, new_marker
 
 
-def test_sigterm_preempts_resumably_and_resume_finishes_with_each_step_once(job_factory):
-    first = job_factory("run.steps=60", "params.delay_s=0.02", "run.log_every=1")
+@pytest.mark.parametrize(
+    "sync",
+    [(), ("sync.mode=models", "sync.every=4")],
+    ids=["gradients", "models"],  # the stop vote rides in the gradient average / is posted a step ahead
+)
+def test_sigterm_preempts_resumably_and_resume_finishes_with_each_step_once(job_factory, sync):
+    first = job_factory("run.steps=60", "params.delay_s=0.02", "run.log_every=1", *sync)
     run = first.wait_for_metrics(6)
     first.proc.send_signal(signal.SIGTERM)
     signalled, saved = time.monotonic(), None

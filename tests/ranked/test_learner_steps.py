@@ -198,3 +198,49 @@ def test_the_group_stops_together_at_the_step_after_any_member_saw_a_stop(comm, 
         assert counts(timer) == {"stop_vote": 4, "kl": 3}  # no average to ride: a vote of its own per step
     mine = flat(trainer.model)
     assert all(torch.equal(other, mine) for other in comm.all_gather(mine))
+
+
+def test_in_models_mode_the_group_stops_together_with_votes_posted_a_step_ahead(comm):
+    """Mode models: the last member sees a stop before step 3 and every member stops there; each vote is
+    asked about once, a step ahead (the vote about step s + 1 as step s starts), and no vote is posted
+    about the step the run ends before."""
+    timer = StepTimer()
+    group = AgentGroup(comm, SyncConfig(mode="models", every=4), timer, steps=10)
+    wired = Wired(3 if comm.rank == comm.size - 1 else None)
+    s = 0
+    while s < 10 and not group.agree_to_stop(wired, s):  # type: ignore[arg-type]  # the wiring's two parts it reads
+        s += 1
+    assert s == 3 and wired.asked == [0, 1, 2, 3]
+    assert wired.stop.reason == ("a signal" if comm.rank == comm.size - 1 else "an agent-group peer stopped")
+    assert counts(timer) == ({} if comm.size == 1 else {"stop_vote": 4})
+    ended = AgentGroup(comm, SyncConfig(mode="models", every=4), StepTimer(), steps=3)
+    unstopped = Wired(None)
+    s = 0
+    while s < 3 and not ended.agree_to_stop(unstopped, s):  # type: ignore[arg-type]
+        s += 1
+    assert s == 3 and unstopped.asked == [0, 1, 2]  # nothing asked, nor posted, about step 3
+    comm.barrier()  # nothing is left in flight between the two groups' votes
+
+
+def test_in_models_mode_a_trainer_runs_a_step_ahead_of_a_slower_one_between_meetings(comm):
+    """Rank 0 passes the vote before step 1 while the others are still before step 0's end: they wait to
+    hear from rank 0 that it got there. Votes held in lock-step (one collective per step) would leave rank
+    0 waiting in its vote about step 1 for the others, and the others waiting for its message: no member
+    would get past."""
+    if comm.size == 1:
+        pytest.skip("a group of one votes with no one")
+    group = AgentGroup(comm, SyncConfig(mode="models", every=4), StepTimer(), steps=10)
+    wired = Wired(None)
+    assert not group.agree_to_stop(wired, 0)  # type: ignore[arg-type]
+    if comm.rank == 0:
+        assert not group.agree_to_stop(wired, 1)  # type: ignore[arg-type]  # the others' votes about 1: posted at 0
+        for peer in range(1, comm.size):
+            comm.send(b"at step 1", peer, tag=5, timeout=30)
+    else:
+        _, note = comm.recv(0, tag=5, timeout=30)
+        assert bytes(note.numpy()) == b"at step 1"
+        assert not group.agree_to_stop(wired, 1)  # type: ignore[arg-type]
+    for s in range(2, 10):
+        assert not group.agree_to_stop(wired, s)  # type: ignore[arg-type]
+    assert wired.asked == list(range(10))
+    comm.barrier()

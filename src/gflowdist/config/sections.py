@@ -211,7 +211,8 @@ class SyncConfig(Section):
     mode: str = setting(
         "gradients",
         ChoiceCheck("gradients", "models", "none"),
-        "Within an agent group: average gradients every step, average model weights every `every` steps, or nothing.",
+        "Within an agent group: average gradients every step, average model weights every `every` steps "
+        "(in between, a trainer may run up to a step ahead of the slowest), or nothing.",
     )
     every: int = setting(1, IntCheck(low=1), "For mode models: average the weights every this many steps.")
     weights_to_actors_every: int = setting(

@@ -11,6 +11,9 @@ vote rides in the step's first gradient average (the bucket's rider slot,
 :func:`~gflowdist.ops.averaging.average_gradients`), so a step costs one
 collective, not two; a vote that found no average to ride (the first step,
 or a step whose epochs ended before any average) is a MAX all-reduce of its own.
+In mode ``models`` each member posts its vote a step ahead
+(:mod:`~gflowdist.runtime.loops.posted_votes`), so the trainers meet only
+where they average their weights, not at every step.
 
 Each collective of the group is timed on every member
 (:meth:`StepTimer.collective <gflowdist.timing.StepTimer.collective>`): the stop
@@ -28,6 +31,7 @@ from gflowdist.comm import Communicator
 from gflowdist.comm.base import ReduceOp
 from gflowdist.config import SyncConfig
 from gflowdist.errors import GflowdistError
+from gflowdist.runtime.loops.posted_votes import PostedVotes
 from gflowdist.runtime.wiring import Wiring
 from gflowdist.timing import StepTimer
 
@@ -37,8 +41,9 @@ __all__ = ["AgentGroup"]
 class AgentGroup:
     """My agent group's communicator (None outside one), the ``sync`` config, and where averaging time goes."""
 
-    def __init__(self, comm: Communicator | None, sync: SyncConfig, timer: StepTimer):
+    def __init__(self, comm: Communicator | None, sync: SyncConfig, timer: StepTimer, *, steps: int | None = None):
         self.comm = comm
+        #: the step the loop ends before (``run.steps``): no vote is posted about it; None: no end known
         self.sync = sync
         self.timer = timer
         self.shared = sync.mode != "none" and comm is not None and comm.size > 1
@@ -49,6 +54,9 @@ class AgentGroup:
         self._vote: tuple[int, Callable[[int], bool]] | None = None
         #: a vote the last gradient average carried: ``(step, the group's decision, mine)``
         self._carried: tuple[int, bool, bool] | None = None
+        self.steps = steps
+        #: mode ``models``: the votes posted a step ahead
+        self._posted = PostedVotes(comm) if self.shared and sync.mode == "models" and comm is not None else None
 
     def _averaged(self, model: torch.nn.Module | None) -> torch.nn.Module:
         """The model this shared group averages; a named error when the trainer set none."""
@@ -140,8 +148,11 @@ class AgentGroup:
         ``step`` is taken in the previous step's first gradient average where
         there was one (mode ``gradients``: a stop seen later waits one step
         more), else here in a MAX all-reduce of its own. Every member takes the
-        same path: they average alike.
+        same path: they average alike. In mode ``models`` the votes are posted a
+        step ahead (:meth:`_take_posted`).
         """
+        if self._posted is not None:
+            return self._take_posted(w, step, self._posted)
         carried, self._carried = self._carried, None
         if carried is not None and carried[0] == step:
             _, decided, mine = carried
@@ -157,4 +168,18 @@ class AgentGroup:
             w.stop.set("an agent-group peer stopped")
         if self.averages_gradients and not decided:
             self._vote = (step + 1, w.choices.stop_seen)
+        return decided
+
+    def _take_posted(self, w: Wiring, step: int, votes: PostedVotes) -> bool:
+        """Mode ``models``: the group's votes about ``step`` (mine posted at the last step, or now at the
+        first); then, going on, mine about the next step, posted (a stop seen later waits a step more)."""
+        if votes.posted is None:  # the first step: nothing posted yet
+            votes.post(step, w.choices.stop_seen(step))
+        mine = votes.posted is not None and votes.posted[1]
+        with self.timer.collective("stop_vote", self.members):
+            decided = votes.take(step)
+        if decided and not mine:
+            w.stop.set("an agent-group peer stopped")
+        if not decided and (self.steps is None or step + 1 < self.steps):
+            votes.post(step + 1, w.choices.stop_seen(step + 1))
         return decided

@@ -125,7 +125,7 @@ class TrainerLoop:
         self.buffer, self.actors = placement.buffer, placement.actors
         #: ranks that run my actors' policy (layout.inference): my weights and stop go to them, not to my actors
         self.inference = tuple(placement.inference_ranks)
-        self.group = AgentGroup(w.context.agent_group, self.settings.sync, w.timer)
+        self.group = AgentGroup(w.context.agent_group, self.settings.sync, w.timer, steps=self.settings.steps)
         settings = self.settings
         replays = settings.replay_fraction > 0 or settings.learner_batch
         self.requests = ReplayRequests(w, self.buffer) if self.buffer is not None and replays else None
