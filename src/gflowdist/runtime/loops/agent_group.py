@@ -43,7 +43,6 @@ class AgentGroup:
 
     def __init__(self, comm: Communicator | None, sync: SyncConfig, timer: StepTimer, *, steps: int | None = None):
         self.comm = comm
-        #: the step the loop ends before (``run.steps``): no vote is posted about it; None: no end known
         self.sync = sync
         self.timer = timer
         self.shared = sync.mode != "none" and comm is not None and comm.size > 1
@@ -54,6 +53,7 @@ class AgentGroup:
         self._vote: tuple[int, Callable[[int], bool]] | None = None
         #: a vote the last gradient average carried: ``(step, the group's decision, mine)``
         self._carried: tuple[int, bool, bool] | None = None
+        #: the step the loop ends before (``run.steps``): no vote is posted about it; None: no end known
         self.steps = steps
         #: mode ``models``: the votes posted a step ahead
         self._posted = PostedVotes(comm) if self.shared and sync.mode == "models" and comm is not None else None
@@ -149,7 +149,7 @@ class AgentGroup:
         there was one (mode ``gradients``: a stop seen later waits one step
         more), else here in a MAX all-reduce of its own. Every member takes the
         same path: they average alike. In mode ``models`` the votes are posted a
-        step ahead (:meth:`_take_posted`).
+        step ahead (``_take_posted``).
         """
         if self._posted is not None:
             return self._take_posted(w, step, self._posted)
