@@ -2,7 +2,7 @@
 
 In ``sync.mode: models`` the trainers of a group meet only where they average
 their weights (every ``sync.every`` versions); between meetings each learns
-alone. A stop vote that were a collective at every step would hold them in
+alone. A stop vote taken as a collective at every step would hold them in
 lock-step all the same: at every step the faster one would wait for the
 slower one. So each member *posts* its vote about step ``s + 1`` to every
 other member as it starts step ``s`` (one small message each, not waited
