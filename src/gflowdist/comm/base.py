@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from gflowdist.comm.polling import Backoff, poll_until
+from gflowdist.comm.polling import peer_wait, poll_until
 
 __all__ = [
     "ReduceOp",
@@ -266,7 +266,7 @@ class Communicator(ABC):
         if is_done():
             return
         hook = self.wait_hook
-        backoff = Backoff(spin_s=0.002 + nbytes / 1e9)
+        backoff = peer_wait(nbytes)
 
         def check() -> bool | None:
             if is_done():

@@ -13,7 +13,7 @@ from typing import Any
 from mpi4py import MPI
 
 from gflowdist.comm.base import AsyncSendHandle
-from gflowdist.comm.polling import Backoff, poll_until
+from gflowdist.comm.polling import peer_wait, poll_until
 
 __all__ = ["CHUNKED", "KIND_SHIFT", "TAG_SHIFT", "MPISendHandle", "wire_tag"]
 
@@ -46,7 +46,7 @@ class MPISendHandle(AsyncSendHandle):
 
     def wait(self, timeout: float | None = None) -> None:
         # Spin about as long as the transfer should take (1 GB/s), then back off.
-        backoff = Backoff(spin_s=0.002 + self.nbytes / 1e9)
+        backoff = peer_wait(self.nbytes)
         poll_until(
             lambda: True if self.is_complete() else None,
             timeout=timeout,

@@ -36,6 +36,7 @@ from gflowdist.jobenv import FAILURE_FILE_VARIABLE, FAILURE_MARK, START_VARIABLE
 from gflowdist.lifeline import on_lost
 from gflowdist.ops.seeds import rank_seed, seed_all
 from gflowdist.rundir import agree_run_dir
+from gflowdist.runtime.crowding import decide_crowding
 from gflowdist.runtime.device_setup import setup_device
 from gflowdist.runtime.faults import check_engine_allows
 from gflowdist.runtime.liveness import Deaths, StopFlag, collector_rank
@@ -106,6 +107,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
         stop.install_signal_handlers()
         on_lost(lambda: stop.set("the launcher was lost"))  # gflowdist.lifeline: stop as on a signal
     ctx = DistributedContext.create(config.layout, comm=world, device=placed.device)
+    crowding = decide_crowding(world)  # how this process waits for its peers (gflowdist.runtime.crowding)
     watch = SetupWatch.gather(ctx)  # every rank's pid and machine, while every rank surely lives
     run_dir = agree_run_dir(world, config, resume_dir)
     if world.ranks_are_threads:  # the local engine's launcher says where a failed run's post-mortem is
@@ -125,6 +127,7 @@ def prepare_rank(config: Config, resume_dir: str | None, comm: Communicator | No
     )
     if not world.ranks_are_threads:
         log.info("started %s", os.environ.get(START_VARIABLE, "cold"))
+    log.info("%s", crowding.describe())
     group = ctx.placement.group
     if ctx.role.value == "trainer" and group is not None and ctx.averaging:
         log.info("agent group %d averages through %s", group, ctx.averaging[group].describe())

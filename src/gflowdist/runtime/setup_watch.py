@@ -30,18 +30,26 @@ from gflowdist.context import DistributedContext
 from gflowdist.errors import PeerLostError
 from gflowdist.process_tree import is_running
 
-__all__ = ["SetupWatch", "CHECK_EVERY_S", "machine_id"]
+__all__ = ["SetupWatch", "CHECK_EVERY_S", "boot_id", "machine_id"]
 
 #: How often a waiting rank looks at its peers' processes.
 CHECK_EVERY_S = 0.2
 
 
+def boot_id() -> str:
+    """The kernel this process runs on (processes with the same one share its cores); unique to this process
+    where there is no ``/proc`` (not Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return f"unknown-{os.getpid()}"
+
+
 def machine_id() -> str:
     """Where a pid means the same process: the kernel's boot id and this process's pid namespace."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+        return f"{boot_id()}/{os.readlink('/proc/self/ns/pid')}"
     except OSError:  # no /proc (not Linux): no peer is watched
         return f"unknown-{os.getpid()}"
 

@@ -26,7 +26,7 @@ import collections
 import logging
 import time
 
-from gflowdist.comm.polling import Backoff
+from gflowdist.comm.polling import peer_wait
 from gflowdist.errors import ProtocolError
 from gflowdist.replay import RateLimitedError, ReplayBuffer
 from gflowdist.replay.storage import ItemSchemaError
@@ -59,7 +59,7 @@ class BufferLoop:
         self.clients = set(w.context.placement.clients)
         self.done: set[int] = set()
         self.marked: dict[str, set[int]] = {}  # periodic checkpoint name -> clients whose marker arrived
-        self.backoff = Backoff()
+        self.backoff = peer_wait()
         self.last_summary = 0.0
         self.idle_s = 0.0  # the current idle stretch: one timer entry per stretch, not per poll
         self.idle_end = 0.0  # when its last pause ended (the trace's idle event ends there)
