@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 
 from gflowdist.comm import Communicator
-from gflowdist.comm.polling import set_crowded
+from gflowdist.comm.polling import SPIN_S, set_crowded
 from gflowdist.runtime.setup_watch import boot_id
 
 __all__ = ["Crowding", "decide_crowding", "crowding_of", "my_cpus"]
@@ -42,7 +42,7 @@ class Crowding:
         return self.ranks > self.cores
 
     def describe(self) -> str:
-        how = "short spins" if self.crowded else "spin 2 ms"
+        how = "short spins" if self.crowded else f"spin {SPIN_S * 1e3:g} ms"
         return f"{self.ranks} ranks of this job on {self.cores} cores here: waits for peers use {how}"
 
 
