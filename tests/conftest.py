@@ -5,7 +5,9 @@
 - ``local_job_factory`` (:mod:`tests.support.local_jobs`): the same jobs on the
   ``local`` engine, run to their end in the test's own process (ranks as threads);
 - ``netns_hosts`` (:mod:`tests.support.netns`): two network-namespace hosts
-  for a module (skipped with the reason where namespaces are unavailable).
+  for a module (skipped with the reason where namespaces are unavailable);
+- ``restore_waits`` (below): the process's waits for peers
+  (:func:`gflowdist.comm.polling.set_crowded`) as they were, after a test that sets them.
 
 The suite's jobs skip report.png (``GFLOWDIST_REPORT_FIGURE=0``, set below) unless a test
 asks for it.
@@ -29,6 +31,15 @@ os.environ.setdefault(FIGURE_VARIABLE, "0")
 from tests.support.jobs import job_factory  # noqa: F401 (a fixture)
 from tests.support.local_jobs import local_job_factory  # noqa: F401 (a fixture)
 from tests.support.netns import netns_hosts  # noqa: F401 (a fixture)
+
+
+@pytest.fixture
+def restore_waits():
+    from gflowdist.comm.polling import is_crowded, set_crowded
+
+    before = is_crowded()
+    yield
+    set_crowded(before)
 
 
 def pytest_sessionstart(session):

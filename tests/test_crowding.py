@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gflowdist.comm.polling import CROWDED_MAX_SLEEP_S, CROWDED_SPIN_S, SPIN_S, is_crowded, peer_wait, set_crowded
+from gflowdist.comm.polling import CROWDED_MAX_SLEEP_S, CROWDED_SPIN_S, SPIN_S, peer_wait, set_crowded
 from gflowdist.runtime.crowding import Crowding, crowding_of
-
-
-@pytest.fixture
-def restore_waits():
-    before = is_crowded()
-    yield
-    set_crowded(before)
 
 
 def test_ranks_sharing_cores_are_crowded_and_ranks_bound_to_a_core_each_are_not():

@@ -6,17 +6,8 @@ runs are all on this machine and none is bound to a core.
 
 from __future__ import annotations
 
-import pytest
-
-from gflowdist.comm.polling import SPIN_S, is_crowded, peer_wait, set_crowded
+from gflowdist.comm.polling import SPIN_S, is_crowded, peer_wait
 from gflowdist.runtime.crowding import decide_crowding, my_cpus
-
-
-@pytest.fixture
-def restore_waits():
-    before = is_crowded()
-    yield
-    set_crowded(before)
 
 
 def test_every_rank_counts_the_whole_job_on_this_machine_and_waits_accordingly(comm, restore_waits):
