@@ -21,8 +21,8 @@ CONFIGS = [
     # the context suite also at sizes with a coordinator and two agent groups
     ("mpi", 5, ("test_context.py",)),
     ("torch", 4, ("test_context.py",)),
-    # native groups (the context's and a user's Split) also at an odd MPI size
-    ("mpi", 3, ("test_compat_native_groups.py",)),
+    # native groups (the context's and a user's Split) and the crowded all-reduce also at an odd MPI size
+    ("mpi", 3, ("test_compat_native_groups.py", "test_host_reduce.py")),
 ]
 
 

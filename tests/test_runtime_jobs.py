@@ -210,3 +210,21 @@ def test_trainers_are_replicas_and_actors_start_from_the_trainers_weights(local_
         assert torch.equal(models[0][key], models[1][key]), key
     actor = next(f for f in finals.values() if f["role"] == "actor")
     assert actor["summary"]["weight_updates"] >= 1
+
+
+def test_on_a_crowded_machine_the_trainers_average_through_shared_memory_and_stay_replicas(job_factory):
+    """4 ranks held to one CPU: the trainers' agent group reduces through shared memory (gflowdist.comm.host_reduce)
+    under real mpiexec ranks, and its gradient averages keep the trainers identical."""
+    import torch
+
+    job = job_factory("run.steps=20", prefix=("taskset", "-c", "0"))
+    assert job.wait(120) == 0, job.output
+    run = job.run_dir()
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "4 ranks of this job on 1 core here: waits for peers use short spins" in log, log
+    assert "all_reduce of these 2 ranks runs through shared memory" in log, log
+    final = sorted((run / "checkpoints").glob("gen-0000-final"))[0]
+    models = [torch.load(final / f"rank-{r:05d}.pt", weights_only=True)["role"]["model"] for r in (0, 1)]
+    for key in models[0]:
+        assert torch.equal(models[0][key], models[1][key]), key
+    assert job.no_process_left()

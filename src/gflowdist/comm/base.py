@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from gflowdist.comm.polling import peer_wait, poll_until
+from gflowdist.comm.polling import Backoff, peer_wait, poll_until
 
 __all__ = [
     "ReduceOp",
@@ -258,15 +258,17 @@ class Communicator(ABC):
         nbytes: int = 0,
         timeout: float | None = None,
         peer: int | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
-        """Wait for a nonblocking collective: spin about as long as it should take, then back off.
+        """Wait for a nonblocking collective: spin about as long as it should take, then back off
+        (``backoff``: another way to wait, e.g. a doorbell's).
 
         Calls :attr:`wait_hook` between checks once the spin phase is over.
         """
         if is_done():
             return
         hook = self.wait_hook
-        backoff = peer_wait(nbytes)
+        backoff = peer_wait(nbytes) if backoff is None else backoff
 
         def check() -> bool | None:
             if is_done():

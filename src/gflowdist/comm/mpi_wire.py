@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from gflowdist.comm.base import AsyncSendHandle
 from gflowdist.comm.polling import peer_wait, poll_until
 
-__all__ = ["CHUNKED", "KIND_SHIFT", "TAG_SHIFT", "MPISendHandle", "wire_tag"]
+__all__ = ["CHUNKED", "KIND_SHIFT", "TAG_SHIFT", "MPISendHandle", "drain_part", "wire_tag"]
 
 CHUNKED = 1
 KIND_SHIFT = 1
@@ -54,3 +55,17 @@ class MPISendHandle(AsyncSendHandle):
             peer=self.dst,
             backoff=backoff,
         )
+
+
+def drain_part(
+    message: MPI.Message, status: MPI.Status, draining: dict[tuple[int, int], int], sender: int, wire: int
+) -> None:
+    """Receive and drop a part of a refused chunked message; ``draining[(sender, wire)]`` counts the bytes
+    still to come (the entry goes once they have)."""
+    count = status.Get_count(MPI.BYTE)
+    message.Recv([np.empty(count, dtype=np.uint8), MPI.BYTE])
+    left = draining[(sender, wire)] - max(count, 1)
+    if left > 0:
+        draining[(sender, wire)] = left
+    else:
+        del draining[(sender, wire)]

@@ -23,7 +23,8 @@ process its spin keeps off a core, and a yielding spin still counts as
 runnable for the kernel's load balancer: it then spins for
 :data:`CROWDED_SPIN_S` and sleeps at most :data:`CROWDED_MAX_SLEEP_S` at a
 time (3 trainers + 1 buffer on 2 cores: 2,887 HyperGrid trajectories/s
-against 2,408, docs/performance.md).
+against 2,408, docs/performance.md). There an MPI group's all-reduce does not wait this way at all: its
+ranks sleep on doorbells (:mod:`gflowdist.comm.host_reduce`).
 """
 
 from __future__ import annotations

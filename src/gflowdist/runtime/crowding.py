@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass
 
 from gflowdist.comm import Communicator
+from gflowdist.comm.machine import boot_id
 from gflowdist.comm.polling import SPIN_S, set_crowded
-from gflowdist.runtime.setup_watch import boot_id
 
 __all__ = ["Crowding", "decide_crowding", "crowding_of", "my_cpus"]
 
@@ -43,7 +43,8 @@ class Crowding:
 
     def describe(self) -> str:
         how = "short spins" if self.crowded else f"spin {SPIN_S * 1e3:g} ms"
-        return f"{self.ranks} ranks of this job on {self.cores} cores here: waits for peers use {how}"
+        cores = "1 core" if self.cores == 1 else f"{self.cores} cores"
+        return f"{self.ranks} ranks of this job on {cores} here: waits for peers use {how}"
 
 
 def my_cpus() -> set[int]:

@@ -26,6 +26,7 @@ import os
 import time
 
 from gflowdist.comm import Communicator
+from gflowdist.comm.machine import boot_id
 from gflowdist.context import DistributedContext
 from gflowdist.errors import PeerLostError
 from gflowdist.process_tree import is_running
@@ -34,16 +35,6 @@ __all__ = ["SetupWatch", "CHECK_EVERY_S", "boot_id", "machine_id"]
 
 #: How often a waiting rank looks at its peers' processes.
 CHECK_EVERY_S = 0.2
-
-
-def boot_id() -> str:
-    """The kernel this process runs on (processes with the same one share its cores); unique to this process
-    where there is no ``/proc`` (not Linux)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return f"unknown-{os.getpid()}"
 
 
 def machine_id() -> str:

@@ -1,0 +1,74 @@
+"""A crowded machine's all-reduce (gflowdist.comm.host_reduce) between real ranks: MPI's results, every rank alike.
+
+Bound to the ``comm`` fixture (world of one, MPI or gloo). Each test sets this process's waits to a crowded
+machine's on every rank, as a ``gflowdist run`` job on a machine with fewer cores than ranks does. On MPI a
+group of two ranks or more then reduces through shared memory; on the other engines (and in a world of
+one) the results must be the same all the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gflowdist.comm.base import ReduceOp
+from gflowdist.comm.host_reduce import HostReduce, fits_queue
+from gflowdist.comm.polling import set_crowded
+
+
+def a_group_of_its_own(comm):
+    """A communicator over the same ranks whose first all-reduce decides afresh (MPI: a duplicate)."""
+    if comm.engine != "mpi":
+        return comm, lambda: None
+    from gflowdist.comm.mpi import MPIComm
+
+    group = MPIComm(comm.mpi_comm.Dup())
+    return group, group.free
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_crowded_ranks_get_the_exact_reductions_and_mpi_groups_go_through_shared_memory(comm, restore_waits, dtype):
+    set_crowded(True)
+    group, free = a_group_of_its_own(comm)
+    try:
+        ranks = torch.arange(1, comm.size + 1, dtype=dtype)
+        for call, n in enumerate([3, 3, 40, 5000, 7]):  # both halves of the mapping, and a grown one
+            base = torch.arange(n, dtype=dtype) + call
+            summed = group.all_reduce(base * (comm.rank + 1))
+            assert torch.equal(summed, base * ranks.sum())
+            assert torch.equal(group.all_reduce(base + comm.rank, ReduceOp.MAX), base + comm.size - 1)
+            assert torch.equal(group.all_reduce(base - comm.rank, ReduceOp.MIN), base - (comm.size - 1))
+            if dtype.is_floating_point:
+                averaged = group.all_reduce(torch.full((n,), float(comm.rank), dtype=dtype), ReduceOp.AVG)
+                assert torch.allclose(averaged, torch.full((n,), (comm.size - 1) / 2, dtype=dtype))
+        if comm.engine == "mpi":
+            shared = comm.size > 1 and fits_queue(comm.size)
+            assert isinstance(group._host, HostReduce) is shared
+            assert not shared or group._host.capacity >= 5000 * ranks.element_size()
+    finally:
+        free()
+
+
+def test_where_one_member_has_a_core_of_its_own_the_group_keeps_mpis_all_reduce(comm, restore_waits):
+    set_crowded(comm.rank != 0)  # every member must be crowded for the group to use shared memory
+    group, free = a_group_of_its_own(comm)
+    try:
+        summed = group.all_reduce(torch.ones(4) * comm.rank)
+        assert torch.equal(summed, torch.full((4,), float(sum(range(comm.size)))))
+        if comm.engine == "mpi":
+            assert group._host is False
+    finally:
+        free()
+
+
+def test_every_rank_holds_the_same_bits_after_a_float_sum(comm, restore_waits):
+    set_crowded(True)
+    group, free = a_group_of_its_own(comm)
+    try:
+        mine = torch.from_numpy(np.random.default_rng(comm.rank).standard_normal(1000).astype(np.float32))
+        summed = group.all_reduce(mine)
+        every = comm.all_gather(summed)
+        assert all(torch.equal(other, summed) for other in every)
+    finally:
+        free()
