@@ -18,7 +18,11 @@ fork(2, manual_args=[sys.argv[1]])
 """
 WORKER = """
 import os, time
-open(os.path.join(os.environ["OUT"], f"worker-{os.environ['RANK']}"), "w").write(str(os.getpid()))
+# written whole, then renamed: the test reads the pid as soon as the file's name appears
+partial = os.path.join(os.environ["OUT"], f"partial-{os.environ['RANK']}")
+with open(partial, "w") as f:
+    f.write(str(os.getpid()))
+os.replace(partial, os.path.join(os.environ["OUT"], f"worker-{os.environ['RANK']}"))
 time.sleep(300)
 """
 

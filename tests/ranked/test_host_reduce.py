@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gflowdist.comm.base import ReduceOp
-from gflowdist.comm.host_reduce import HostReduce, fits_queue
+from gflowdist.comm.host_reduce import HOST_MAX_BYTES, HostReduce, fits_queue
 from gflowdist.comm.polling import set_crowded
 
 
@@ -70,5 +70,19 @@ def test_every_rank_holds_the_same_bits_after_a_float_sum(comm, restore_waits):
         summed = group.all_reduce(mine)
         every = comm.all_gather(summed)
         assert all(torch.equal(other, summed) for other in every)
+    finally:
+        free()
+
+
+def test_arrays_over_the_cap_keep_mpis_all_reduce_and_the_mapping_is_not_grown_for_them(comm, restore_waits):
+    set_crowded(True)
+    group, free = a_group_of_its_own(comm)
+    try:
+        assert torch.equal(group.all_reduce(torch.ones(8)), torch.full((8,), float(comm.size)))
+        calls = group._host.calls if comm.engine == "mpi" and group._host else None
+        big = torch.full((HOST_MAX_BYTES // 4 + 1,), float(comm.rank))
+        assert torch.equal(group.all_reduce(big), torch.full_like(big, float(sum(range(comm.size)))))
+        if calls is not None:
+            assert group._host.calls == calls and group._host.capacity < big.nbytes
     finally:
         free()

@@ -10,7 +10,7 @@ others, a rank that spins takes a core from them. Here each rank has one event p
   rank has mapped it), one of two halves by the call's parity;
 - it sends each peer a datagram naming the call (a *doorbell*: an ``AF_UNIX`` socket per rank in
   Linux's abstract namespace);
-- it sleeps in ``select`` on its own socket until every peer's datagram for this call has come (no spin,
+- it sleeps in ``poll`` on its own socket until every peer's datagram for this call has come (no spin,
   no timer: the last rank to arrive wakes the others), then reduces the slots in rank order, so every
   rank computes the same bits.
 
@@ -42,11 +42,22 @@ import numpy as np
 from gflowdist.comm.machine import machine_key
 from gflowdist.comm.polling import Backoff
 
-__all__ = ["HostReduce", "Doorbell", "datagram_queue_length", "fits_queue", "open_host_reduce", "reopen_host_reduce"]
+__all__ = [
+    "HOST_MAX_BYTES",
+    "HostReduce",
+    "Doorbell",
+    "datagram_queue_length",
+    "fits_queue",
+    "open_host_reduce",
+    "reopen_host_reduce",
+]
 
 log = logging.getLogger(__name__)
 
 _CALL = struct.Struct("<q")
+#: larger arrays keep MPI's all-reduce: their time is moving bytes, not waking ranks, and each member would
+#: map two slots of their size per rank
+HOST_MAX_BYTES = 16 << 20
 #: slots are padded to this many bytes (every dtype's alignment)
 _ALIGN = 64
 SHM_DIR = Path("/dev/shm")
@@ -68,17 +79,18 @@ def fits_queue(size: int) -> bool:
 class Doorbell(Backoff):
     """A back-off that sleeps on a socket instead of a timer: it returns as soon as a datagram lands."""
 
-    __slots__ = ("_socket",)
+    __slots__ = ("_poll",)
 
     def __init__(self, sock: socket.socket, slice_s: float = 0.05):
         super().__init__(spin_s=0.0, first_sleep_s=slice_s, max_sleep_s=slice_s)
-        self._socket = sock
+        self._poll = select.poll()  # not select(): a descriptor above 1023 is fine
+        self._poll.register(sock, select.POLLIN)
 
     def pause(self, deadline: float | None = None) -> None:
         delay = self.max_sleep_s
         if deadline is not None:
             delay = min(delay, max(deadline - time.monotonic(), 0.0))
-        select.select([self._socket], [], [], delay)
+        self._poll.poll(delay * 1e3)
 
 
 class HostReduce:
@@ -95,9 +107,14 @@ class HostReduce:
         self._memory = np.frombuffer(self._map, dtype=np.uint8)
         self._names = [f"\0gflowdist-reduce-{token}-{peer}".encode() for peer in range(size)]
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(self._names[rank])
-        self._socket.setblocking(False)  # read without waiting (the wait is select's)
         self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking: a doorbell is never dropped
+        try:
+            self._socket.bind(self._names[rank])
+        except OSError:
+            self.close()
+            raise
+        self._socket.setblocking(False)  # read without waiting (the wait is the doorbell's poll)
+        self._doorbell = Doorbell(self._socket)
         self._arrived: Counter[int] = Counter()
         self.calls = 0
 
@@ -133,7 +150,7 @@ class HostReduce:
         self._memory[mine : mine + nbytes] = flat.view(np.uint8)
         self.ring(call)
         if self._arrived[call] < self.size - 1:
-            wait(lambda: self._drain(call), Doorbell(self._socket))
+            wait(lambda: self._drain(call), self._doorbell)
         del self._arrived[call]
         slots = self._memory[half : half + self.size * self.capacity].reshape(self.size, self.capacity)
         values = slots[:, :nbytes].view(flat.dtype)

@@ -47,7 +47,7 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import BufferPool, as_byte_array
-from gflowdist.comm.host_reduce import HostReduce, reopen_host_reduce
+from gflowdist.comm.host_reduce import HOST_MAX_BYTES, HostReduce, reopen_host_reduce
 from gflowdist.comm.mpi_wire import CHUNKED as _CHUNKED
 from gflowdist.comm.mpi_wire import KIND_SHIFT as _KIND_SHIFT
 from gflowdist.comm.mpi_wire import TAG_SHIFT as _TAG_SHIFT
@@ -160,7 +160,7 @@ class MPIComm(Communicator):
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
         host: HostReduce | Literal[False] = False  # a crowded machine's all-reduce (gflowdist.comm.host_reduce)
-        if self._host is not False and flat.size and flat.dtype.kind in "fiu":
+        if self._host is not False and 0 < flat.nbytes <= HOST_MAX_BYTES and flat.dtype.kind in "fiu":
             self._host = host = reopen_host_reduce(self._comm, self._host, flat.nbytes, is_crowded(), self._finish)
         if host:
             host.all_reduce(flat, _HOST_OPS[op], lambda done, bell: self._await(done, "all_reduce", backoff=bell))
