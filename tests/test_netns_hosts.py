@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -126,6 +127,10 @@ def test_three_hosts_are_removed_with_their_processes_when_the_test_fails():
             ]
             assert names == [h.name for h in hs.hosts] and len(set(names)) == 3
             sleeper = subprocess.Popen(hs.exec_argv(hs.hosts[2], ["sleep", "600"]), start_new_session=True)
+            # the body fails once the sleeper is inside its host (before it, removing the host cannot reach it)
+            ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 20
+            while os.readlink(f"/proc/{sleeper.pid}/ns/net") == ours and time.monotonic() < deadline:
+                time.sleep(0.01)
             raise ZeroDivisionError("the body fails on purpose")
     assert sleeper.wait(timeout=10) == -9
     assert leftovers(hs.tag) == []

@@ -1,9 +1,9 @@
 """A crowded machine's all-reduce (gflowdist.comm.host_reduce) between real ranks: MPI's results, every rank alike.
 
 Bound to the ``comm`` fixture (world of one, MPI or gloo). Each test sets this process's waits to a crowded
-machine's on every rank, as a ``gflowdist run`` job on a machine with fewer cores than ranks does. On MPI a
-group of two ranks or more then reduces through shared memory; on the other engines (and in a world of
-one) the results must be the same all the same.
+machine's on every rank, as a ``gflowdist run`` job on a machine with fewer cores than ranks does. An MPI or
+gloo group of two ranks or more then reduces through shared memory; in a world of one the results must be
+the same all the same.
 """
 
 from __future__ import annotations
@@ -18,17 +18,26 @@ from gflowdist.comm.polling import set_crowded
 
 
 def a_group_of_its_own(comm):
-    """A communicator over the same ranks whose first all-reduce decides afresh (MPI: a duplicate)."""
-    if comm.engine != "mpi":
-        return comm, lambda: None
-    from gflowdist.comm.mpi import MPIComm
+    """A communicator over the same ranks whose first all-reduce decides afresh (MPI: a duplicate; gloo: a
+    group split from the world), and how to free it."""
+    if comm.engine == "mpi":
+        from gflowdist.comm.mpi import MPIComm
 
-    group = MPIComm(comm.mpi_comm.Dup())
-    return group, group.free
+        group = MPIComm(comm.mpi_comm.Dup())
+        return group, group.free
+    if comm.engine == "torch":
+        group = comm.split([list(range(comm.size))])
+        return group, group.free
+    return comm, lambda: None  # a world of one in this process: nobody to reduce with
+
+
+def uses_shared_memory(comm) -> bool:
+    """Whether a crowded group of this engine and size reduces through shared memory."""
+    return comm.engine in ("mpi", "torch") and comm.size > 1 and fits_queue(comm.size)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
-def test_crowded_ranks_get_the_exact_reductions_and_mpi_groups_go_through_shared_memory(comm, restore_waits, dtype):
+def test_crowded_ranks_get_the_exact_reductions_and_their_groups_go_through_shared_memory(comm, restore_waits, dtype):
     set_crowded(True)
     group, free = a_group_of_its_own(comm)
     try:
@@ -42,21 +51,20 @@ def test_crowded_ranks_get_the_exact_reductions_and_mpi_groups_go_through_shared
             if dtype.is_floating_point:
                 averaged = group.all_reduce(torch.full((n,), float(comm.rank), dtype=dtype), ReduceOp.AVG)
                 assert torch.allclose(averaged, torch.full((n,), (comm.size - 1) / 2, dtype=dtype))
-        if comm.engine == "mpi":
-            shared = comm.size > 1 and fits_queue(comm.size)
-            assert isinstance(group._host, HostReduce) is shared
-            assert not shared or group._host.capacity >= 5000 * ranks.element_size()
+        shared = uses_shared_memory(comm)
+        assert isinstance(group._host, HostReduce) is shared
+        assert not shared or group._host.capacity >= 5000 * ranks.element_size()
     finally:
         free()
 
 
-def test_where_one_member_has_a_core_of_its_own_the_group_keeps_mpis_all_reduce(comm, restore_waits):
+def test_where_one_member_has_a_core_of_its_own_the_group_keeps_its_engines_all_reduce(comm, restore_waits):
     set_crowded(comm.rank != 0)  # every member must be crowded for the group to use shared memory
     group, free = a_group_of_its_own(comm)
     try:
         summed = group.all_reduce(torch.ones(4) * comm.rank)
         assert torch.equal(summed, torch.full((4,), float(sum(range(comm.size)))))
-        if comm.engine == "mpi":
+        if comm.engine in ("mpi", "torch"):
             assert group._host is False
     finally:
         free()
@@ -74,12 +82,12 @@ def test_every_rank_holds_the_same_bits_after_a_float_sum(comm, restore_waits):
         free()
 
 
-def test_arrays_over_the_cap_keep_mpis_all_reduce_and_the_mapping_is_not_grown_for_them(comm, restore_waits):
+def test_arrays_over_the_cap_keep_the_engines_all_reduce_and_the_mapping_is_not_grown_for_them(comm, restore_waits):
     set_crowded(True)
     group, free = a_group_of_its_own(comm)
     try:
         assert torch.equal(group.all_reduce(torch.ones(8)), torch.full((8,), float(comm.size)))
-        calls = group._host.calls if comm.engine == "mpi" and group._host else None
+        calls = group._host.calls if uses_shared_memory(comm) else None
         big = torch.full((HOST_MAX_BYTES // 4 + 1,), float(comm.rank))
         assert torch.equal(group.all_reduce(big), torch.full_like(big, float(sum(range(comm.size)))))
         if calls is not None:

@@ -35,12 +35,13 @@ import enum
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
-from gflowdist.comm.polling import Backoff, peer_wait, poll_until
+from gflowdist.comm.host_reduce import HOST_MAX_BYTES, HostReduce, reopen_host_reduce
+from gflowdist.comm.polling import Backoff, is_crowded, peer_wait, poll_until
 
 __all__ = [
     "ReduceOp",
@@ -155,6 +156,9 @@ class Communicator(ABC):
     #: (idle waiting sleeps); without one (and without a timeout) they use the
     #: engine's blocking call, the fastest path for large reductions.
     wait_hook: Callable[[], None] | None = None
+    #: a crowded machine's all-reduce through shared memory (:mod:`gflowdist.comm.host_reduce`): None while
+    #: undecided, False where this group does not use it (the engines that have it call ``_host_reduce_for``)
+    _host: HostReduce | Literal[False] | None = None
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -278,6 +282,30 @@ class Communicator(ABC):
             return None
 
         poll_until(check, timeout=timeout, what=what, peer=peer, backoff=backoff)
+
+    def _host_reduce_for(self, flat: np.ndarray) -> HostReduce | None:
+        """The group's shared-memory all-reduce for the contiguous 1-D array ``flat``, opened or grown here
+        (collective: every member calls it with the same array's shape and dtype), or None where it does not
+        apply: numbers up to :data:`~gflowdist.comm.host_reduce.HOST_MAX_BYTES` of a group whose members are
+        all crowded on one machine (decided at the group's first call)."""
+        host = self._host
+        if host is False or not 0 < flat.nbytes <= HOST_MAX_BYTES or flat.dtype.kind not in "fiu":
+            return None
+        if host is not None and flat.nbytes <= host.capacity:
+            return host
+        self._host = False  # the opening's own collectives go the engine's way
+        self._host = reopen_host_reduce(self, host, flat.nbytes, is_crowded())
+        return self._host or None
+
+    def _reduce_on_host(self, host: HostReduce, flat: np.ndarray, op: ReduceOp) -> None:
+        """``flat`` reduced in place with ``op`` through ``host`` (AVG: the sum; the caller divides)."""
+        how = "max" if op is ReduceOp.MAX else "min" if op is ReduceOp.MIN else "sum"
+        host.all_reduce(flat, how, lambda done, doorbell: self._await(done, "all_reduce", backoff=doorbell))
+
+    def _close_host_reduce(self) -> None:
+        if self._host:
+            self._host.close()
+        self._host = False
 
     # -- lifetime ---------------------------------------------------------------
     def free(self) -> None:

@@ -4,7 +4,9 @@ Where a job's ranks outnumber their machine's cores (:mod:`gflowdist.runtime.cro
 reaches the gradient all-reduce first can do nothing useful until the last one arrives, and the last one
 is often waiting for the core the early ones hold. MPI's shared-memory all-reduce moves the data in
 several rounds, each of which needs the rank concerned to be polling: a rank that sleeps delays the
-others, a rank that spins takes a core from them. Here each rank has one event per call instead:
+others, a rank that spins takes a core from them (gloo's goes through TCP on the loopback). Here each rank
+has one event per call instead (for the groups of both engines: ``Communicator._host_reduce_for`` in
+:mod:`gflowdist.comm.base`):
 
 - it copies its array into its slot of a mapping the group shares (``/dev/shm``, unlinked once every
   rank has mapped it), one of two halves by the call's parity;
@@ -17,7 +19,7 @@ others, a rank that spins takes a core from them. Here each rank has one event p
 Two halves suffice: a rank writes call ``n + 1``'s half (that of call ``n - 1``) only after every peer
 arrived at call ``n``, that is after each of them finished reading call ``n - 1``. A peer is at most one
 call ahead, so at most ``2 * (size - 1)`` doorbells wait in a socket: groups larger than the kernel's
-datagram queue allows (``net.unix.max_dgram_qlen``, 10 by default: 6 ranks) keep MPI's all-reduce.
+datagram queue allows (``net.unix.max_dgram_qlen``, 10 by default: 6 ranks) keep their engine's all-reduce.
 The datagram is the record of arrival (a send blocks rather than drops), and the system calls on both
 sides order the slot's bytes before it.
 """
@@ -35,12 +37,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from gflowdist.comm.machine import machine_key
 from gflowdist.comm.polling import Backoff
+
+if TYPE_CHECKING:
+    from gflowdist.comm.base import Communicator
 
 __all__ = [
     "HOST_MAX_BYTES",
@@ -55,7 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CALL = struct.Struct("<q")
-#: larger arrays keep MPI's all-reduce: their time is moving bytes, not waking ranks, and each member would
+#: larger arrays keep their engine's all-reduce: their time is moving bytes, not waking ranks, and each member would
 #: map two slots of their size per rank
 HOST_MAX_BYTES = 16 << 20
 #: slots are padded to this many bytes (every dtype's alignment)
@@ -190,16 +195,13 @@ class HostReduce:
         self._map.close()
 
 
-def open_host_reduce(
-    comm: Any, nbytes: int, finish: Callable[[Any, str], None], *, first: bool = True
-) -> HostReduce | None:
-    """Collective over the mpi4py ``comm``: a :class:`HostReduce` for arrays up to ``nbytes``, or None (every
-    member alike) where the mapping or a socket cannot be made. ``finish(request, what)`` waits for a
-    nonblocking MPI request the communicator's way (deadline, keep-alive hook). The group's first rank logs
-    the opening (``first``; a mapping grown for a larger array at debug level)."""
-    from mpi4py import MPI
+def open_host_reduce(comm: Communicator, nbytes: int, *, first: bool = True) -> HostReduce | None:
+    """Collective over ``comm`` (with its engine's own collectives): a :class:`HostReduce` for arrays up to
+    ``nbytes``, or None (every member alike) where the mapping or a socket cannot be made. The group's first
+    rank logs the opening (``first``; a mapping grown for a larger array at debug level)."""
+    from gflowdist.comm.base import ReduceOp
 
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = comm.rank, comm.size
     capacity = HostReduce.capacity_for(nbytes)
     token = np.zeros(64, dtype=np.uint8)
     if rank == 0:
@@ -208,10 +210,8 @@ def open_host_reduce(
             HostReduce.create_segment(name, size, capacity)
             token[: len(name)] = np.frombuffer(name.encode(), dtype=np.uint8)
         except OSError as exc:
-            log.warning(
-                "all_reduce stays with MPI: no shared mapping of %d bytes in %s (%s)", 2 * size * capacity, SHM_DIR, exc
-            )
-    finish(comm.Ibcast(token, root=0), "opening the shared all_reduce")
+            log.warning("all_reduce stays with %s: no shared mapping in %s (%s)", comm.engine, SHM_DIR, exc)
+    comm.broadcast(token, 0)
     name = token.tobytes().rstrip(b"\0").decode()
     if not name:
         return None
@@ -219,9 +219,8 @@ def open_host_reduce(
     try:
         host = HostReduce(rank, size, name, capacity)
     except OSError as exc:
-        log.warning("all_reduce stays with MPI: rank %d cannot map or ring (%s)", rank, exc)
-    agreed = np.array([int(host is not None)], dtype=np.int64)
-    finish(comm.Iallreduce(MPI.IN_PLACE, agreed, op=MPI.MIN), "opening the shared all_reduce")  # all mapped, bound
+        log.warning("all_reduce stays with %s: rank %d cannot map or ring (%s)", comm.engine, rank, exc)
+    agreed = comm.all_reduce(np.array([int(host is not None)], dtype=np.int64), ReduceOp.MIN)  # all mapped, bound
     if rank == 0:
         (SHM_DIR / f"gflowdist-reduce-{name}").unlink(missing_ok=True)
     if not agreed[0]:
@@ -239,24 +238,21 @@ def open_host_reduce(
 
 
 def reopen_host_reduce(
-    comm: Any, host: HostReduce | None, nbytes: int, crowded: bool, finish: Callable[[Any, str], None]
+    comm: Communicator, host: HostReduce | None, nbytes: int, crowded: bool
 ) -> HostReduce | Literal[False]:
-    """Collective over the mpi4py ``comm`` (every member calls it with the same ``nbytes``): its
-    :class:`HostReduce` for an array of ``nbytes``, opened or grown here, or False where the group does not
-    use one (decided once, with ``host`` None: every member must be ``crowded``, on this machine and in its
-    network namespace, and the group small enough for :func:`fits_queue`)."""
+    """Collective over ``comm`` (every member calls it with the same ``nbytes``; the communicator must not
+    route these collectives back here): its :class:`HostReduce` for an array of ``nbytes``, opened or grown
+    here, or False where the group does not use one (decided once, with ``host`` None: every member must be
+    ``crowded``, on this machine and in its network namespace, and the group small enough for
+    :func:`fits_queue`)."""
     if host is None:
-        from mpi4py import MPI
-
-        size = comm.Get_size()
-        mine = np.array([int(crowded and fits_queue(size)), machine_key()], dtype=np.int64)
-        every = np.empty((size, 2), dtype=np.int64)
-        finish(comm.Iallgather([mine, MPI.INT64_T], [every, MPI.INT64_T]), "deciding on the shared all_reduce")
+        mine = np.array([int(crowded and fits_queue(comm.size)), machine_key()], dtype=np.int64)
+        every = np.stack([np.asarray(theirs) for theirs in comm.all_gather(mine)])
         if not (every[:, 0].all() and (every[:, 1] == mine[1]).all()):
             return False
     elif nbytes <= host.capacity:
         return host
-    opened = open_host_reduce(comm, nbytes, finish, first=host is None)
+    opened = open_host_reduce(comm, nbytes, first=host is None)
     if host is not None:
         host.close()
     return False if opened is None else opened

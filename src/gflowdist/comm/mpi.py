@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,12 +47,11 @@ from gflowdist.comm.base import (
     take_from_inbox,
 )
 from gflowdist.comm.buffers import BufferPool, as_byte_array
-from gflowdist.comm.host_reduce import HOST_MAX_BYTES, HostReduce, reopen_host_reduce
 from gflowdist.comm.mpi_wire import CHUNKED as _CHUNKED
 from gflowdist.comm.mpi_wire import KIND_SHIFT as _KIND_SHIFT
 from gflowdist.comm.mpi_wire import TAG_SHIFT as _TAG_SHIFT
 from gflowdist.comm.mpi_wire import MPISendHandle, drain_part, wire_tag
-from gflowdist.comm.polling import is_crowded, poll_until
+from gflowdist.comm.polling import poll_until
 from gflowdist.comm.session import register
 from gflowdist.comm.staging import like, numpy_view
 from gflowdist.engines import MPI as MPI_ENGINE
@@ -60,7 +59,6 @@ from gflowdist.errors import ProtocolError
 
 __all__ = ["MPIComm", "wire_tag"]
 
-_HOST_OPS = {ReduceOp.SUM: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min", ReduceOp.AVG: "sum"}
 _OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN, ReduceOp.AVG: MPI.SUM}
 _UINT8 = torch.uint8
 _U8 = np.dtype(np.uint8)
@@ -107,9 +105,6 @@ class MPIComm(Communicator):
         self._routes: dict[int, tuple[MPI.Comm, int]] = {}
         self._stand_in = False
         self._turn = 0  # where the next probe of the routed places starts (_try_routes)
-        #: the shared-memory all-reduce of a crowded machine (:mod:`gflowdist.comm.host_reduce`): None while
-        #: undecided, False where the group does not use it
-        self._host: HostReduce | Literal[False] | None = None
         register(self, comm)  # found again from the mpi4py communicator
 
     @classmethod
@@ -159,11 +154,9 @@ class MPIComm(Communicator):
             x = x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
-        host: HostReduce | Literal[False] = False  # a crowded machine's all-reduce (gflowdist.comm.host_reduce)
-        if self._host is not False and 0 < flat.nbytes <= HOST_MAX_BYTES and flat.dtype.kind in "fiu":
-            self._host = host = reopen_host_reduce(self._comm, self._host, flat.nbytes, is_crowded(), self._finish)
-        if host:
-            host.all_reduce(flat, _HOST_OPS[op], lambda done, bell: self._await(done, "all_reduce", backoff=bell))
+        host = self._host_reduce_for(flat)  # a crowded machine's (gflowdist.comm.host_reduce)
+        if host is not None:
+            self._reduce_on_host(host, flat, op)
         elif flat.size:
             if self.wait_hook is None:
                 self._comm.Allreduce(MPI.IN_PLACE, flat, op=_OPS[op])
@@ -174,9 +167,6 @@ class MPIComm(Communicator):
             flat /= self.size
         write_back()
         return x
-
-    def _finish(self, request: MPI.Request, what: str) -> None:
-        self._await(request.Test, what)
 
     def all_gather(self, x: Any) -> Any:
         array, _ = numpy_view(x)
@@ -438,8 +428,7 @@ class MPIComm(Communicator):
         if self._freed or MPI.Is_finalized():
             return
         self._freed = True
-        if self._host:
-            self._host.close()
+        self._close_host_reduce()
         self._p2p.Free()
         if self._comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
             self._comm.Free()

@@ -29,6 +29,18 @@ _OPS = {
     ReduceOp.AVG: dist.ReduceOp.SUM,
 }
 
+#: the dtypes a crowded machine's all-reduce takes (NumPy's numbers; not bfloat16, bool or complex)
+_HOST_DTYPES = {
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+}
+
 
 class TorchCollectives(Communicator):
     """The collectives of a communicator over a torch.distributed process group (None: the default group)."""
@@ -99,8 +111,15 @@ class TorchCollectives(Communicator):
             x = np.array(x, copy=True) if is_array else x.clone()
         tensor = torch.from_numpy(x) if is_array else x
         staged = self._on_device(tensor if tensor.is_contiguous() else tensor.contiguous())
-        work = dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group, async_op=True)
-        self._finish(work, "all_reduce", staged)
+        # a crowded machine's gloo group reduces CPU numbers through shared memory (gflowdist.comm.host_reduce)
+        on_cpu = self.backend == "gloo" and staged.is_cpu and staged.dtype in _HOST_DTYPES
+        flat = staged.detach().view(-1).numpy() if on_cpu else None
+        host = self._host_reduce_for(flat) if flat is not None else None
+        if host is not None and flat is not None:
+            self._reduce_on_host(host, flat, op)
+        else:
+            work = dist.all_reduce(self._device_for(staged), op=_OPS[op], group=self._group, async_op=True)
+            self._finish(work, "all_reduce", staged)
         if op is ReduceOp.AVG:
             staged.div_(self.size)
         if staged is not tensor:

@@ -378,6 +378,7 @@ class TorchComm(TorchCollectives):
             self._ensure_receivers()  # what peers sent here, and their close notices, are received
         self._freed = True
         forget(self)
+        self._close_host_reduce()
         deadline = time.monotonic() + timeout
         if alive:
             self._send_close_notices()
