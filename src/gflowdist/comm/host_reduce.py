@@ -192,7 +192,10 @@ class HostReduce:
         self._socket.close()
         self._sender.close()
         self._memory = np.empty(0, dtype=np.uint8)  # the mapping's last view, before the mapping closes
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # a view still holds it (the frame of a call an error ended): unmapped with that view
+            pass
 
 
 def open_host_reduce(comm: Communicator, nbytes: int, *, first: bool = True) -> HostReduce | None:
