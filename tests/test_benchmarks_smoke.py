@@ -227,3 +227,16 @@ def test_transport_quick_measures_a_users_echo_loop_against_both_raw_baselines(t
         assert min(r["raw"], r["raw_huge"], r["comm"], r["compat"]) > 0, r
         assert r["comm_huge_ratio"] > 0 and r["compat_ratio"] > 0, r
     assert any(line.startswith("raw: a preallocated NumPy buffer; raw huge:") for line in lines), lines
+
+
+def test_crowded_reduce_quick_times_both_all_reduces_on_both_engines(tmp_path):
+    """Each engine's table has a row per size and case with both communicators' times; the worker itself
+    fails if the shared one did not open a mapping."""
+    out = tmp_path / "crowded.json"
+    lines = run_quick("crowded_reduce", "--sizes", "100", "--calls", "40", "--json", str(out))
+    assert sum("crowded ranks, all_reduce" in line for line in lines) == 2, lines
+    measured = json.loads(out.read_text())
+    for engine in ("mpi", "torch"):
+        assert [(r["n"], r["work"]) for r in measured[engine]] == [(100, False), (100, True)]
+        for r in measured[engine]:
+            assert all(r[name]["wall"] > 0 and r[name]["cpu"] >= 0 for name in ("engine", "shared"))
