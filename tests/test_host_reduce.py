@@ -158,3 +158,33 @@ def test_closing_while_a_view_of_the_mapping_is_alive_does_not_raise(group):
     member.close()
     member.close()
     assert view.size == 8  # the mapping lives as long as the view
+
+
+def test_the_segment_is_reserved_when_made_so_a_full_tmpfs_refuses_it_then_not_mid_call():
+    """Pages of a tmpfs file that was only truncated are allocated on first touch: where the tmpfs is too small
+    (a container's 64 MiB /dev/shm) that touch is a SIGBUS. Made with the space reserved, it fails at once."""
+    token = HostReduce.new_token()
+    path = HostReduce.create_segment(token, 3, 1 << 20)
+    try:
+        assert path.stat().st_size == 2 * 3 * (1 << 20)
+        assert path.stat().st_blocks * 512 >= 2 * 3 * (1 << 20)  # allocated, not a sparse file
+    finally:
+        path.unlink()
+
+
+def test_a_tmpfs_too_small_for_the_segment_refuses_it_and_keeps_no_file():
+    """A 1 MiB /dev/shm in a mount namespace of the child's own (the machine's /dev/shm is not touched)."""
+    code = (
+        "import errno, os\n"
+        "from gflowdist.comm.host_reduce import HostReduce\n"
+        "try:\n"
+        "    HostReduce.create_segment(HostReduce.new_token(), 3, 1 << 20)\n"
+        "    print('made')\n"
+        "except OSError as exc:\n"
+        "    print('refused', errno.errorcode.get(exc.errno))\n"
+        "print('left', sorted(n for n in os.listdir('/dev/shm') if n.startswith('gflowdist-reduce')))\n"
+    )
+    shell = f'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -c "$0"'
+    out = subprocess.run(["unshare", "-m", "sh", "-c", shell, code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["refused ENOSPC", "left []"], out.stdout + out.stderr

@@ -131,9 +131,14 @@ class HostReduce:
             raise OSError(f"segment name too long: {path.name}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, 2 * size * capacity)
-        finally:
+            # reserved now, not on first touch: a tmpfs too small (a container's 64 MiB /dev/shm) refuses here
+            # (ENOSPC: the group keeps its engine's all-reduce) instead of killing a rank with SIGBUS mid-call
+            os.posix_fallocate(fd, 0, 2 * size * capacity)
+        except OSError:
             os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
         return path
 
     @staticmethod
