@@ -63,6 +63,7 @@ _CALL = struct.Struct("<q")
 #: larger arrays keep their engine's all-reduce: their time is moving bytes, not waking ranks, and each member would
 #: map two slots of their size per rank
 HOST_MAX_BYTES = 16 << 20
+_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 #: slots are padded to this many bytes (every dtype's alignment)
 _ALIGN = 64
 SHM_DIR = Path("/dev/shm")
@@ -164,7 +165,7 @@ class HostReduce:
         del self._arrived[call]
         slots = self._memory[half : half + self.size * self.capacity].reshape(self.size, self.capacity)
         values = slots[:, :nbytes].view(flat.dtype)
-        reduce = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+        reduce = _REDUCE[op]
         np.copyto(flat, values[0])
         for peer in range(1, self.size):
             reduce(flat, values[peer], out=flat)

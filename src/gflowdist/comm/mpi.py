@@ -154,7 +154,7 @@ class MPIComm(Communicator):
             x = x.clone() if isinstance(x, torch.Tensor) else np.array(x, copy=True)
         array, write_back = numpy_view(x)
         flat = array.reshape(-1)
-        host = self._host_reduce_for(flat)  # a crowded machine's (gflowdist.comm.host_reduce)
+        host = self._host_reduce_for(flat) if self._host is not False else None  # gflowdist.comm.host_reduce
         if host is not None:
             self._reduce_on_host(host, flat, op)
         elif flat.size:

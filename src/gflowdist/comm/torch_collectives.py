@@ -112,7 +112,7 @@ class TorchCollectives(Communicator):
         tensor = torch.from_numpy(x) if is_array else x
         staged = self._on_device(tensor if tensor.is_contiguous() else tensor.contiguous())
         # a crowded machine's gloo group reduces CPU numbers through shared memory (gflowdist.comm.host_reduce)
-        on_cpu = self.backend == "gloo" and staged.is_cpu and staged.dtype in _HOST_DTYPES
+        on_cpu = self._host is not False and self.backend == "gloo" and staged.is_cpu and staged.dtype in _HOST_DTYPES
         flat = staged.detach().view(-1).numpy() if on_cpu else None
         host = self._host_reduce_for(flat) if flat is not None else None
         if host is not None and flat is not None:

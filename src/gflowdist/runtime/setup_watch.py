@@ -31,7 +31,7 @@ from gflowdist.context import DistributedContext
 from gflowdist.errors import PeerLostError
 from gflowdist.process_tree import is_running
 
-__all__ = ["SetupWatch", "CHECK_EVERY_S", "boot_id", "machine_id"]
+__all__ = ["SetupWatch", "CHECK_EVERY_S", "machine_id"]
 
 #: How often a waiting rank looks at its peers' processes.
 CHECK_EVERY_S = 0.2
